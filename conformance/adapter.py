@@ -1,0 +1,86 @@
+"""The contract a backend implements to be checked by the suite.
+
+Subclass :class:`Backend`, set ``name`` and ``capabilities``, implement the methods of the
+capabilities you claim, and register the class under the entry-point group ``fp8conf.backends``
+(or pass ``--fp8-backend=package.module:Class``). Methods of capabilities you do not claim keep
+their default, which raises :class:`NotImplementedError`; the suite never calls them.
+
+Calling conventions:
+
+* ``trace_joint(model, args)`` returns one joint forward+backward ``torch.fx.GraphModule`` of a
+  training step with ``model`` called on positional ``args``. The suite treats the graph's inner
+  structure as the backend's business, but it reads ``node.meta["val"]`` (fake tensors, for
+  dtypes and shapes) and ``node.meta["seq_nr"]`` (the autograd sequence number every
+  AOTAutograd joint graph records, used to pair backward nodes with the forward op they
+  differentiate).
+* ``run_joint(gm, model, args, grad_outputs)`` executes that graph with the model's current
+  parameters and returns ``(outputs, grads)``: the forward outputs as a tuple and a dict from
+  parameter FQN (``"0.proj.weight"``) to its gradient, plus ``"input.<i>"`` keys for positional
+  inputs that require grad.
+* ``validate(gm, strict=...)`` raises a subclass of ``fp8conf.FP8ValidationError`` in strict
+  mode and returns a :class:`~conformance.types.ValidationReport` otherwise; it must never
+  change the graph.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any
+
+from conformance.types import CAPABILITIES, Provenance, ValidationReport
+
+if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
+    import torch
+
+__all__ = ["Backend"]
+
+
+class Backend(abc.ABC):
+    """A backend under test. One instance serves the whole pytest session."""
+
+    #: Name shown in reports and error messages.
+    name: str = "unnamed"
+    #: The backend's own version, recorded in reports.
+    version: str = "0"
+    #: Subset of :data:`conformance.CAPABILITIES` this backend implements.
+    capabilities: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = set(cls.capabilities) - CAPABILITIES
+        if unknown:
+            raise TypeError(
+                f"{cls.__qualname__}.capabilities names unknown capabilities {sorted(unknown)}; "
+                f"known: {sorted(CAPABILITIES)}"
+            )
+
+    # -- tracing and provenance -------------------------------------------------------------
+    @abc.abstractmethod
+    def trace_joint(self, model: torch.nn.Module, args: tuple) -> torch.fx.GraphModule:
+        """Trace one training step of ``model(*args)`` into a joint forward+backward graph."""
+
+    @abc.abstractmethod
+    def run_joint(
+        self,
+        gm: torch.fx.GraphModule,
+        model: torch.nn.Module,
+        args: tuple,
+        grad_outputs: tuple,
+    ) -> tuple[tuple, dict[str, torch.Tensor]]:
+        """Execute the joint graph; see the module docstring for the return convention."""
+
+    @abc.abstractmethod
+    def provenance(self, node: torch.fx.Node) -> Provenance | None:
+        """The neutral view of the provenance the backend attached to ``node``."""
+
+    @abc.abstractmethod
+    def is_backward(self, node: torch.fx.Node) -> bool:
+        """Whether ``node`` belongs to the backward pass of the joint graph."""
+
+    # -- validation ---------------------------------------------------------------------------
+    def validate(self, gm: torch.fx.GraphModule, *, strict: bool) -> ValidationReport:
+        """Check the FP8 rules on ``gm`` (capability ``validation``)."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement validate()")
+
+    def __repr__(self) -> str:
+        return f"<fp8conf backend {self.name!r} {self.version} capabilities={sorted(self.capabilities)}>"

@@ -1,0 +1,83 @@
+"""The registry of spec properties: the single source of IDs, levels and capabilities.
+
+Tests cite a property with ``@pytest.mark.fp8_property("PROV-003")``; the plugin skips it as
+``not_supported`` when the backend does not claim its capability, and the project's own tests
+check that every cited ID exists here and every MUST property has a test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property"]
+
+SPEC_VERSION = "1.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Property:
+    id: str
+    level: str  # "MUST" or "SHOULD"
+    capability: str
+    since: str
+    title: str
+
+
+def _p(id: str, level: str, capability: str, title: str, since: str = "1.0") -> Property:
+    return Property(id, level, capability, since, title)
+
+
+_ALL = [
+    _p("PROV-001", "MUST", "provenance", "every FP8 compute node, forward and backward, carries provenance naming the quantized module that issued it"),
+    _p("PROV-002", "MUST", "provenance", "provenance kind/recipe/emulate equal that module's config"),
+    _p("PROV-003", "MUST", "provenance", "backward nodes carry the provenance of the forward op they differentiate; cross-module gradient accumulation carries none"),
+    _p("PROV-004", "MUST", "provenance", "no node carries provenance of a module that did not issue it; unquantized modules' nodes carry none"),
+    _p("PROV-005", "SHOULD", "provenance", "provenance survives the backend's own rewrites (DCE, CSE, partition, split) unchanged"),
+    _p("PROV-006", "MUST", "provenance", "a module called twice attributes both calls to its FQN; nested quantized modules attribute to the innermost"),
+    _p("VAL-001", "MUST", "validation", "strict validation accepts every graph the backend makes from a supported model"),
+    _p("VAL-002", "MUST", "validation", "a non-emulated module lacking FP8 compute in a pass fails strict validation, naming its FQN and the pass"),
+    _p("VAL-003", "MUST", "validation", "FP8 compute without provenance fails strict validation; never a silent fallback"),
+    _p("VAL-004", "MUST", "validation", "a scaled op whose matrix operands are not both FP8 is not counted as FP8 compute"),
+    _p("VAL-005", "MUST", "validation", "validation does not change the graph (code and node meta identical)"),
+    _p("VAL-006", "SHOULD", "validation", "non-strict mode reports the same findings as warnings plus a summary"),
+    _p("VAL-007", "MUST", "validation", "compute counts per call match the recipe"),
+    _p("EMU-001", "MUST", "emulation", "emulated modules pass strict validation without FP8 compute"),
+    _p("EMU-002", "MUST", "emulation", "exemption is per module: an emulated module never excuses a non-emulated one"),
+    _p("EMU-003", "SHOULD", "emulation", "emulated and real versions of a model agree within the recipe's tolerance, outputs and gradients"),
+    _p("REG-001", "MUST", "regions", "every FP8 compute node of a non-emulated module lies in exactly one region"),
+    _p("REG-002", "MUST", "regions", "a region never mixes modules or passes"),
+    _p("REG-003", "MUST", "regions", "a region is convex: no path between two of its nodes leaves it"),
+    _p("REG-004", "MUST", "regions", "only complete regions are tagged; incomplete ones are reported, not compiled"),
+    _p("REG-005", "MUST", "regions", "after a rewrite removes part of a region, the partial region is not tagged"),
+    _p("REG-006", "MUST", "regions", "identification is deterministic and independent of node names"),
+    _p("REG-007", "MUST", "regions", "tagging keeps other compile annotations on the graph intact"),
+    _p("NUM-001", "MUST", "compile.full", "full Inductor compile of the joint graph matches eager"),
+    _p("NUM-002", "MUST", "compile.regional", "regional compile matches eager"),
+    _p("NUM-003", "MUST", "compile.regional", "every tagged region is compiled and nothing untagged is"),
+    _p("NUM-004", "MUST", "cudagraph", "CUDA-graph replays of the compiled FP8 graph with fresh inputs match eager"),
+    _p("BND-001", "MUST", "graphpp", "forward then (dI, dW) reproduces the joint graph's outputs and gradients bitwise on CPU"),
+    _p("BND-002", "MUST", "graphpp", "every FP8 compute node lands in exactly one callable"),
+    _p("BND-003", "MUST", "graphpp", "an FP8 tensor made in dI and used in dW crosses as an FP8 placeholder; no tensor is quantized twice"),
+    _p("BND-004", "MUST", "graphpp", "regions re-identified in each callable are complete; a region that starts at an FP8 placeholder is tagged"),
+    _p("BND-005", "MUST", "graphpp", "provenance survives the split"),
+    _p("BND-006", "SHOULD", "graphpp", "strict validation runs on the whole stage graph before the split; callables are not re-failed for compute in a sibling"),
+    _p("FPR-001", "MUST", "fingerprint", "changing any quantization input changes the fingerprint"),
+    _p("FPR-002", "MUST", "fingerprint", "equal configs give equal fingerprints across processes, PYTHONHASHSEED, registration and dict order"),
+    _p("FPR-003", "MUST", "fingerprint", "the quantization signature ignores settings unrelated to quantization"),
+    _p("FPR-004", "MUST", "fingerprint", "loading an artifact with another fingerprint fails naming the differing fields; it is never used"),
+    _p("FPR-005", "SHOULD", "fingerprint", "the signature is canonical readable JSON; two signatures diff field by field"),
+    _p("E8M0-001", "MUST", "e8m0", "the op equals blockwise dequantize-then-matmul within output rounding"),
+    _p("E8M0-002", "MUST", "e8m0", "byte 255 gives NaN where it applies; byte 0 means 2^-127, never flushed"),
+    _p("E8M0-003", "MUST", "e8m0", "torch.library.opcheck passes"),
+    _p("E8M0-004", "MUST", "e8m0", "under torch.compile(fullgraph=True) the op stays one opaque node, no e8m0 reaches generated code, result equals eager"),
+    _p("E8M0-005", "MUST", "e8m0", "bad input raises a clear error naming the argument"),
+]
+
+PROPERTIES: dict[str, Property] = {p.id: p for p in _ALL}
+
+
+def get_property(property_id: str) -> Property:
+    try:
+        return PROPERTIES[property_id]
+    except KeyError:
+        raise KeyError(f"unknown spec property {property_id!r}; known: {', '.join(PROPERTIES)}") from None

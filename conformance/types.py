@@ -1,0 +1,73 @@
+"""Backend-neutral value types exchanged between the suite and a backend adapter.
+
+They hold plain Python values only (no torch objects), so the suite can compare, print and
+serialise them whatever a backend keeps in ``node.meta``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport"]
+
+#: Every capability a backend may claim. A property whose capability is not claimed is reported
+#: as ``not_supported``: neither a pass nor a failure.
+CAPABILITIES = frozenset(
+    {
+        "provenance",
+        "validation",
+        "emulation",
+        "regions",
+        "compile.full",
+        "compile.regional",
+        "cudagraph",
+        "graphpp",
+        "fingerprint",
+        "e8m0",
+    }
+)
+
+#: The two passes of a joint graph.
+PASSES = ("forward", "backward")
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """Which quantized module issued a node, and with which quantization config.
+
+    ``kind`` is ``"float8_linear"`` or ``"mxfp8_linear"``; ``recipe`` is the recipe name
+    (``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, ``"mxfp8"``, ...).
+    """
+
+    module_fqn: str
+    kind: str
+    recipe: str
+    emulate: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One broken rule found by validation."""
+
+    property_id: str
+    message: str
+    module_fqn: str | None = None
+    pass_name: str | None = None
+    node_name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationReport:
+    """What a validation run found.
+
+    ``compute_counts`` maps ``(module_fqn, pass_name)`` to the number of FP8 compute nodes the
+    backend attributed to that module in that pass; ``summary`` is one human-readable paragraph.
+    """
+
+    findings: tuple[Finding, ...]
+    compute_counts: dict[tuple[str, str], int]
+    summary: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings

@@ -1,0 +1,57 @@
+"""fp8conf: reference passes that keep FP8 intact through graph tracing, rewriting and compilation.
+
+The pipeline, one module per stage: :func:`trace_joint` (trace + provenance) ->
+:func:`validate_fp8_graph`.
+"""
+
+from fp8conf.config import INDUCTOR_MODES, FP8CompileConfig
+from fp8conf.errors import (
+    ComputeCountError,
+    FP8ConfigError,
+    FP8Error,
+    FP8TraceError,
+    FP8ValidationError,
+    FP8ValidationWarning,
+    MissingProvenanceError,
+    NoQuantizedModulesError,
+    UnsupportedLoweringError,
+)
+from fp8conf.provenance import PROVENANCE_META_KEY, CallRecord, Provenance, get_provenance, node_passes
+from fp8conf.quantized import QuantizationConfig, find_quantized_modules
+from fp8conf.roles import OpRole, classify_node, is_fp8_compute, op_roles
+from fp8conf.trace import TraceInfo, run_joint, trace_info, trace_joint
+from fp8conf.validate import Finding, ValidationReport, validate_fp8_graph
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FP8CompileConfig",
+    "INDUCTOR_MODES",
+    "FP8Error",
+    "FP8ConfigError",
+    "FP8TraceError",
+    "FP8ValidationError",
+    "FP8ValidationWarning",
+    "MissingProvenanceError",
+    "UnsupportedLoweringError",
+    "ComputeCountError",
+    "NoQuantizedModulesError",
+    "PROVENANCE_META_KEY",
+    "Provenance",
+    "CallRecord",
+    "get_provenance",
+    "node_passes",
+    "QuantizationConfig",
+    "find_quantized_modules",
+    "OpRole",
+    "classify_node",
+    "is_fp8_compute",
+    "op_roles",
+    "TraceInfo",
+    "trace_joint",
+    "trace_info",
+    "run_joint",
+    "Finding",
+    "ValidationReport",
+    "validate_fp8_graph",
+]

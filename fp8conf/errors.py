@@ -1,0 +1,93 @@
+"""Typed errors raised by fp8conf's passes.
+
+Every error says *what* went wrong, *where* (module FQN, pass, node) and *what to do*. The
+location is also available as attributes so that tools (and the conformance suite) can check it
+without parsing the message. This module imports nothing from torch so that the conformance
+plugin can name these types without loading torch.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FP8Error",
+    "FP8ConfigError",
+    "FP8TraceError",
+    "FP8ValidationError",
+    "MissingProvenanceError",
+    "UnsupportedLoweringError",
+    "ComputeCountError",
+    "NoQuantizedModulesError",
+    "FP8ValidationWarning",
+]
+
+
+class FP8Error(Exception):
+    """Root of every error fp8conf raises on purpose."""
+
+
+class FP8ConfigError(FP8Error, ValueError):
+    """An FP8 compilation config whose settings contradict each other."""
+
+
+class FP8TraceError(FP8Error, TypeError):
+    """The model or its example inputs cannot be traced into a joint graph."""
+
+
+class FP8ValidationError(FP8Error):
+    """A joint graph breaks an FP8 rule.
+
+    Attributes:
+        module_fqn: fully qualified name of the quantized module concerned, or ``None``.
+        pass_name: ``"forward"`` or ``"backward"`` (or ``None`` when the rule is graph-wide).
+        node_name: name of the offending ``torch.fx`` node, or ``None``.
+        property_id: the conformance property this rule implements (``"VAL-002"``).
+    """
+
+    property_id = "VAL"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        module_fqn: str | None = None,
+        pass_name: str | None = None,
+        node_name: str | None = None,
+        property_id: str | None = None,
+        findings: tuple = (),
+    ):
+        super().__init__(message)
+        self.module_fqn = module_fqn
+        self.pass_name = pass_name
+        self.node_name = node_name
+        if property_id is not None:
+            self.property_id = property_id
+        # Every finding of the run, so a caller catching the first error still sees them all.
+        self.findings = tuple(findings)
+
+
+class MissingProvenanceError(FP8ValidationError):
+    """FP8 compute that no quantized module claims (its metadata was dropped by a rewrite)."""
+
+    property_id = "VAL-003"
+
+
+class UnsupportedLoweringError(FP8ValidationError):
+    """A non-emulated quantized module whose FP8 compute is missing in a pass."""
+
+    property_id = "VAL-002"
+
+
+class ComputeCountError(FP8ValidationError):
+    """A quantized module issues a number of FP8 matmuls its recipe does not allow."""
+
+    property_id = "VAL-007"
+
+
+class NoQuantizedModulesError(FP8ValidationError):
+    """Strict FP8 validation was requested for a graph traced from a model without FP8 modules."""
+
+    property_id = "VAL-001"
+
+
+class FP8ValidationWarning(UserWarning):
+    """A validation finding reported in non-strict mode."""

@@ -1,0 +1,197 @@
+"""Quantization provenance: which quantized module issued each node of a joint graph.
+
+Provenance lives in ``node.meta["fp8conf_provenance"]`` as a :class:`Provenance`. Forward nodes
+are stamped while tracing (each quantized module's forward runs under
+``torch.fx.traceback.annotate``); backward nodes are then given the provenance of the forward
+op they differentiate, paired through autograd's sequence number ``node.meta["seq_nr"]``. Torch
+2.13 also copies annotations to backward nodes, older releases do not, so the pairing is done
+here and never left to the torch version.
+
+Rules:
+
+* nested quantized modules: the innermost one wins (inner annotations override outer ones);
+* a module called twice: both calls carry its FQN, with distinct ``call`` indices;
+* gradient accumulation across uses of a tensor has a sequence number of its own, issued by no
+  forward op, so it carries no provenance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+
+from fp8conf.quantized import QuantizationConfig
+
+__all__ = [
+    "PROVENANCE_META_KEY",
+    "Provenance",
+    "CallRecord",
+    "get_provenance",
+    "record_forward_provenance",
+    "propagate_provenance",
+    "node_passes",
+]
+
+PROVENANCE_META_KEY = "fp8conf_provenance"
+# Keys fp8conf writes into node.meta["custom"] while tracing; removed again by propagation.
+_MODULE_KEY = "fp8conf.module"
+_CALL_KEY = "fp8conf.call"
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """The quantized module that issued a node. ``call`` counts the module's calls from 0."""
+
+    module_fqn: str
+    kind: str
+    recipe: str
+    emulate: bool
+    call: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CallRecord:
+    """One call of a quantized module during tracing, and which gradients it needs."""
+
+    module_fqn: str
+    call: int
+    input_requires_grad: bool
+    weight_requires_grad: bool
+
+
+def get_provenance(node: torch.fx.Node) -> Provenance | None:
+    return node.meta.get(PROVENANCE_META_KEY)
+
+
+@contextlib.contextmanager
+def record_forward_provenance(
+    model: torch.nn.Module, modules: dict[str, QuantizationConfig], calls: list[CallRecord]
+) -> Iterator[None]:
+    """Annotate every op each quantized module issues while the context is open.
+
+    Appends a :class:`CallRecord` to ``calls`` per module call. The model's ``forward``
+    attributes are restored on exit, whatever happens inside.
+    """
+    patched = []
+    counters = dict.fromkeys(modules, 0)
+    for fqn in modules:
+        module = model.get_submodule(fqn)
+        patched.append((module, module.__dict__.get("forward")))
+        module.forward = _annotated_forward(module, fqn, counters, calls)
+    # The tracer may run the model more than once (metadata collection, then the real trace):
+    # each top-level call starts the record afresh, so only the traced run remains.
+    if "" not in modules:
+        patched.append((model, model.__dict__.get("forward")))
+        model.forward = _restarting_forward(model.forward, counters, calls)
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            if original is None:
+                del module.forward
+            else:
+                module.forward = original
+
+
+def _restarting_forward(inner, counters, calls):
+    def forward(*args, **kwargs):
+        calls.clear()
+        counters.update(dict.fromkeys(counters, 0))
+        return inner(*args, **kwargs)
+
+    return forward
+
+
+def _annotated_forward(module, fqn, counters, calls):
+    inner = module.forward
+
+    def forward(*args, **kwargs):
+        call = counters[fqn]
+        counters[fqn] += 1
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        weight = getattr(module, "weight", None)
+        calls.append(
+            CallRecord(
+                module_fqn=fqn,
+                call=call,
+                input_requires_grad=bool(getattr(first, "requires_grad", False)),
+                weight_requires_grad=bool(getattr(weight, "requires_grad", False)),
+            )
+        )
+        with fx_traceback.annotate({_MODULE_KEY: fqn, _CALL_KEY: call}):
+            return inner(*args, **kwargs)
+
+    return forward
+
+
+def node_passes(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
+    """``"forward"`` or ``"backward"`` for every node.
+
+    AOTAutograd tags joint nodes with ``meta["partitioner_tag"]``; a node a rewrite created
+    without tags is backward when any of its inputs is (tangents are backward by definition).
+    """
+    passes = {}
+    for node in graph.nodes:
+        tag = node.meta.get("partitioner_tag")
+        if tag in ("is_forward", "is_backward"):
+            passes[node] = "backward" if tag == "is_backward" else "forward"
+        elif node.op == "placeholder":
+            passes[node] = "backward" if node.name.startswith("tangents") else "forward"
+        else:
+            passes[node] = "backward" if any(passes.get(i) == "backward" for i in node.all_input_nodes) else "forward"
+    return passes
+
+
+def propagate_provenance(gm: torch.fx.GraphModule, modules: dict[str, QuantizationConfig]) -> torch.fx.GraphModule:
+    """Turn the tracing annotations into provenance on forward nodes, then pair backward nodes.
+
+    Returns ``gm`` itself; only ``node.meta`` changes.
+    """
+    passes = node_passes(gm.graph)
+    by_seq_nr: dict[int, set] = {}
+    for node in gm.graph.nodes:
+        provenance = _take_annotation(node, modules)
+        if passes[node] != "forward" or node.op != "call_function":
+            continue
+        _set(node, provenance)
+        seq_nr = node.meta.get("seq_nr")
+        if seq_nr is not None:
+            by_seq_nr.setdefault(seq_nr, set()).add(provenance)
+    for node in gm.graph.nodes:
+        if passes[node] == "backward" and node.op == "call_function":
+            _set(node, _differentiated(by_seq_nr.get(node.meta.get("seq_nr"), ())))
+    return gm
+
+
+def _differentiated(candidates) -> Provenance | None:
+    # A sequence number shared by ops of two modules would make the pairing a guess: no
+    # provenance is safer than a wrong one (validation then reports the gap).
+    issued = {c for c in candidates if c is not None}
+    return next(iter(issued)) if len(issued) == 1 else None
+
+
+def _take_annotation(node: torch.fx.Node, modules) -> Provenance | None:
+    custom = node.meta.get("custom")
+    if not custom or _MODULE_KEY not in custom:
+        return None
+    fqn, call = custom[_MODULE_KEY], custom.get(_CALL_KEY, 0)
+    # Tracing may share one dict between many nodes: replace it, never edit it in place.
+    rest = {k: v for k, v in custom.items() if k not in (_MODULE_KEY, _CALL_KEY)}
+    if rest:
+        node.meta["custom"] = rest
+    else:
+        del node.meta["custom"]
+    config = modules[fqn]
+    return Provenance(fqn, config.kind, config.recipe, config.emulate, call)
+
+
+def _set(node: torch.fx.Node, provenance: Provenance | None) -> None:
+    if provenance is None:
+        node.meta.pop(PROVENANCE_META_KEY, None)
+    else:
+        node.meta[PROVENANCE_META_KEY] = provenance

@@ -1,0 +1,196 @@
+"""Strict validation of FP8 in a joint graph.
+
+Rules checked (conformance IDs in brackets):
+
+* every FP8 compute node carries provenance [VAL-003] - a rewrite that dropped it would
+  otherwise make the node invisible to region compilation;
+* every call of a non-emulated quantized module has FP8 compute in each pass that needs it
+  [VAL-002], as many as its recipe issues [VAL-007]: forward 1; backward one for grad_input when
+  the call's input needs a gradient, one for grad_weight unless the recipe keeps it in high
+  precision (``rowwise_with_gw_hp``);
+* emulated modules are exempt, one module at a time [EMU-001, EMU-002].
+
+Validation reads the graph and never writes to it [VAL-005]. Strict mode raises the first
+finding as its :class:`~fp8conf.errors.FP8ValidationError` subclass (all findings attached);
+non-strict mode warns once per finding and returns the :class:`ValidationReport`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import warnings
+
+import torch.fx
+
+from fp8conf import errors
+from fp8conf.provenance import get_provenance, node_passes
+from fp8conf.roles import is_fp8_compute
+from fp8conf.trace import trace_info
+
+__all__ = ["Finding", "ValidationReport", "validate_fp8_graph"]
+
+_ERROR_BY_PROPERTY = {
+    "VAL-001": errors.NoQuantizedModulesError,
+    "VAL-002": errors.UnsupportedLoweringError,
+    "VAL-003": errors.MissingProvenanceError,
+    "VAL-007": errors.ComputeCountError,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    property_id: str
+    message: str
+    module_fqn: str | None = None
+    pass_name: str | None = None
+    node_name: str | None = None
+
+    def to_error(self, findings=()) -> errors.FP8ValidationError:
+        cls = _ERROR_BY_PROPERTY.get(self.property_id, errors.FP8ValidationError)
+        message = self.message
+        if len(findings) > 1:
+            message += f"\n({len(findings) - 1} more finding(s): " + "; ".join(f.message for f in findings[1:4]) + ")"
+        return cls(
+            message,
+            module_fqn=self.module_fqn,
+            pass_name=self.pass_name,
+            node_name=self.node_name,
+            property_id=self.property_id,
+            findings=findings,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationReport:
+    """Findings, FP8 compute counted per ``(module_fqn, pass)``, and a one-paragraph summary."""
+
+    findings: tuple[Finding, ...]
+    compute_counts: dict[tuple[str, str], int]
+    summary: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+def validate_fp8_graph(gm: torch.fx.GraphModule, *, strict: bool = True) -> ValidationReport:
+    """Check the FP8 rules on a joint graph traced by :func:`fp8conf.trace_joint`."""
+    info = trace_info(gm)
+    if info is None:
+        raise errors.FP8ValidationError(
+            "the graph carries no fp8conf trace information (gm.meta['fp8conf_trace']); trace it with "
+            "fp8conf.trace_joint, and keep gm.meta when a rewrite makes a new GraphModule",
+            property_id="VAL-001",
+        )
+    passes = node_passes(gm.graph)
+    findings: list[Finding] = []
+    per_call: collections.Counter = collections.Counter()
+    witnesses: dict[tuple[str, str], str] = {}
+    for node in gm.graph.nodes:
+        if not is_fp8_compute(node):
+            continue
+        provenance = get_provenance(node)
+        if provenance is None:
+            findings.append(_missing_provenance(node, passes[node]))
+            continue
+        per_call[(provenance.module_fqn, provenance.call, passes[node])] += 1
+    if not info.modules:
+        findings.append(
+            Finding(
+                "VAL-001",
+                f"FP8 validation of {info.model_name}: the model has no quantized module; convert it first "
+                "(torchao.float8.convert_to_float8_training or fp8conf.convert_to_mx_training) or disable FP8",
+            )
+        )
+    findings.extend(_check_calls(info, per_call, gm, passes, witnesses))
+    counts: collections.Counter = collections.Counter()
+    for (fqn, _call, pass_name), n in per_call.items():
+        counts[(fqn, pass_name)] += n
+    report = ValidationReport(tuple(findings), dict(counts), _summary(info, counts, findings))
+    if findings and strict:
+        raise findings[0].to_error(tuple(findings))
+    for finding in findings:
+        warnings.warn(f"[{finding.property_id}] {finding.message}", errors.FP8ValidationWarning, stacklevel=2)
+    return report
+
+
+def _missing_provenance(node, pass_name) -> Finding:
+    return Finding(
+        "VAL-003",
+        f"FP8 compute node '{node.name}' ({node.target}) in the {pass_name} pass carries no provenance: no "
+        "quantized module claims it, so it would be compiled and validated as unknown code. A rewrite "
+        f"probably replaced the node without copying node.meta; copy node.meta['fp8conf_provenance'] onto new nodes",
+        pass_name=pass_name,
+        node_name=node.name,
+    )
+
+
+def _expected(config, call) -> dict[str, int]:
+    backward = 0
+    if config.fp8_grad_input and call.input_requires_grad:
+        backward += 1
+    if config.fp8_grad_weight and call.weight_requires_grad:
+        backward += 1
+    return {"forward": 1, "backward": backward}
+
+
+def _check_calls(info, per_call, gm, passes, witnesses) -> list[Finding]:
+    findings = []
+    for call in info.calls:
+        config = info.modules[call.module_fqn]
+        if config.emulate:
+            continue  # emulated modules compute in high precision on purpose
+        for pass_name, expected in _expected(config, call).items():
+            found = per_call[(call.module_fqn, call.call, pass_name)]
+            if found == expected:
+                continue
+            where = f"module '{call.module_fqn}' ({config.kind}, recipe {config.recipe}), {pass_name} pass, call {call.call}"
+            if found == 0:
+                hint = _high_precision_witness(gm, passes, call, pass_name)
+                findings.append(
+                    Finding(
+                        "VAL-002",
+                        f"{where}: no FP8 compute, expected {expected} FP8 scaled matmul(s){hint}. The module is "
+                        "not emulated, so its matmuls must stay FP8: find the rewrite or lowering that replaced "
+                        "them, or mark the module emulate=True if high precision is intended",
+                        module_fqn=call.module_fqn,
+                        pass_name=pass_name,
+                    )
+                )
+            else:
+                findings.append(
+                    Finding(
+                        "VAL-007",
+                        f"{where}: {found} FP8 compute node(s), but the recipe issues {expected} per call",
+                        module_fqn=call.module_fqn,
+                        pass_name=pass_name,
+                    )
+                )
+    return findings
+
+
+def _high_precision_witness(gm, passes, call, pass_name) -> str:
+    for node in gm.graph.nodes:
+        provenance = get_provenance(node)
+        if (
+            provenance is not None
+            and provenance.module_fqn == call.module_fqn
+            and provenance.call == call.call
+            and passes[node] == pass_name
+            and str(node.target) in ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten._scaled_mm.default")
+        ):
+            return f"; found high-precision '{node.name}' ({node.target}) instead"
+    return ""
+
+
+def _summary(info, counts, findings) -> str:
+    emulated = sum(1 for c in info.modules.values() if c.emulate)
+    forward = sum(n for (_, p), n in counts.items() if p == "forward")
+    backward = sum(n for (_, p), n in counts.items() if p == "backward")
+    by_id = collections.Counter(f.property_id for f in findings)
+    found = ", ".join(f"{k}: {v}" for k, v in sorted(by_id.items())) or "none"
+    return (
+        f"FP8 validation of {info.model_name}: {len(info.modules)} quantized module(s) ({emulated} emulated), "
+        f"{len(info.calls)} call(s); FP8 compute: {forward} forward, {backward} backward; findings: {found}"
+    )
