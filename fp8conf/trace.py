@@ -65,7 +65,7 @@ def trace_joint(model: torch.nn.Module, args) -> torch.fx.GraphModule:
             f"{type(exc).__name__}: {exc}. Check that the inputs fit the model by calling it eagerly first."
         ) from exc
     gm = joint.graph_module
-    gm.meta[TRACE_META_KEY] = TraceInfo(type(model).__qualname__, modules, tuple(calls))
+    gm.meta[TRACE_META_KEY] = TraceInfo(type(model).__name__, modules, tuple(calls))
     return propagate_provenance(gm, modules)
 
 

@@ -1,0 +1,1 @@
+"""Backends shipped with the suite. ``reference`` wraps fp8conf's own passes."""

@@ -1,0 +1,43 @@
+"""The ``reference`` backend: fp8conf's own passes behind the conformance adapter."""
+
+from __future__ import annotations
+
+import fp8conf
+from conformance.adapter import Backend
+from conformance.types import Finding, Provenance, ValidationReport
+
+__all__ = ["ReferenceBackend"]
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+    version = fp8conf.__version__
+    capabilities = frozenset({"provenance", "validation", "emulation"})
+
+    def trace_joint(self, model, args):
+        return fp8conf.trace_joint(model, args)
+
+    def run_joint(self, gm, model, args, grad_outputs):
+        return fp8conf.run_joint(gm, model, args, grad_outputs)
+
+    def provenance(self, node):
+        found = fp8conf.get_provenance(node)
+        if found is None:
+            return None
+        return Provenance(found.module_fqn, found.kind, found.recipe, found.emulate)
+
+    def is_backward(self, node):
+        tag = node.meta.get("partitioner_tag")
+        if tag is not None:
+            return tag == "is_backward"
+        return fp8conf.node_passes(node.graph)[node] == "backward"
+
+    def validate(self, gm, *, strict):
+        report = fp8conf.validate_fp8_graph(gm, strict=strict)
+        return ValidationReport(
+            findings=tuple(
+                Finding(f.property_id, f.message, f.module_fqn, f.pass_name, f.node_name) for f in report.findings
+            ),
+            compute_counts=dict(report.compute_counts),
+            summary=report.summary,
+        )

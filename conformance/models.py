@@ -1,0 +1,187 @@
+"""The models the suite draws, as plain data, and how to build them with real TorchAO.
+
+A :class:`ModelSpec` is a frozen dataclass whose ``repr`` is valid Python, so every failing
+Hypothesis example prints as code a person can paste::
+
+    from conformance.models import *
+    model, args = build_model(ModelSpec(...))
+
+The model is a stack of linears called in order; each is either a plain ``nn.Linear`` or a
+quantized one converted by ``torchao.float8.convert_to_float8_training`` with its own recipe.
+A layer may be called twice (module reuse), add its input (residual), apply an activation, and
+carry a nested quantized adapter (a ``Float8Linear`` inside a ``Float8Linear``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model"]
+
+ACTIVATIONS = ("none", "relu", "gelu")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    """One linear layer. ``recipe`` None means a plain high-precision ``nn.Linear``."""
+
+    width: int
+    recipe: str | None = "tensorwise"
+    emulate: bool = False
+    bias: bool = False
+    activation: str = "relu"
+    residual: bool = False
+    calls: int = 1
+    adapter: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    in_features: int
+    layers: tuple[LayerSpec, ...]
+    batch: int = 16
+    input_requires_grad: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        width = self.in_features
+        for i, layer in enumerate(self.layers):
+            if (layer.residual or layer.calls > 1) and layer.width != width:
+                raise ValueError(f"layer {i}: residual or repeated calls need width {width}, got {layer.width}")
+            if layer.adapter and layer.recipe is None:
+                raise ValueError(f"layer {i}: a nested adapter needs a quantized layer")
+            width = layer.width
+
+    # -- what the suite knows about the model without asking the backend -------------------
+    def quantized_modules(self) -> dict[str, tuple[str, str, bool]]:
+        """FQN -> (kind, recipe, emulate) of every quantized module, the ground truth of PROV-002."""
+        found = {}
+        for i, layer in enumerate(self.layers):
+            if layer.recipe is not None:
+                found[f"layers.{i}"] = ("float8_linear", layer.recipe, layer.emulate)
+                if layer.adapter:
+                    found[f"layers.{i}.adapter"] = ("float8_linear", layer.recipe, layer.emulate)
+        return found
+
+    def calls(self) -> list[tuple[str, bool]]:
+        """``(fqn, input_requires_grad)`` for every call of a quantized module, in call order."""
+        calls, needs_grad = [], self.input_requires_grad
+        for i, layer in enumerate(self.layers):
+            for _ in range(layer.calls):
+                if layer.recipe is not None:
+                    calls.append((f"layers.{i}", needs_grad))
+                    if layer.adapter:
+                        calls.append((f"layers.{i}.adapter", needs_grad))
+                needs_grad = True  # every layer has a weight that requires grad
+        return calls
+
+    def expected_compute_counts(self) -> dict[tuple[str, str], int]:
+        """(fqn, pass) -> FP8 scaled matmuls the recipe issues: the ground truth of VAL-007."""
+        counts: dict[tuple[str, str], int] = {}
+        configs = self.quantized_modules()
+        for fqn, input_grad in self.calls():
+            _kind, recipe, emulate = configs[fqn]
+            if emulate:
+                continue
+            backward = int(input_grad) + int(recipe != "rowwise_with_gw_hp")
+            counts[(fqn, "forward")] = counts.get((fqn, "forward"), 0) + 1
+            counts[(fqn, "backward")] = counts.get((fqn, "backward"), 0) + backward
+        return counts
+
+    def to_python(self) -> str:
+        return (
+            "import torch\n"
+            "from conformance.models import *\n"
+            f"model, args = build_model({self!r})\n"
+        )
+
+
+def _float8_config(recipe: str, emulate: bool):
+    from torchao.float8 import Float8LinearConfig
+
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
+
+
+def _adapted_class():
+    from torchao.float8.float8_linear import Float8Linear
+
+    class AdaptedFloat8Linear(Float8Linear):
+        """A ``Float8Linear`` with a quantized low-rank-style adapter nested inside it."""
+
+        def forward(self, input):
+            return super().forward(input) + self.adapter(input)
+
+    return AdaptedFloat8Linear
+
+
+def __getattr__(name):
+    # Defined lazily so that importing conformance.models does not import torchao.
+    if name == "AdaptedFloat8Linear":
+        return _adapted_class_cached()
+    if name == "DrawnModel":
+        return _drawn_model_class()
+    raise AttributeError(name)
+
+
+_CACHE: dict[str, type] = {}
+
+
+def _adapted_class_cached():
+    if "adapted" not in _CACHE:
+        _CACHE["adapted"] = _adapted_class()
+    return _CACHE["adapted"]
+
+
+def _drawn_model_class():
+    if "drawn" in _CACHE:
+        return _CACHE["drawn"]
+    import torch
+
+    class DrawnModel(torch.nn.Module):
+        def __init__(self, spec: ModelSpec):
+            super().__init__()
+            self.spec = spec
+            widths = [spec.in_features] + [layer.width for layer in spec.layers]
+            self.layers = torch.nn.ModuleList(
+                torch.nn.Linear(widths[i], layer.width, bias=layer.bias) for i, layer in enumerate(spec.layers)
+            )
+
+        def forward(self, x):
+            for layer_spec, layer in zip(self.spec.layers, self.layers):
+                for _ in range(layer_spec.calls):
+                    y = layer(x)
+                    if layer_spec.residual:
+                        y = y + x
+                    if layer_spec.activation == "relu":
+                        y = torch.relu(y)
+                    elif layer_spec.activation == "gelu":
+                        y = torch.nn.functional.gelu(y)
+                    x = y
+            return x
+
+    _CACHE["drawn"] = DrawnModel
+    return DrawnModel
+
+
+def build_model(spec: ModelSpec, device: str = "cpu"):
+    """Build the model of ``spec`` with real TorchAO conversion; return ``(model, args)``."""
+    import torch
+    from torchao.float8 import convert_to_float8_training
+
+    torch.manual_seed(spec.seed)
+    model = _drawn_model_class()(spec)
+    for i, layer in enumerate(spec.layers):
+        if layer.recipe is None:
+            continue
+        config = _float8_config(layer.recipe, layer.emulate)
+        if layer.adapter:
+            linear = model.layers[i]
+            outer = _adapted_class_cached().from_float(linear, config=config)
+            outer.adapter = torch.nn.Linear(linear.in_features, linear.out_features, bias=False)
+            convert_to_float8_training(outer, config=config, module_filter_fn=lambda m, fqn: fqn == "adapter")
+            model.layers[i] = outer
+        else:
+            convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}")
+    model.to(device)
+    x = torch.randn(spec.batch, spec.in_features, device=device, requires_grad=spec.input_requires_grad)
+    return model, (x,)

@@ -1,0 +1,85 @@
+"""EMU: emulated modules are exempt from FP8 compute, one module at a time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import rewrites
+from conformance.graphs import fp8_compute_nodes
+from conformance.harness import call_backend, check, fail, fresh_copy, strict_error, traced
+from conformance.models import LayerSpec
+from conformance.strategies import FLOAT8_RECIPES, model_specs
+
+
+
+@st.composite
+def mixed_specs(draw):
+    """A non-emulated model followed by one emulated quantized layer."""
+    spec = draw(model_specs(emulate=st.just(False), max_layers=2))
+    width = spec.layers[-1].width
+    emulated = LayerSpec(width=width, recipe=draw(st.sampled_from(FLOAT8_RECIPES)), emulate=True, activation="none")
+    return dataclasses.replace(spec, layers=spec.layers + (emulated,))
+
+
+@pytest.mark.fp8_property("EMU-001")
+@given(spec=model_specs(emulate=st.just(True)))
+def test_EMU_001_emulated_modules_pass_strict_validation_without_fp8_compute(fp8_backend, spec):
+    case = traced("EMU-001", fp8_backend, spec)
+    computes = fp8_compute_nodes(case.gm)
+    check(not computes, "EMU-001", f"an all-emulated model should issue no FP8 compute; found {[n.name for n in computes]}", spec)
+    exc = strict_error("EMU-001", fp8_backend, case.gm)
+    check(exc is None, "EMU-001", f"strict validation rejected an all-emulated model: {type(exc).__name__}: {exc}", spec)
+
+
+@pytest.mark.fp8_property("EMU-002")
+@given(spec=mixed_specs(), data=st.data())
+def test_EMU_002_an_emulated_module_never_excuses_another(fp8_backend, spec, data):
+    case = traced("EMU-002", fp8_backend, spec)
+    gm, oracle = fresh_copy(case)
+    nodes = fp8_compute_nodes(gm)
+    fqn = data.draw(st.sampled_from(sorted({oracle.issued_by[n] for n in nodes})), label="module losing its FP8")
+    for node in nodes:
+        if oracle.issued_by[node] == fqn:
+            rewrites.lower_to_high_precision(gm, node)
+    exc = strict_error("EMU-002", fp8_backend, gm)
+    check(
+        exc is not None and getattr(exc, "module_fqn", None) == fqn,
+        "EMU-002",
+        f"non-emulated {fqn!r} lost all its FP8 compute next to an emulated module; strict validation must fail "
+        f"naming {fqn!r}, saw {exc!r}",
+        spec,
+    )
+
+
+# Measured on CPU for one layer: tensorwise emulation matches the real path to 1e-7 in norm;
+# rowwise by 0.15% to 1.3% (the real path rounds its output differently). Through more
+# layers a tiny difference flips FP8 roundings in the next backward and grows to ~10%, which no
+# useful bound separates from a bug; a ReLU kink does the same to one layer. So the property is
+# checked one quantized layer at a time, without activation.
+_TOLERANCE = {"tensorwise": 1e-5, "rowwise": 3e-2, "rowwise_with_gw_hp": 3e-2}
+
+
+@pytest.mark.fp8_property("EMU-003")
+@given(spec=model_specs(emulate=st.just(False), max_layers=1, reuse=False, nesting=False))
+def test_EMU_003_emulated_and_real_models_agree(fp8_backend, spec):
+    import torch
+
+    spec = dataclasses.replace(spec, layers=tuple(dataclasses.replace(l, activation="none") for l in spec.layers))
+    emulated_spec = dataclasses.replace(spec, layers=tuple(dataclasses.replace(l, emulate=True) for l in spec.layers))
+    results = []
+    for s in (spec, emulated_spec):
+        case = traced("EMU-003", fp8_backend, s)
+        grad_out = torch.randn(s.batch, s.layers[-1].width, generator=torch.Generator().manual_seed(1))
+        results.append(call_backend("EMU-003", fp8_backend, "run_joint", case.gm, case.model, case.args, (grad_out,)))
+    (out_real, grads_real), (out_emu, grads_emu) = results
+    check(grads_real.keys() == grads_emu.keys(), "EMU-003", f"gradient sets differ: {sorted(grads_real)} vs {sorted(grads_emu)}", spec)
+    pairs = [("output", out_real[0], out_emu[0])] + [(f"grad of {k}", grads_real[k], grads_emu[k]) for k in sorted(grads_real)]
+    for label, real, emu in pairs:
+        error = ((real - emu).norm() / real.norm().clamp_min(1e-12)).item()
+        tolerance = _TOLERANCE[spec.layers[0].recipe]
+        if not error <= tolerance:
+            fail("EMU-003", f"{label}: real and emulated differ by {error:.3g} in relative norm (tolerance {tolerance:g})", spec)

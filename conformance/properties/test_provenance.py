@@ -1,0 +1,146 @@
+"""PROV: provenance, the link from every node back to the quantized module that issued it."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.graphs import fp8_compute_nodes
+from conformance.harness import call_backend, check, fail, traced
+from conformance.strategies import model_specs
+from conformance.types import Provenance
+
+
+def _provenance(property_id, backend, node):
+    return call_backend(property_id, backend, "provenance", node, expect=(Provenance, type(None)))
+
+
+def _fqn(property_id, backend, node):
+    found = _provenance(property_id, backend, node)
+    return None if found is None else found.module_fqn
+
+
+@pytest.mark.fp8_property("PROV-001")
+@given(spec=model_specs(emulate=st.just(False)))
+def test_PROV_001_every_fp8_compute_node_names_its_module(fp8_backend, spec):
+    case = traced("PROV-001", fp8_backend, spec)
+    computes = fp8_compute_nodes(case.gm)
+    check(bool(computes), "PROV-001", "the graph of a non-emulated model holds no FP8 compute at all", spec)
+    for node in computes:
+        passes = "backward" if fp8_backend.is_backward(node) else "forward"
+        seen = _fqn("PROV-001", fp8_backend, node)
+        expected = case.oracle.issued_by.get(node)
+        check(
+            seen is not None and seen == expected,
+            "PROV-001",
+            f"{passes} FP8 compute node '{node.name}' ({node.target}): expected provenance naming "
+            f"{expected!r}, saw {seen!r}",
+            spec,
+        )
+
+
+@pytest.mark.fp8_property("PROV-002")
+@given(spec=model_specs())
+def test_PROV_002_provenance_config_equals_module_config(fp8_backend, spec):
+    case = traced("PROV-002", fp8_backend, spec)
+    configs = spec.quantized_modules()
+    seen_any = False
+    for node in case.gm.graph.nodes:
+        found = _provenance("PROV-002", fp8_backend, node)
+        if found is None:
+            continue
+        seen_any = True
+        expected = configs.get(found.module_fqn)
+        if expected is None:
+            fail("PROV-002", f"node '{node.name}' names {found.module_fqn!r}, which is not a quantized module of the model", spec)
+        check(
+            (found.kind, found.recipe, found.emulate) == expected,
+            "PROV-002",
+            f"node '{node.name}' of module {found.module_fqn!r}: expected (kind, recipe, emulate) = {expected}, "
+            f"saw {(found.kind, found.recipe, found.emulate)}",
+            spec,
+        )
+    check(seen_any, "PROV-002", "no node of the graph carries provenance", spec)
+
+
+@pytest.mark.fp8_property("PROV-003")
+@given(spec=model_specs())
+def test_PROV_003_backward_nodes_carry_the_provenance_of_their_forward_op(fp8_backend, spec):
+    case = traced("PROV-003", fp8_backend, spec)
+    backward = [n for n in case.gm.graph.nodes if n.op == "call_function" and fp8_backend.is_backward(n)]
+    check(
+        all("seq_nr" in n.meta for n in backward),
+        "PROV-003",
+        "backward nodes lack node.meta['seq_nr'], the autograd sequence number that pairs them with the "
+        "forward op they differentiate; keep it when rewriting",
+        spec,
+    )
+    attributed = 0
+    for node in backward:
+        seen = _fqn("PROV-003", fp8_backend, node)
+        if case.oracle.is_accumulation(node):
+            check(
+                seen is None,
+                "PROV-003",
+                f"backward node '{node.name}' ({node.target}) accumulates gradients (no forward op has its seq_nr "
+                f"{node.meta.get('seq_nr')}), so it carries no provenance; saw {seen!r}",
+                spec,
+            )
+            continue
+        expected = case.oracle.issued_by[node]
+        check(
+            seen == expected,
+            "PROV-003",
+            f"backward node '{node.name}' ({node.target}, seq_nr {node.meta.get('seq_nr')}) differentiates a forward op "
+            f"of {expected!r}, but carries provenance {seen!r}",
+            spec,
+        )
+        attributed += expected is not None
+    check(attributed > 0, "PROV-003", "no backward node differentiates a quantized module's op", spec)
+
+
+@pytest.mark.fp8_property("PROV-004")
+@given(spec=model_specs())
+def test_PROV_004_no_node_carries_provenance_of_a_module_that_did_not_issue_it(fp8_backend, spec):
+    case = traced("PROV-004", fp8_backend, spec)
+    for node in case.gm.graph.nodes:
+        if node.op != "call_function" or fp8_backend.is_backward(node):
+            continue
+        seen = _fqn("PROV-004", fp8_backend, node)
+        expected = case.oracle.issued_by[node]
+        check(
+            seen == expected,
+            "PROV-004",
+            f"forward node '{node.name}' ({node.target}) was issued by "
+            f"{'no quantized module' if expected is None else repr(expected)}, but carries provenance {seen!r}",
+            spec,
+        )
+
+
+@pytest.mark.fp8_property("PROV-006")
+@given(spec=model_specs(require_reuse=True, require_nesting=True, emulate=st.just(False)))
+def test_PROV_006_reused_modules_keep_their_fqn_nested_ones_the_innermost(fp8_backend, spec):
+    case = traced("PROV-006", fp8_backend, spec)
+    per_module = collections.Counter()
+    for node in fp8_compute_nodes(case.gm):
+        seen = _fqn("PROV-006", fp8_backend, node)
+        expected = case.oracle.issued_by.get(node)
+        check(
+            seen == expected,
+            "PROV-006",
+            f"FP8 compute node '{node.name}' was issued by {expected!r} (innermost quantized module of the call), "
+            f"but carries provenance {seen!r}",
+            spec,
+        )
+        if not fp8_backend.is_backward(node):
+            per_module[seen] += 1
+    calls = collections.Counter(fqn for fqn, _ in spec.calls() if not spec.quantized_modules()[fqn][2])
+    check(
+        per_module == calls,
+        "PROV-006",
+        f"forward FP8 compute attributed per module {dict(per_module)}, but the modules were called {dict(calls)} times",
+        spec,
+    )

@@ -1,0 +1,164 @@
+"""VAL: strict validation catches lost FP8, and only lost FP8."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import rewrites
+from conformance.graphs import fp8_compute_nodes
+from conformance.harness import call_backend, check, fail, fresh_copy, strict_error, traced
+from conformance.strategies import model_specs
+from conformance.types import ValidationReport
+
+non_emulated = model_specs(emulate=st.just(False))
+
+
+
+def _report(property_id, backend, gm) -> ValidationReport:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return call_backend(property_id, backend, "validate", gm, strict=False, expect=ValidationReport)
+
+
+def _lower_module_pass(case, backend, data):
+    """Copy the graph and lower every FP8 compute of one drawn (module, pass) to a plain mm."""
+    gm, oracle = fresh_copy(case)
+    groups = {}
+    for node in fp8_compute_nodes(gm):
+        key = (oracle.issued_by[node], "backward" if backend.is_backward(node) else "forward")
+        groups.setdefault(key, []).append(node)
+    fqn, pass_name = data.draw(st.sampled_from(sorted(groups)), label="lowered (module, pass)")
+    for node in groups[(fqn, pass_name)]:
+        rewrites.lower_to_high_precision(gm, node)
+    return gm, fqn, pass_name
+
+
+def _names_location(exc, fqn, pass_name) -> bool:
+    text = str(exc)
+    return getattr(exc, "module_fqn", None) == fqn and getattr(exc, "pass_name", None) == pass_name and fqn in text and pass_name in text
+
+
+@pytest.mark.fp8_property("VAL-001")
+@given(spec=model_specs())
+def test_VAL_001_strict_validation_accepts_supported_models(fp8_backend, spec):
+    case = traced("VAL-001", fp8_backend, spec)
+    exc = strict_error("VAL-001", fp8_backend, case.gm)
+    check(exc is None, "VAL-001", f"strict validation rejected the backend's own graph: {type(exc).__name__}: {exc}", spec)
+
+
+@pytest.mark.fp8_property("VAL-002")
+@given(spec=non_emulated, data=st.data())
+def test_VAL_002_lost_fp8_compute_fails_naming_module_and_pass(fp8_backend, spec, data):
+    gm, fqn, pass_name = _lower_module_pass(traced("VAL-002", fp8_backend, spec), fp8_backend, data)
+    exc = strict_error("VAL-002", fp8_backend, gm)
+    check(exc is not None, "VAL-002", f"all FP8 compute of {fqn!r} in the {pass_name} pass was lowered to mm, yet strict validation passed", spec)
+    check(
+        _names_location(exc, fqn, pass_name),
+        "VAL-002",
+        f"the error must name module {fqn!r} and pass {pass_name!r} (message and .module_fqn/.pass_name); "
+        f"saw module_fqn={getattr(exc, 'module_fqn', None)!r} pass_name={getattr(exc, 'pass_name', None)!r}: {exc}",
+        spec,
+    )
+
+
+@pytest.mark.fp8_property("VAL-003")
+@given(spec=non_emulated, data=st.data())
+def test_VAL_003_fp8_compute_without_provenance_fails(fp8_backend, spec, data):
+    gm, _ = fresh_copy(traced("VAL-003", fp8_backend, spec))
+    node = data.draw(st.sampled_from(fp8_compute_nodes(gm)), label="compute node stripped of meta")
+    rewrites.rebuild_without_meta(gm, node)
+    rebuilt = next(n for n in gm.graph.nodes if n.op == "call_function" and not n.meta.keys() - {"val"} and n.target == node.target)
+    exc = strict_error("VAL-003", fp8_backend, gm)
+    check(exc is not None, "VAL-003", f"FP8 compute node '{rebuilt.name}' lost its metadata, yet strict validation passed", spec)
+    check(
+        rebuilt.name in str(exc),
+        "VAL-003",
+        f"the error must name the node without provenance, '{rebuilt.name}'; saw: {type(exc).__name__}: {exc}",
+        spec,
+    )
+
+
+@pytest.mark.fp8_property("VAL-004")
+@given(spec=non_emulated, data=st.data())
+def test_VAL_004_scaled_op_with_a_high_precision_operand_is_not_fp8_compute(fp8_backend, spec, data):
+    case = traced("VAL-004", fp8_backend, spec)
+    gm, oracle = fresh_copy(case)
+    node = data.draw(st.sampled_from(fp8_compute_nodes(gm)), label="scaled op given a float32 operand")
+    index = data.draw(st.sampled_from((0, 1)), label="operand")
+    key = (oracle.issued_by[node], "backward" if fp8_backend.is_backward(node) else "forward")
+    rewrites.upcast_operand(gm, node, index)
+    expected = spec.expected_compute_counts()[key] - 1
+    seen = _report("VAL-004", fp8_backend, gm).compute_counts.get(key, 0)
+    check(
+        seen == expected,
+        "VAL-004",
+        f"'{node.name}' now multiplies a float32 operand {index}; FP8 compute of {key[0]!r} in the {key[1]} pass "
+        f"should count {expected}, the backend counts {seen}",
+        spec,
+    )
+    check(strict_error("VAL-004", fp8_backend, gm) is not None, "VAL-004", "strict validation accepted a scaled op fed a float32 operand", spec)
+
+
+def _meta_snapshot(gm):
+    def freeze(value):
+        return ("obj", id(value)) if hasattr(value, "shape") else ("repr", repr(value))
+
+    return gm.code, [(n.name, {k: freeze(v) for k, v in n.meta.items()}) for n in gm.graph.nodes], dict(gm.meta)
+
+
+@pytest.mark.fp8_property("VAL-005")
+@given(spec=model_specs())
+def test_VAL_005_validation_does_not_change_the_graph(fp8_backend, spec):
+    gm, _ = fresh_copy(traced("VAL-005", fp8_backend, spec))
+    before = _meta_snapshot(gm)
+    strict_error("VAL-005", fp8_backend, gm)
+    _report("VAL-005", fp8_backend, gm)
+    after = _meta_snapshot(gm)
+    for label, b, a in zip(("code", "node meta", "graph-module meta"), before, after):
+        if b != a:
+            changed = [x[0] for x, y in zip(b, a) if x != y] if label == "node meta" else []
+            fail("VAL-005", f"validation changed the {label}" + (f" of nodes {changed[:5]}" if changed else ""), spec)
+
+
+@pytest.mark.fp8_property("VAL-006")
+@given(spec=non_emulated, data=st.data())
+def test_VAL_006_non_strict_mode_warns_the_same_findings_with_a_summary(fp8_backend, spec, data):
+    gm, fqn, pass_name = _lower_module_pass(traced("VAL-006", fp8_backend, spec), fp8_backend, data)
+    exc = strict_error("VAL-006", fp8_backend, gm)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = call_backend("VAL-006", fp8_backend, "validate", gm, strict=False, expect=ValidationReport)
+    check(exc is not None, "VAL-006", "strict validation passed a graph whose FP8 compute was lowered", spec)
+    located = [f for f in report.findings if f.module_fqn == fqn and f.pass_name == pass_name]
+    check(bool(located), "VAL-006", f"non-strict report lacks the finding strict mode raised ({exc}); findings: {report.findings}", spec)
+    check(len(caught) >= len(report.findings), "VAL-006", f"{len(report.findings)} finding(s) but {len(caught)} warning(s)", spec)
+    check(bool(report.summary.strip()), "VAL-006", "the non-strict report has an empty summary", spec)
+
+
+@pytest.mark.fp8_property("VAL-007")
+@given(spec=model_specs(), data=st.data())
+def test_VAL_007_compute_counts_per_call_match_the_recipe(fp8_backend, spec, data):
+    case = traced("VAL-007", fp8_backend, spec)
+    expected = spec.expected_compute_counts()
+    seen = {k: v for k, v in _report("VAL-007", fp8_backend, case.gm).compute_counts.items() if v}
+    check(seen == {k: v for k, v in expected.items() if v}, "VAL-007", f"expected FP8 compute counts {expected}, the backend reports {seen}", spec)
+    computes = fp8_compute_nodes(case.gm)
+    if not computes:
+        return  # all emulated: nothing to duplicate
+    gm, oracle = fresh_copy(case)
+    node = data.draw(st.sampled_from(fp8_compute_nodes(gm)), label="duplicated compute node")
+    with gm.graph.inserting_after(node):
+        twin = gm.graph.node_copy(node)
+    gm.recompile()
+    exc = strict_error("VAL-007", fp8_backend, gm)
+    check(
+        exc is not None and getattr(exc, "module_fqn", None) == oracle.issued_by[node],
+        "VAL-007",
+        f"'{twin.name}' duplicates '{node.name}' of {oracle.issued_by[node]!r}, one FP8 matmul more than the recipe issues; "
+        f"strict validation must fail naming that module, saw: {exc!r}",
+        spec,
+    )

@@ -1,0 +1,69 @@
+"""Rewrites the suite itself performs on a backend's graph to break an FP8 rule on purpose.
+
+Each models a real way FP8 gets lost in a graph trainer: a lowering that turns a scaled matmul
+into a high-precision one, a pass that rebuilds a node without its metadata, a rewrite that
+feeds a scaled op a high-precision operand. New nodes get fake values computed in the graph's
+own fake mode, so dtypes and shapes stay truthful for every reader.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+__all__ = ["lower_to_high_precision", "rebuild_without_meta", "upcast_operand"]
+
+aten = torch.ops.aten
+
+
+def _fake(node: torch.fx.Node, target, *args, **kwargs) -> None:
+    val = next(a.meta["val"] for a in node.all_input_nodes if "val" in a.meta)
+    fake_args = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+    with val.fake_mode:
+        node.meta["val"] = target(*fake_args, **kwargs)
+
+
+def _insert(graph, before, meta_from, target, *args, **kwargs) -> torch.fx.Node:
+    with graph.inserting_before(before):
+        node = graph.call_function(target, args, kwargs)
+    node.meta.update({k: v for k, v in meta_from.meta.items() if k != "val"})
+    _fake(node, target, *args, **kwargs)
+    return node
+
+
+def _finish(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def lower_to_high_precision(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.GraphModule:
+    """Replace a scaled matmul by ``mm`` of its up-cast operands, keeping the node's metadata.
+
+    Provenance is kept on purpose: the module is still known, only its FP8 compute is gone.
+    """
+    out_dtype = node.meta["val"].dtype
+    a = _insert(gm.graph, node, node, aten._to_copy.default, node.args[0], dtype=out_dtype)
+    b = _insert(gm.graph, node, node, aten._to_copy.default, node.args[1], dtype=out_dtype)
+    mm = _insert(gm.graph, node, node, aten.mm.default, a, b)
+    node.replace_all_uses_with(mm)
+    gm.graph.erase_node(node)
+    return _finish(gm)
+
+
+def rebuild_without_meta(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.GraphModule:
+    """Replace ``node`` by an identical call whose meta holds only ``val``, as careless passes do."""
+    with gm.graph.inserting_before(node):
+        new = gm.graph.call_function(node.target, node.args, node.kwargs)
+    new.meta = {"val": node.meta["val"]}
+    node.replace_all_uses_with(new)
+    gm.graph.erase_node(node)
+    return _finish(gm)
+
+
+def upcast_operand(gm: torch.fx.GraphModule, node: torch.fx.Node, index: int = 0) -> torch.fx.GraphModule:
+    """Feed the scaled op a float32 copy of matrix operand ``index`` (the op stays, FP8 is gone)."""
+    operand = node.args[index]
+    upcast = _insert(gm.graph, node, operand, aten._to_copy.default, operand, dtype=torch.float32)
+    node.args = tuple(upcast if i == index else a for i, a in enumerate(node.args))
+    return _finish(gm)

@@ -1,0 +1,377 @@
+"""Tests of the conformance pytest plugin (conformance/plugin.py), run through pytester.
+
+The fake backends below are written into each pytester directory and never import torch, so
+these runs stay fast; they are selected with the ``package.module:Class`` form.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+import conformance
+from conformance import plugin
+
+pytest_plugins = ["pytester"]
+
+FAKE_BACKENDS = """
+    import conformance
+
+    class _Trivial(conformance.Backend):
+        def trace_joint(self, model, args):
+            raise NotImplementedError
+
+        def run_joint(self, gm, model, args, grad_outputs):
+            raise NotImplementedError
+
+        def provenance(self, node):
+            return None
+
+        def is_backward(self, node):
+            return False
+
+    class Fake(_Trivial):
+        name = "fake"
+        version = "1.2"
+        capabilities = frozenset({"provenance"})
+
+    class NotABackend:
+        pass
+
+    class Exploding(_Trivial):
+        def __init__(self):
+            raise RuntimeError("no device\\nfound")
+"""
+
+FAKE = "--fp8-backend=fakebackends:Fake"
+
+
+@pytest.fixture(autouse=True)
+def _keep_hypothesis_profile():
+    # In-process pytester runs load profiles into this process's global Hypothesis settings.
+    name = settings.get_current_profile_name()
+    yield
+    settings.load_profile(name)
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(
+        fakebackends=FAKE_BACKENDS,
+        brokenbackend="import fp8conf_missing_dependency_xyz\n",
+    )
+    pytester.syspathinsert()
+    return pytester
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", *args)
+
+
+def test_import_does_not_import_torch():
+    code = "import sys, conformance.plugin; assert 'torch' not in sys.modules, 'torch imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_unknown_backend_lists_installed_names(suite):
+    result = run(suite, "--fp8-backend=no-such-backend", str(suite.path))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: unknown fp8conf backend 'no-such-backend'; installed backends: *reference*"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "brokenbackend:Backend",
+            "could not be imported: ModuleNotFoundError: "
+            "No module named 'fp8conf_missing_dependency_xyz'",
+        ),
+        ("fakebackends:Missing", "could not be imported: AttributeError: *Missing*"),
+        ("fakebackends:NotABackend", "is *NotABackend*not a subclass of conformance.Backend."),
+        ("fakebackends:Exploding", "could not be constructed: RuntimeError: no device found"),
+    ],
+)
+def test_bad_backend_is_a_clean_usage_error(suite, spec, message):
+    result = run(suite, f"--fp8-backend={spec}", str(suite.path))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: fp8conf backend '{spec}' {message}"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_report_without_backend_is_a_usage_error(suite):
+    result = run(suite, "--fp8-report=r.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --fp8-report needs --fp8-backend"])
+
+
+def test_inert_without_backend(suite):
+    suite.makepyfile(
+        test_inert="""
+        import sys
+        import pytest
+
+        def test_needs_backend(fp8_backend):
+            raise AssertionError("must be skipped")
+
+        @pytest.mark.fp8_property("NOT-A-PROPERTY")
+        @pytest.mark.sm100
+        def test_marked_but_inert():
+            assert "torch" not in sys.modules
+        """
+    )
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--strict-markers")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*no --fp8-backend given"])
+    result.stdout.no_fnmatch_line("*MUST score*")
+
+
+def test_backend_without_gpu_tests_does_not_import_torch(suite):
+    suite.makepyfile(
+        test_light="""
+        import sys
+        import pytest
+
+        @pytest.mark.fp8_property("PROV-001")
+        def test_light(fp8_backend):
+            assert "torch" not in sys.modules
+        """
+    )
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", FAKE, "test_light.py")
+    result.assert_outcomes(passed=1)
+
+
+def test_unclaimed_capability_is_not_supported(suite):
+    suite.makepyfile(
+        test_gating="""
+        import pytest
+
+        @pytest.mark.fp8_property("PROV-001")
+        def test_claimed(fp8_backend):
+            assert fp8_backend.name == "fake"
+
+        @pytest.mark.fp8_property("VAL-001")
+        def test_unclaimed(fp8_backend):
+            raise AssertionError("must not run")
+        """
+    )
+    result = run(suite, FAKE, "-rs", "test_gating.py")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED*not_supported: backend 'fake' does not claim "
+            "capability 'validation' (property VAL-001)"
+        ]
+    )
+
+
+def test_bad_citation_is_a_collection_error(suite):
+    suite.makepyfile(
+        test_cites="""
+        import pytest
+
+        @pytest.mark.fp8_property("PROV-999")
+        def test_typo():
+            pass
+
+        @pytest.mark.fp8_property()
+        def test_no_id():
+            pass
+        """
+    )
+    result = run(suite, FAKE, "test_cites.py")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        [
+            "*test_cites.py::test_typo cites unknown spec property 'PROV-999'*",
+            "*test_cites.py::test_no_id: fp8_property takes one property ID*",
+        ]
+    )
+
+
+def test_gpu_markers_skip_without_cuda(suite):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    suite.makepyfile(
+        test_gpu="""
+        import pytest
+
+        @pytest.mark.gpu
+        def test_gpu():
+            pass
+
+        @pytest.mark.sm90
+        def test_sm90():
+            pass
+        """
+    )
+    result = run(suite, FAKE, "-rs", "test_gpu.py")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(
+        ["SKIPPED*gpu: CUDA is not available", "SKIPPED*sm90: CUDA is not available"]
+    )
+
+
+REPORTED_TESTS = """
+    import pytest
+
+    @pytest.fixture
+    def broken():
+        raise RuntimeError("setup broke")
+
+    @pytest.mark.fp8_property("PROV-001")
+    @pytest.mark.parametrize("n", [1, 2])
+    def test_passes(n):
+        pass
+
+    @pytest.mark.fp8_property("PROV-002")
+    def test_prov2_passes():
+        pass
+
+    @pytest.mark.fp8_property("PROV-002")
+    def test_prov2_fails():
+        assert False
+
+    @pytest.mark.fp8_property("PROV-003")
+    def test_errors(broken):
+        pass
+
+    @pytest.mark.fp8_property("PROV-004")
+    def test_skips():
+        pytest.skip("not today")
+
+    @pytest.mark.fp8_property("VAL-001")
+    def test_unclaimed():
+        pass
+
+    @pytest.mark.fp8_property("PROV-005")
+    def test_should():
+        pass
+
+    @pytest.mark.fp8_property("PROV-006")
+    class TestCitedByClass:
+        def test_a(self):
+            pass
+
+        @pytest.mark.fp8_property("PROV-001")
+        def test_b(self):
+            pass
+
+    def test_uncited():
+        pass
+"""
+
+EXPECTED = {
+    "PROV-001": ("MUST", "pass", 3),
+    "PROV-002": ("MUST", "fail", 2),
+    "PROV-003": ("MUST", "error", 1),
+    "PROV-004": ("MUST", "skipped", 1),
+    "PROV-005": ("SHOULD", "pass", 1),
+    "PROV-006": ("MUST", "pass", 2),
+    "VAL-001": ("MUST", "not_supported", 1),
+}
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist"])
+def test_report_files_and_summary(suite, xdist):
+    suite.makepyfile(test_reported=REPORTED_TESTS)
+    args = [FAKE, "--fp8-report=out/conf.json", "test_reported.py"]
+    if xdist:
+        result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", *args)
+        result.stdout.fnmatch_lines(["*2 workers*"])
+    else:
+        result = run(suite, *args)
+    result.assert_outcomes(passed=7, failed=1, errors=1, skipped=2)
+
+    report = json.loads((suite.path / "out" / "conf.json").read_text())
+    got = {
+        pid: (row["level"], row["status"], row["tests"])
+        for pid, row in report["properties"].items()
+    }
+    assert got == EXPECTED
+    assert report["properties"]["VAL-001"]["capability"] == "validation"
+    summary = report["summary"]
+    assert (summary["must_passed"], summary["must_applicable"]) == (2, 4)
+    assert summary["must_score"] == 0.5
+    assert report["backend"]["name"] == "fake" and report["backend"]["version"] == "1.2"
+    assert {"python", "torch", "torchao", "hypothesis_profile"} <= set(report["environment"])
+    assert report["environment"]["hypothesis_profile"] == "dev"
+    assert "VAL-002" in report["untested"]
+
+    markdown = (suite.path / "out" / "conf.md").read_text()
+    assert "| PROV-002 | MUST | provenance | fail | 2 |" in markdown
+    assert "| VAL-001 | MUST | validation | not_supported | 1 |" in markdown
+    assert "MUST score: 2/4" in markdown
+
+    result.stdout.fnmatch_lines(
+        [
+            "*fp8conf conformance*",
+            "PROV-001 *MUST *provenance *pass *3",
+            "PROV-003 *MUST *provenance *error *1",
+            "MUST score: 2/4 (backend fake 1.2)",
+        ]
+    )
+
+
+def test_properties_dir_runs_only_without_paths(suite, monkeypatch, tmp_path_factory):
+    assert plugin.PROPERTIES_DIR == Path(conformance.__file__).resolve().parent / "properties"
+    # Outside the rootdir, like the installed package's directory.
+    props = tmp_path_factory.mktemp("properties")
+    (props / "conftest.py").write_text(
+        "import pytest\n\n@pytest.fixture\ndef from_conftest():\n    return 42\n"
+    )
+    (props / "test_prop.py").write_text(
+        "def test_prop(from_conftest, fp8_backend):\n    assert from_conftest == 42\n"
+    )
+    monkeypatch.setattr(plugin, "PROPERTIES_DIR", props)
+    suite.makeini("[pytest]\ntestpaths = tests\n")
+    suite.mkdir("tests")
+    (suite.path / "tests" / "test_project.py").write_text("def test_project():\n    pass\n")
+
+    result = run(suite, FAKE, "-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_prop.py::test_prop PASSED*"])
+
+    result = run(suite, FAKE, "-v", "tests")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*tests/test_project.py::test_project PASSED*"])
+
+
+PROFILE_PROBE = """
+    from hypothesis import HealthCheck, settings
+
+    def test_probe():
+        current = settings.default
+        assert current.deadline is None
+        assert HealthCheck.differing_executors in current.suppress_health_check
+        print("PROFILE", settings.get_current_profile_name(), current.max_examples,
+              current.derandomize)
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "expected"),
+    [
+        (None, [], "PROFILE dev 10 False"),
+        ("ci", [], "PROFILE ci 6 True"),
+        ("ci", ["--hypothesis-profile=thorough"], "PROFILE thorough 200 False"),
+    ],
+)
+def test_hypothesis_profiles(suite, monkeypatch, env, args, expected):
+    if env is None:
+        monkeypatch.delenv(plugin.PROFILE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(plugin.PROFILE_ENV, env)
+    suite.makepyfile(test_probe=PROFILE_PROBE)
+    result = run(suite, "-s", *args, "test_probe.py")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*{expected}*"])
