@@ -88,10 +88,15 @@ _HEALTH_CHECKS = (
     HealthCheck.filter_too_much,
     HealthCheck.differing_executors,
 )
+_NO_SHRINK = (hypothesis.Phase.explicit, hypothesis.Phase.reuse, hypothesis.Phase.generate)
+
 _PROFILES: dict[str, dict[str, Any]] = {
     "dev": {"max_examples": 10},
     "ci": {"derandomize": True, "max_examples": 6, "database": None, "print_blob": True},
     "thorough": {"max_examples": 200},
+    # For proving that a mutant backend is caught: a failure is enough, a minimal one is not
+    # needed, so shrinking (minutes on traced models) is skipped.
+    "mutants": {"derandomize": True, "max_examples": 12, "database": None, "phases": _NO_SHRINK},
 }
 
 

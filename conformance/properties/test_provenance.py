@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.graphs import fp8_compute_nodes
-from conformance.harness import call_backend, check, fail, traced
+from conformance.harness import call_backend, check, fail, fresh_copy, traced
 from conformance.strategies import model_specs
 from conformance.types import Provenance
 
@@ -144,3 +144,27 @@ def test_PROV_006_reused_modules_keep_their_fqn_nested_ones_the_innermost(fp8_ba
         f"forward FP8 compute attributed per module {dict(per_module)}, but the modules were called {dict(calls)} times",
         spec,
     )
+
+
+@pytest.mark.fp8_property("PROV-005")
+@given(spec=model_specs())
+def test_PROV_005_provenance_survives_dce_and_cse(fp8_backend, spec):
+    from torch.fx.passes.dialect.common.cse_pass import CSEPass
+
+    gm, _ = fresh_copy(traced("PROV-005", fp8_backend, spec))
+    before = {n.name: _provenance("PROV-005", fp8_backend, n) for n in gm.graph.nodes if n.op == "call_function"}
+    rewritten = CSEPass()(gm).graph_module
+    rewritten.graph.eliminate_dead_code()
+    kept = 0
+    for node in rewritten.graph.nodes:
+        if node.op != "call_function" or node.name not in before:
+            continue
+        seen = _provenance("PROV-005", fp8_backend, node)
+        check(
+            seen == before[node.name],
+            "PROV-005",
+            f"node '{node.name}' carried {before[node.name]} before CSE + DCE and {seen} after",
+            spec,
+        )
+        kept += seen is not None
+    check(kept > 0, "PROV-005", "no node with provenance survived CSE + DCE", spec)

@@ -1,0 +1,1 @@
+"""Mutant backends: the reference with one deliberate defect each, to prove the suite bites."""

@@ -1,0 +1,227 @@
+"""Mutant backends for PROV, VAL and EMU.
+
+Each mutant is :class:`ReferenceBackend` with exactly one defect, the kind a real graph
+trainer ships by accident. ``KILLED_BY`` names the property (and so the test) that must fail
+for it; ``tests/test_mutants.py`` runs the suite against every mutant and checks that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import fp8conf
+import fp8conf.provenance
+import fp8conf.validate
+from conformance.backends.reference import ReferenceBackend
+from conformance.types import Provenance
+
+aten_scaled = ("aten._scaled_mm.default",)
+
+
+@contextlib.contextmanager
+def _replaced(owner, name, value):
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+class NoBackwardProvenance(ReferenceBackend):
+    """Relies on the torch version to carry provenance to backward nodes, so none arrives."""
+
+    name = "mutant-no-backward-provenance"
+    KILLED_BY = "PROV-001"
+
+    def trace_joint(self, model, args):
+        gm = super().trace_joint(model, args)
+        for node in gm.graph.nodes:
+            if self.is_backward(node):
+                node.meta.pop(fp8conf.PROVENANCE_META_KEY, None)
+        return gm
+
+
+class RecipeAlwaysTensorwise(ReferenceBackend):
+    """Reports every Float8Linear as the default tensorwise recipe."""
+
+    name = "mutant-recipe-always-tensorwise"
+    KILLED_BY = "PROV-002"
+
+    def provenance(self, node):
+        found = super().provenance(node)
+        return None if found is None else Provenance(found.module_fqn, found.kind, "tensorwise", found.emulate)
+
+
+class AccumulationCredited(ReferenceBackend):
+    """Gives gradient-accumulation nodes the provenance of the backward node feeding them."""
+
+    name = "mutant-accumulation-credited"
+    KILLED_BY = "PROV-003"
+
+    def trace_joint(self, model, args):
+        gm = super().trace_joint(model, args)
+        for node in gm.graph.nodes:
+            if self.is_backward(node) and fp8conf.get_provenance(node) is None:
+                inherited = [fp8conf.get_provenance(i) for i in node.all_input_nodes if fp8conf.get_provenance(i)]
+                if inherited:
+                    node.meta[fp8conf.PROVENANCE_META_KEY] = inherited[0]
+        return gm
+
+
+class ProvenanceLeaksForward(ReferenceBackend):
+    """Stamps a module's annotation onto the op that consumes its output (an activation, a residual add)."""
+
+    name = "mutant-provenance-leaks-forward"
+    KILLED_BY = "PROV-004"
+
+    def trace_joint(self, model, args):
+        gm = super().trace_joint(model, args)
+        for node in list(gm.graph.nodes):
+            if node.op == "call_function" and not self.is_backward(node) and fp8conf.get_provenance(node) is None:
+                inherited = [fp8conf.get_provenance(i) for i in node.all_input_nodes if fp8conf.get_provenance(i)]
+                if inherited:
+                    node.meta[fp8conf.PROVENANCE_META_KEY] = inherited[0]
+        return gm
+
+
+class OuterModuleCredited(ReferenceBackend):
+    """Attributes nodes of a nested quantized module to the outermost quantized module."""
+
+    name = "mutant-outer-module-credited"
+    KILLED_BY = "PROV-006"
+
+    def provenance(self, node):
+        found = super().provenance(node)
+        if found is None:
+            return None
+        modules = fp8conf.trace_info(node.graph.owning_module).modules
+        outer = next((fqn for fqn in modules if found.module_fqn.startswith(fqn + ".")), found.module_fqn)
+        return Provenance(outer, found.kind, found.recipe, found.emulate)
+
+
+def _always_needs_input_grad(config, call):
+    return {"forward": 1, "backward": int(config.fp8_grad_input) + int(config.fp8_grad_weight and call.weight_requires_grad)}
+
+
+class IgnoresInputGrad(ReferenceBackend):
+    """Expects a grad_input matmul even when the input needs no gradient: false alarms."""
+
+    name = "mutant-ignores-input-grad"
+    KILLED_BY = "VAL-001"
+
+    def validate(self, gm, *, strict):
+        with _replaced(fp8conf.validate, "_expected", _always_needs_input_grad):
+            return super().validate(gm, strict=strict)
+
+
+class NoLoweringCheck(ReferenceBackend):
+    """Checks provenance only, never that a non-emulated module kept its FP8 compute."""
+
+    name = "mutant-no-lowering-check"
+    KILLED_BY = "VAL-002"
+
+    def validate(self, gm, *, strict):
+        with _replaced(fp8conf.validate, "_check_calls", lambda *a: []):
+            return super().validate(gm, strict=strict)
+
+
+class MissingProvenancePasses(ReferenceBackend):
+    """Skips FP8 compute that has no provenance instead of failing: a silent fallback."""
+
+    name = "mutant-missing-provenance-passes"
+    KILLED_BY = "VAL-003"
+
+    def validate(self, gm, *, strict):
+        with _replaced(fp8conf.validate, "is_fp8_compute", lambda n: fp8conf.is_fp8_compute(n) and fp8conf.get_provenance(n) is not None):
+            return super().validate(gm, strict=strict)
+
+
+def _any_fp8_operand(node):
+    if node.op != "call_function" or str(node.target) not in aten_scaled:
+        return False
+    return any(fp8conf.roles.is_fp8_dtype(getattr(a.meta.get("val"), "dtype", None)) for a in node.all_input_nodes)
+
+
+class AnyFP8OperandCounts(ReferenceBackend):
+    """Counts a scaled matmul as FP8 compute when any one of its inputs is FP8."""
+
+    name = "mutant-any-fp8-operand-counts"
+    KILLED_BY = "VAL-004"
+
+    def validate(self, gm, *, strict):
+        with _replaced(fp8conf.validate, "is_fp8_compute", _any_fp8_operand):
+            return super().validate(gm, strict=strict)
+
+
+class ValidationWritesMeta(ReferenceBackend):
+    """Marks every node it checked in ``node.meta``."""
+
+    name = "mutant-validation-writes-meta"
+    KILLED_BY = "VAL-005"
+
+    def validate(self, gm, *, strict):
+        for node in gm.graph.nodes:
+            node.meta["fp8_checked"] = True
+        return super().validate(gm, strict=strict)
+
+
+class ExistenceOnlyCounts(ReferenceBackend):
+    """Checks that FP8 compute exists, not that the recipe's count is met (a duplicate passes)."""
+
+    name = "mutant-existence-only-counts"
+    KILLED_BY = "VAL-007"
+
+    def validate(self, gm, *, strict):
+        check_calls = fp8conf.validate._check_calls
+
+        def existence_only(*args):
+            return [f for f in check_calls(*args) if f.property_id != "VAL-007"]
+
+        with _replaced(fp8conf.validate, "_check_calls", existence_only):
+            return super().validate(gm, strict=strict)
+
+
+class EmulatedNotExempt(ReferenceBackend):
+    """Requires FP8 compute from emulated modules too."""
+
+    name = "mutant-emulated-not-exempt"
+    KILLED_BY = "EMU-001"
+
+    def trace_joint(self, model, args):
+        gm = super().trace_joint(model, args)
+        info = fp8conf.trace_info(gm)
+        modules = {fqn: dataclasses.replace(c, emulate=False) for fqn, c in info.modules.items()}
+        gm.meta[fp8conf.trace.TRACE_META_KEY] = dataclasses.replace(info, modules=modules)
+        return gm
+
+
+class OneEmulatedExemptsAll(ReferenceBackend):
+    """Skips the FP8 compute checks of the whole graph once any module is emulated."""
+
+    name = "mutant-one-emulated-exempts-all"
+    KILLED_BY = "EMU-002"
+
+    def validate(self, gm, *, strict):
+        if any(c.emulate for c in fp8conf.trace_info(gm).modules.values()):
+            with _replaced(fp8conf.validate, "_check_calls", lambda *a: []):
+                return super().validate(gm, strict=strict)
+        return super().validate(gm, strict=strict)
+
+
+MUTANTS = [
+    NoBackwardProvenance,
+    RecipeAlwaysTensorwise,
+    AccumulationCredited,
+    ProvenanceLeaksForward,
+    OuterModuleCredited,
+    IgnoresInputGrad,
+    NoLoweringCheck,
+    MissingProvenancePasses,
+    AnyFP8OperandCounts,
+    ValidationWritesMeta,
+    ExistenceOnlyCounts,
+    EmulatedNotExempt,
+    OneEmulatedExemptsAll,
+]

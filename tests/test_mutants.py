@@ -1,0 +1,57 @@
+"""Every MUST property bites: the suite, run against each mutant backend, fails the property
+that mutant breaks, while the reference passes the same properties.
+
+Each run is a real ``pytest --fp8-backend=...`` subprocess with the ``mutants`` Hypothesis
+profile (derandomized, no shrinking) and a JSON report that is read back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.spec import PROPERTIES
+from mutants.backends import MUTANTS  # tests/ is on sys.path (rootdir conftest)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _test_name(property_id: str) -> str:
+    return "test_" + property_id.replace("-", "_") + "_"
+
+
+def run_suite(backend: str, property_ids, tmp_path: Path) -> dict:
+    report = tmp_path / f"{backend.rsplit(':', 1)[-1]}.json"
+    selection = " or ".join(_test_name(p) for p in property_ids)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", f"--fp8-backend={backend}", f"--fp8-report={report}",
+         "--hypothesis-profile=mutants", "-k", selection, "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert report.exists(), f"no report from {backend}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(report.read_text())["properties"], proc.stdout
+
+
+def test_every_must_property_of_prov_val_emu_has_a_mutant():
+    covered = {m.KILLED_BY for m in MUTANTS}
+    wanted = {p.id for p in PROPERTIES.values() if p.level == "MUST" and p.capability in ("provenance", "validation", "emulation")}
+    assert wanted <= covered, f"MUST properties without a mutant: {sorted(wanted - covered)}"
+
+
+def test_reference_passes_the_mutated_properties(tmp_path):
+    statuses, out = run_suite("reference", sorted({m.KILLED_BY for m in MUTANTS}), tmp_path)
+    failing = {k: v["status"] for k, v in statuses.items() if v["status"] != "pass"}
+    assert not failing, f"reference fails {failing}:\n{out[-4000:]}"
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_mutant_is_caught_by_its_property(mutant, tmp_path):
+    statuses, out = run_suite(f"mutants.backends:{mutant.__name__}", [mutant.KILLED_BY], tmp_path)
+    status = statuses.get(mutant.KILLED_BY, {}).get("status")
+    assert status == "fail", f"{mutant.name} survived {mutant.KILLED_BY} (status {status}):\n{out[-4000:]}"
