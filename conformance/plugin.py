@@ -243,6 +243,19 @@ def _cited_ids(item: pytest.Item) -> list[str]:
     return ids
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip GPU-marked tests the device cannot run, in any pytest run (fp8conf's own tests too).
+
+    With a backend, :class:`ConformanceRun` does it together with capability gating.
+    """
+    if config.stash.get(_RUN_KEY, None) is not None:
+        return
+    gpu_items = [item for item in items if any(item.get_closest_marker(name) for name in _GPU_MARKERS)]
+    for item, reason in (_gpu_skip_reasons(gpu_items) if gpu_items else {}).items():
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
 def _gpu_skip_reasons(items: list[pytest.Item]) -> dict[pytest.Item, str]:
     import torch  # only now: a collected test asked for a GPU
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch  # imported before any in-process pytester run, which would otherwise unload it
 from hypothesis import settings
 
 import conformance
@@ -123,7 +124,6 @@ def test_inert_without_backend(suite):
             raise AssertionError("must be skipped")
 
         @pytest.mark.fp8_property("NOT-A-PROPERTY")
-        @pytest.mark.sm100
         def test_marked_but_inert():
             assert "torch" not in sys.modules
         """
@@ -198,7 +198,6 @@ def test_bad_citation_is_a_collection_error(suite):
 
 
 def test_gpu_markers_skip_without_cuda(suite):
-    torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
     suite.makepyfile(
@@ -220,6 +219,23 @@ def test_gpu_markers_skip_without_cuda(suite):
         ["SKIPPED*gpu: CUDA is not available", "SKIPPED*sm90: CUDA is not available"]
     )
 
+
+
+def test_gpu_markers_skip_without_a_backend_too(suite):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    suite.makepyfile(
+        test_plain_gpu="""
+        import pytest
+
+        @pytest.mark.sm100
+        def test_sm100():
+            assert False, "must not run without CUDA"
+        """
+    )
+    result = suite.runpytest_subprocess("-rs", "-p", "no:cacheprovider", "test_plain_gpu.py")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*sm100: CUDA is not available"])
 
 REPORTED_TESTS = """
     import pytest

@@ -1,0 +1,50 @@
+"""The ``fp8conf`` command.
+
+``fp8conf check`` runs the conformance suite against a backend and prints the per-property
+summary table; it is ``pytest --fp8-backend=NAME`` with the suite's defaults filled in, so
+every pytest option still works after ``--``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fp8conf", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check", help="run the conformance suite against a backend")
+    check.add_argument("--backend", default="reference", help="entry-point name or package.module:Class (default: reference)")
+    check.add_argument("--report", default="fp8conf-report.json", help="JSON report path; a Markdown table is written beside it")
+    check.add_argument("--profile", default="ci", choices=("dev", "ci", "thorough"), help="Hypothesis profile (default: ci)")
+    check.add_argument("-n", "--workers", default=None, help="pytest-xdist workers (e.g. 2 or auto)")
+    check.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments, after --")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import pytest
+
+    pytest_args = [
+        f"--fp8-backend={args.backend}",
+        f"--fp8-report={args.report}",
+        f"--hypothesis-profile={args.profile}",
+        "-p", "no:cacheprovider",
+        "-q",
+        # torch and torchao deprecation chatter says nothing about the backend under test.
+        "-W", "ignore::DeprecationWarning",
+        "-W", "ignore::FutureWarning",
+        "-W", "ignore::UserWarning",
+    ]
+    if args.workers:
+        pytest_args += ["-n", str(args.workers)]
+    pytest_args += [a for a in args.pytest_args if a != "--"]
+    return int(pytest.main(pytest_args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

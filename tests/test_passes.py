@@ -1,0 +1,190 @@
+"""Unit tests of fp8conf's passes on models converted by real TorchAO, every recipe, emulate on/off."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+import fp8conf
+from conformance.models import LayerSpec, ModelSpec, build_model
+
+RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.sm89)]
+
+
+def _spec(recipe, emulate, *, input_requires_grad=True):
+    # Layer 1 is a plain Linear, layer 2 is called twice: provenance must skip one, count the other twice.
+    return ModelSpec(
+        in_features=32,
+        layers=(
+            LayerSpec(32, recipe, emulate, bias=True, activation="relu"),
+            LayerSpec(32, None, residual=True),
+            LayerSpec(32, recipe, emulate, calls=2, activation="gelu"),
+            LayerSpec(16, recipe, emulate, activation="none"),
+        ),
+        input_requires_grad=input_requires_grad,
+    )
+
+
+@pytest.fixture(scope="module")
+def traced():
+    cache = {}
+
+    def get(recipe, emulate, device="cpu", input_requires_grad=True):
+        key = (recipe, emulate, device, input_requires_grad)
+        if key not in cache:
+            spec = _spec(recipe, emulate, input_requires_grad=input_requires_grad)
+            model, args = build_model(spec, device=device)
+            cache[key] = (spec, model, args, fp8conf.trace_joint(model, args))
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("emulate", [False, True], ids=["real", "emulated"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_trace_validate_and_run_match_eager(traced, recipe, emulate, device):
+    spec, model, args, gm = traced(recipe, emulate, device)
+    report = fp8conf.validate_fp8_graph(gm, strict=True)
+    assert report.ok and report.compute_counts == spec.expected_compute_counts(), report.summary
+    computes = [n for n in gm.graph.nodes if fp8conf.is_fp8_compute(n)]
+    assert all(fp8conf.get_provenance(n) is not None for n in computes)
+    assert bool(computes) is not emulate
+
+    grad_out = torch.randn(spec.batch, 16, device=device, generator=torch.Generator(device).manual_seed(0))
+    outputs, grads = fp8conf.run_joint(gm, model, args, (grad_out,))
+    x = args[0].detach().clone().requires_grad_(True)
+    model.zero_grad()
+    expected = model(x)
+    expected.backward(grad_out)
+    # The joint graph runs the same aten ops as eager, in the same order: bitwise equal.
+    assert torch.equal(outputs[0], expected)
+    for name, param in model.named_parameters():
+        assert torch.equal(grads[name], param.grad), name
+    assert torch.equal(grads["input.0"], x.grad)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_provenance_names_module_recipe_and_call(traced, recipe):
+    _, _, _, gm = traced(recipe, False)
+    seen = {(p.module_fqn, p.recipe, p.call) for n in gm.graph.nodes if (p := fp8conf.get_provenance(n))}
+    assert seen == {("layers.0", recipe, 0), ("layers.2", recipe, 0), ("layers.2", recipe, 1), ("layers.3", recipe, 0)}
+    # The annotation fp8conf used while tracing is gone from node.meta["custom"].
+    assert not any("fp8conf.module" in n.meta.get("custom", {}) for n in gm.graph.nodes)
+
+
+def test_first_layer_without_input_grad_issues_no_grad_input_matmul(traced):
+    spec, _, _, gm = traced("tensorwise", False, input_requires_grad=False)
+    report = fp8conf.validate_fp8_graph(gm)
+    assert report.compute_counts[("layers.0", "backward")] == 1  # grad_weight only
+    assert report.compute_counts == spec.expected_compute_counts()
+
+
+def test_rowwise_with_gw_hp_keeps_grad_weight_in_high_precision(traced):
+    _, _, _, gm = traced("rowwise_with_gw_hp", False)
+    backward_mm = [
+        n for n in gm.graph.nodes
+        if str(n.target) == "aten.mm.default" and (p := fp8conf.get_provenance(n)) and p.module_fqn == "layers.3"
+    ]
+    assert backward_mm, "grad_weight of rowwise_with_gw_hp is a plain mm attributed to its module"
+    counts = fp8conf.validate_fp8_graph(gm).compute_counts
+    assert counts[("layers.3", "forward")] == 1 and counts[("layers.3", "backward")] == 1
+
+
+def test_op_roles(traced):
+    _, _, _, gm = traced("tensorwise", False)
+    roles = fp8conf.op_roles(gm.graph)
+    by_role = {role: [n for n, r in roles.items() if r is role] for role in fp8conf.OpRole}
+    assert all(str(n.target) == "aten._scaled_mm.default" for n in by_role[fp8conf.OpRole.COMPUTE])
+    assert all("float8" in str(n.meta["val"].dtype) for n in by_role[fp8conf.OpRole.CAST])
+    assert by_role[fp8conf.OpRole.AMAX] and by_role[fp8conf.OpRole.SCALE]
+    assert not by_role[fp8conf.OpRole.INPUT_BOUNDARY]  # a joint graph takes no FP8 input
+
+
+def test_scaled_op_with_fp8_scale_but_float_operands_is_not_compute():
+    graph = torch.fx.Graph()
+    fake = torch._subclasses.FakeTensorMode()
+    with fake:
+        values = {
+            "a": torch.empty(16, 32),
+            "b": torch.empty(32, 16),
+            "scale": torch.empty((), dtype=torch.float8_e4m3fn),
+        }
+    nodes = {}
+    for name, value in values.items():
+        nodes[name] = graph.placeholder(name)
+        nodes[name].meta["val"] = value
+    mm = graph.call_function(torch.ops.aten._scaled_mm.default, (nodes["a"], nodes["b"], nodes["scale"], nodes["scale"]))
+    assert not fp8conf.is_fp8_compute(mm)
+    assert fp8conf.classify_node(mm) is fp8conf.OpRole.OTHER
+    assert fp8conf.classify_node(nodes["scale"]) is fp8conf.OpRole.INPUT_BOUNDARY
+
+
+def test_recipe_recognition_names_custom_configs():
+    from torchao.float8 import Float8LinearConfig
+
+    from fp8conf.quantized import recognize_float8_recipe
+
+    for recipe in RECIPES:
+        config = Float8LinearConfig.from_recipe_name(recipe)
+        assert recognize_float8_recipe(config) == recipe
+        assert recognize_float8_recipe(dataclasses.replace(config, emulate=True)) == recipe
+    custom = dataclasses.replace(Float8LinearConfig.from_recipe_name("tensorwise"), round_scales_to_power_of_2=True)
+    assert recognize_float8_recipe(custom) == "custom"
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(strict=True, enabled=False), "enabled=True"),
+        (dict(inductor_mode="fast"), "inductor_mode"),
+        (dict(cudagraph=True), "cudagraph=True"),
+        (dict(enabled=False, strict=False, inductor_mode="regional"), "regional"),
+    ],
+)
+def test_incoherent_configs_are_rejected(kwargs, words):
+    with pytest.raises(fp8conf.FP8ConfigError, match=words):
+        fp8conf.FP8CompileConfig(**kwargs)
+    assert fp8conf.FP8CompileConfig(inductor_mode="regional", cudagraph=True).cudagraph
+
+
+def test_bad_inputs_get_clear_errors():
+    with pytest.raises(fp8conf.FP8TraceError, match="expects a torch.nn.Module"):
+        fp8conf.trace_joint(lambda x: x, (torch.randn(2),))
+    model, _ = build_model(_spec("tensorwise", False))
+    with pytest.raises(fp8conf.FP8TraceError, match=r"shapes \[\(16, 7\)\]"):
+        fp8conf.trace_joint(model, (torch.randn(16, 7),))
+
+
+def test_model_without_quantized_modules():
+    gm = fp8conf.trace_joint(torch.nn.Linear(16, 16), (torch.randn(4, 16),))
+    with pytest.raises(fp8conf.NoQuantizedModulesError, match="no quantized module"):
+        fp8conf.validate_fp8_graph(gm, strict=True)
+    with pytest.warns(fp8conf.FP8ValidationWarning, match="VAL-001"):
+        report = fp8conf.validate_fp8_graph(gm, strict=False)
+    assert "0 quantized module" in report.summary
+
+
+def test_strict_error_names_module_pass_and_all_findings(traced):
+    from conformance.graphs import copy_graph_module
+    from conformance.rewrites import lower_to_high_precision
+
+    _, _, _, gm = traced("rowwise", False)
+    gm = copy_graph_module(gm)
+    for node in [n for n in gm.graph.nodes if fp8conf.is_fp8_compute(n)]:
+        if fp8conf.get_provenance(node).module_fqn == "layers.3":
+            lower_to_high_precision(gm, node)
+    with pytest.raises(fp8conf.UnsupportedLoweringError) as caught:
+        fp8conf.validate_fp8_graph(gm, strict=True)
+    error = caught.value
+    assert (error.module_fqn, error.pass_name) == ("layers.3", "forward")
+    assert "'layers.3'" in str(error) and "forward pass" in str(error) and "aten.mm" in str(error)
+    assert {f.pass_name for f in error.findings} == {"forward", "backward"}
+    with warnings.catch_warnings(record=True) as caught_warnings:
+        warnings.simplefilter("always")
+        report = fp8conf.validate_fp8_graph(gm, strict=False)
+    assert len(caught_warnings) == len(report.findings) == 2
