@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any
 
-from conformance.types import CAPABILITIES, Provenance, ValidationReport
+from conformance.types import CAPABILITIES, Provenance, Region, ValidationReport
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
     import torch
@@ -81,6 +81,38 @@ class Backend(abc.ABC):
     def validate(self, gm: torch.fx.GraphModule, *, strict: bool) -> ValidationReport:
         """Check the FP8 rules on ``gm`` (capability ``validation``)."""
         raise NotImplementedError(f"backend {self.name!r} does not implement validate()")
+
+    # -- regions ------------------------------------------------------------------------------
+    def regions(self, gm: torch.fx.GraphModule) -> list[Region]:
+        """Identify the FP8 regions of ``gm`` and tag the complete ones in place (capability
+        ``regions``): tagged nodes carry ``node.meta["custom"]["compile_with_inductor"]``, and the
+        nodes of two regions must never merge when compiled. Other annotations stay intact."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement regions()")
+
+    # -- fingerprint --------------------------------------------------------------------------
+    def quantization_signature(self, model: torch.nn.Module, *, strict: bool = True) -> str:
+        """The quantization signature of ``model`` compiled under ``strict`` as canonical JSON
+        text: a JSON object with sorted keys and ``(",", ":")`` separators, every quantized module
+        under a key equal to its FQN (capability ``fingerprint``)."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement quantization_signature()")
+
+    def fingerprint(self, model: torch.nn.Module, *, strict: bool = True) -> str:
+        """The fingerprint of ``model``'s quantization signature: a hex digest, equal in every
+        process for equal configs (capability ``fingerprint``)."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement fingerprint()")
+
+    def save_artifact(self, path: str, model: torch.nn.Module, args: tuple, *, strict: bool = True) -> None:
+        """Trace, compile and save the training step of ``model(*args)`` at ``path`` together with
+        its fingerprint (capability ``fingerprint``)."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement save_artifact()")
+
+    def load_artifact(self, path: str, model: torch.nn.Module, *, strict: bool = True):
+        """Load the artifact at ``path`` for ``model``'s current FP8 configuration and return a
+        callable ``fn(args, grad_outputs) -> (outputs, grads)`` (the ``run_joint`` convention, with
+        ``model``'s current parameters). An artifact of another fingerprint raises
+        ``fp8conf.FingerprintMismatchError`` naming the differing fields and is never used
+        (capability ``fingerprint``)."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement load_artifact()")
 
     def __repr__(self) -> str:
         return f"<fp8conf backend {self.name!r} {self.version} capabilities={sorted(self.capabilities)}>"

@@ -13,14 +13,23 @@ The suite needs ground truth that does not come from the backend under test:
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 
 import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
+from fp8conf.trace import copy_graph_module  # noqa: F401  (re-exported for the harness)
 
-__all__ = ["is_fp8_compute", "Oracle", "trace_with_oracle", "copy_graph_module", "fp8_compute_nodes"]
+__all__ = [
+    "is_fp8_compute",
+    "Oracle",
+    "trace_with_oracle",
+    "copy_graph_module",
+    "fp8_compute_nodes",
+    "tagged_groups",
+    "incompleteness",
+    "non_convexity",
+]
 
 ORACLE_KEY = "conformance.issued_by"
 _SCALED_MM = ("aten._scaled_mm.", "aten._scaled_mm_v2.", "aten._scaled_grouped_mm.", "fp8conf.scaled_mm_e8m0.")
@@ -117,13 +126,48 @@ def _take_oracle_key(node) -> str | None:
     return custom[ORACLE_KEY]
 
 
-def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy whose graph and per-node meta dicts can be rewritten without touching ``gm``."""
-    graph = torch.fx.Graph()
-    graph._codegen = copy.deepcopy(gm.graph._codegen)  # keeps the pytree calling convention
-    value, old_output = graph.graph_copy(gm.graph, {}, return_output_node=True)
-    new_output = graph.output(value)
-    new_output.meta = dict(old_output.meta)
-    new = torch.fx.GraphModule(gm, graph)
-    new.meta.update(gm.meta)
-    return new
+
+def tagged_groups(gm: torch.fx.GraphModule) -> dict[object, set[torch.fx.Node]]:
+    """Nodes tagged for regional Inductor, grouped by region id (``None``: no id given)."""
+    groups: dict[object, set[torch.fx.Node]] = {}
+    for node in gm.graph.nodes:
+        value = (node.meta.get("custom") or {}).get("compile_with_inductor")
+        if value is None:
+            continue
+        region_id = value.get("inductor_region") if isinstance(value, dict) else None
+        groups.setdefault(region_id, set()).add(node)
+    return groups
+
+
+def incompleteness(nodes: set, is_backward) -> str | None:
+    """Why ``nodes`` is not a complete FP8 region, or None when it is.
+
+    Complete: it holds FP8 compute, and every FP8 value its nodes use and every scale its
+    compute nodes use is made inside it or enters at a boundary: a placeholder, or a value of
+    the other pass (saved for backward).
+    """
+    computes = [n for n in nodes if is_fp8_compute(n)]
+    if not computes:
+        return "it holds no FP8 compute"
+    entering = [(n, i) for n in nodes for i in n.all_input_nodes if i not in nodes and _is_fp8(i)]
+    entering += [(c, a) for c in computes for a in c.args[2:4] if isinstance(a, torch.fx.Node) and a not in nodes]
+    for consumer, value in entering:
+        if value.op == "placeholder" or is_backward(value) != is_backward(consumer):
+            continue
+        return f"'{value.name}' used by '{consumer.name}' is made outside the region"
+    return None
+
+
+def non_convexity(nodes: set) -> str | None:
+    """A path that leaves ``nodes`` and comes back, or None when the set is convex."""
+    outside = {user for n in nodes for user in n.users if user not in nodes}
+    stack, seen = list(outside), set(outside)
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if user in nodes:
+                return f"the path through '{node.name}' leaves the region and re-enters at '{user.name}'"
+            if user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return None

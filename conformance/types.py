@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport"]
+__all__ = ["CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region"]
 
 #: Every capability a backend may claim. A property whose capability is not claimed is reported
 #: as ``not_supported``: neither a pass nor a failure.
@@ -71,3 +71,18 @@ class ValidationReport:
     @property
     def ok(self) -> bool:
         return not self.findings
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """An FP8 region as the backend identified it.
+
+    ``nodes`` are the ``torch.fx.Node`` objects of the graph the backend was given; ``tagged``
+    says whether the backend marked it for regional compilation
+    (``node.meta["custom"]["compile_with_inductor"]``).
+    """
+
+    id: str
+    nodes: tuple
+    complete: bool
+    tagged: bool

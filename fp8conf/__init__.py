@@ -1,7 +1,7 @@
 """fp8conf: reference passes that keep FP8 intact through graph tracing, rewriting and compilation.
 
 The pipeline, one module per stage: :func:`trace_joint` (trace + provenance) ->
-:func:`validate_fp8_graph`.
+:func:`validate_fp8_graph` -> :func:`identify_fp8_regions` / :func:`tag_fp8_regions`.
 """
 
 from fp8conf.config import INDUCTOR_MODES, FP8CompileConfig
@@ -13,13 +13,26 @@ from fp8conf.errors import (
     FP8ValidationError,
     FP8ValidationWarning,
     MissingProvenanceError,
+    IncompleteRegionError,
     NoQuantizedModulesError,
     UnsupportedLoweringError,
 )
+from fp8conf.errors import ArtifactError, FingerprintMismatchError
+from fp8conf.fingerprint import QuantizationSignature
+from fp8conf.precompile import (
+    CompiledJoint,
+    compile_joint,
+    load_artifact,
+    load_for_model,
+    precompile_model,
+    read_header,
+    save_artifact,
+)
 from fp8conf.provenance import PROVENANCE_META_KEY, CallRecord, Provenance, get_provenance, node_passes
 from fp8conf.quantized import QuantizationConfig, find_quantized_modules
+from fp8conf.regions import Region, identify_fp8_regions, tag_fp8_regions
 from fp8conf.roles import OpRole, classify_node, is_fp8_compute, op_roles
-from fp8conf.trace import TraceInfo, run_joint, trace_info, trace_joint
+from fp8conf.trace import TraceInfo, copy_graph_module, run_joint, trace_info, trace_joint
 from fp8conf.validate import Finding, ValidationReport, validate_fp8_graph
 
 __version__ = "0.1.0"
@@ -36,6 +49,7 @@ __all__ = [
     "UnsupportedLoweringError",
     "ComputeCountError",
     "NoQuantizedModulesError",
+    "IncompleteRegionError",
     "PROVENANCE_META_KEY",
     "Provenance",
     "CallRecord",
@@ -51,7 +65,21 @@ __all__ = [
     "trace_joint",
     "trace_info",
     "run_joint",
+    "copy_graph_module",
+    "Region",
+    "identify_fp8_regions",
+    "tag_fp8_regions",
     "Finding",
     "ValidationReport",
     "validate_fp8_graph",
+    "FingerprintMismatchError",
+    "ArtifactError",
+    "QuantizationSignature",
+    "CompiledJoint",
+    "compile_joint",
+    "save_artifact",
+    "load_artifact",
+    "read_header",
+    "precompile_model",
+    "load_for_model",
 ]

@@ -17,7 +17,10 @@ __all__ = [
     "UnsupportedLoweringError",
     "ComputeCountError",
     "NoQuantizedModulesError",
+    "IncompleteRegionError",
     "FP8ValidationWarning",
+    "FingerprintMismatchError",
+    "ArtifactError",
 ]
 
 
@@ -89,5 +92,52 @@ class NoQuantizedModulesError(FP8ValidationError):
     property_id = "VAL-001"
 
 
+class IncompleteRegionError(FP8ValidationError):
+    """An FP8 region lacks part of its quantization chain, so it must not be compiled alone."""
+
+    property_id = "REG-004"
+
+
 class FP8ValidationWarning(UserWarning):
     """A validation finding reported in non-strict mode."""
+
+
+class FingerprintMismatchError(FP8Error):
+    """A precompiled artifact was built for another FP8 configuration than the one loading it.
+
+    The artifact is never used. Attributes:
+        path: the artifact's path (or ``None``).
+        differences: ``(field_path, artifact_value, current_value)`` for every differing field of
+            the two quantization signatures, sorted by field path.
+        fields: the differing field paths alone.
+        artifact_fingerprint / current_fingerprint: the two sha256 hex digests.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        differences: tuple = (),
+        artifact_fingerprint: str | None = None,
+        current_fingerprint: str | None = None,
+    ):
+        super().__init__(message)
+        self.path = path
+        self.differences = tuple(differences)
+        self.fields = tuple(d[0] for d in self.differences)
+        self.artifact_fingerprint = artifact_fingerprint
+        self.current_fingerprint = current_fingerprint
+
+
+class ArtifactError(FP8Error):
+    """A precompiled artifact that cannot be saved or loaded: not an fp8conf artifact, truncated,
+    corrupt, of an unknown format, or rejected by torch's deserializer.
+
+    Attributes:
+        path: the artifact's path (or ``None``).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path

@@ -132,18 +132,27 @@ def _annotated_forward(module, fqn, counters, calls):
 def node_passes(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
     """``"forward"`` or ``"backward"`` for every node.
 
-    AOTAutograd tags joint nodes with ``meta["partitioner_tag"]``; a node a rewrite created
-    without tags is backward when any of its inputs is (tangents are backward by definition).
+    AOTAutograd tags joint nodes with ``meta["partitioner_tag"]``. A node a rewrite created
+    without tags is backward when any of its inputs is (tangents are backward by definition),
+    or when only backward nodes use it: a rebuilt cast of a value saved by the forward pass
+    still belongs to the backward.
     """
-    passes = {}
+    passes, untagged = {}, []
     for node in graph.nodes:
         tag = node.meta.get("partitioner_tag")
         if tag in ("is_forward", "is_backward"):
             passes[node] = "backward" if tag == "is_backward" else "forward"
         elif node.op == "placeholder":
             passes[node] = "backward" if node.name.startswith("tangents") else "forward"
+        elif node.op == "output":
+            passes[node] = "backward"
         else:
+            untagged.append(node)
             passes[node] = "backward" if any(passes.get(i) == "backward" for i in node.all_input_nodes) else "forward"
+    for node in reversed(untagged):
+        users = [u for u in node.users if u.op != "output"]
+        if users and all(passes[u] == "backward" for u in users):
+            passes[node] = "backward"
     return passes
 
 

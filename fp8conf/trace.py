@@ -10,6 +10,7 @@ tangent, gradient), which lets :func:`run_joint` call the graph without guessing
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 
 import torch
@@ -21,7 +22,7 @@ from fp8conf.errors import FP8TraceError
 from fp8conf.provenance import CallRecord, propagate_provenance, record_forward_provenance
 from fp8conf.quantized import QuantizationConfig, find_quantized_modules
 
-__all__ = ["TRACE_META_KEY", "TraceInfo", "trace_joint", "trace_info", "run_joint"]
+__all__ = ["TRACE_META_KEY", "TraceInfo", "trace_joint", "trace_info", "run_joint", "joint_inputs", "joint_results", "copy_graph_module"]
 
 #: Key of :class:`TraceInfo` in ``gm.meta``.
 TRACE_META_KEY = "fp8conf_trace"
@@ -79,12 +80,20 @@ def _check_inputs(model, args) -> tuple:
     return tuple(args)
 
 
-def run_joint(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outputs) -> tuple[tuple, dict]:
+def run_joint(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outputs, *, fn=None) -> tuple[tuple, dict]:
     """Execute a joint graph made by :func:`trace_joint` with ``model``'s current parameters.
 
-    Returns ``(outputs, grads)``: the forward outputs as a tuple, and gradients keyed by
-    parameter FQN plus ``"input.<i>"`` for positional inputs that receive one.
+    ``fn`` runs instead of ``gm`` when given: a compiled version of it with the same calling
+    convention (see :mod:`fp8conf.compile`). Returns ``(outputs, grads)``: the forward outputs
+    as a tuple, and gradients keyed by parameter FQN plus ``"input.<i>"`` for positional inputs
+    that receive one.
     """
+    primals, tangents = joint_inputs(gm, model, args, grad_outputs)
+    return joint_results(gm, (fn or gm)(primals, tangents))
+
+
+def joint_inputs(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outputs) -> tuple[list, list]:
+    """The ``(primals, tangents)`` lists a joint graph is called with, in placeholder order."""
     from torch._functorch._aot_autograd import descriptors as d
 
     args = tuple(args) if not isinstance(args, torch.Tensor) else (args,)
@@ -101,8 +110,15 @@ def run_joint(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outpu
             values.append(grad_outputs[desc.output.idx])
         else:
             raise FP8TraceError(f"run_joint cannot feed placeholder {node.name} described as {desc!r}")
+    return primals, tangents
+
+
+def joint_results(gm: torch.fx.GraphModule, returned) -> tuple[tuple, dict]:
+    """Split what a joint graph returned into ``(outputs, grads)`` using its output descriptors."""
+    from torch._functorch._aot_autograd import descriptors as d
+
     # The graph returns (outputs, gradients) as a pytree; the output node's descriptors are flat.
-    results, _ = pytree.tree_flatten(gm(primals, tangents), is_leaf=lambda x: x is None)
+    results, _ = pytree.tree_flatten(returned, is_leaf=lambda x: x is None)
     outputs, grads = {}, {}
     output_node = gm.graph.find_nodes(op="output")[0]
     for desc, value in zip(output_node.meta["desc"], results):
@@ -117,3 +133,18 @@ def _grad_key(grad_of, d) -> str:
     if isinstance(grad_of, d.PlainAOTInput):
         return f"input.{grad_of.idx}"
     return grad_of.target
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` whose graph and per-node meta dicts a pass may rewrite freely.
+
+    Values in meta (fake tensors, provenance) are shared, not copied; ``gm.meta`` is copied.
+    """
+    graph = torch.fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)  # keeps the pytree calling convention
+    value, old_output = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    new_output = graph.output(value)
+    new_output.meta = dict(old_output.meta)
+    new = torch.fx.GraphModule(gm, graph)
+    new.meta.update(gm.meta)
+    return new

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fp8conf
 from conformance.adapter import Backend
-from conformance.types import Finding, Provenance, ValidationReport
+from conformance.types import Finding, Provenance, Region, ValidationReport
 
 __all__ = ["ReferenceBackend"]
 
@@ -12,7 +12,7 @@ __all__ = ["ReferenceBackend"]
 class ReferenceBackend(Backend):
     name = "reference"
     version = fp8conf.__version__
-    capabilities = frozenset({"provenance", "validation", "emulation"})
+    capabilities = frozenset({"provenance", "validation", "emulation", "regions"})
 
     def trace_joint(self, model, args):
         return fp8conf.trace_joint(model, args)
@@ -41,3 +41,7 @@ class ReferenceBackend(Backend):
             compute_counts=dict(report.compute_counts),
             summary=report.summary,
         )
+
+    def regions(self, gm):
+        found = fp8conf.tag_fp8_regions(gm, strict=False)
+        return [Region(r.id, r.nodes, r.complete, r.complete) for r in found]

@@ -1,0 +1,188 @@
+"""REG: FP8 regions are whole, separate, convex, deterministic, and only complete ones are tagged."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import rewrites
+from conformance.graphs import fp8_compute_nodes, incompleteness, non_convexity, tagged_groups
+from conformance.harness import call_backend, check, fail, fresh_copy, traced
+from conformance.strategies import model_specs
+from conformance.types import Region
+
+non_emulated = model_specs(emulate=st.just(False))
+
+
+def _regions(property_id, backend, gm) -> list[Region]:
+    regions = call_backend(property_id, backend, "regions", gm, expect=list)
+    for region in regions:
+        if not isinstance(region, Region):
+            fail(property_id, f"backend {backend.name!r}: regions() returned a {type(region).__qualname__}, expected conformance.Region")
+    return regions
+
+
+def _tagged_copy(property_id, backend, spec):
+    gm, oracle = fresh_copy(traced(property_id, backend, spec))
+    return gm, oracle, _regions(property_id, backend, gm)
+
+
+@pytest.mark.fp8_property("REG-001")
+@given(spec=model_specs())
+def test_REG_001_every_fp8_compute_node_lies_in_exactly_one_region(fp8_backend, spec):
+    gm, _, regions = _tagged_copy("REG-001", fp8_backend, spec)
+    membership = collections.Counter(n for r in regions for n in r.nodes)
+    for node in fp8_compute_nodes(gm):
+        check(
+            membership[node] == 1,
+            "REG-001",
+            f"FP8 compute node '{node.name}' lies in {membership[node]} regions, expected exactly one",
+            spec,
+        )
+
+
+@pytest.mark.fp8_property("REG-002")
+@given(spec=model_specs())
+def test_REG_002_a_region_never_mixes_modules_or_passes(fp8_backend, spec):
+    gm, oracle, regions = _tagged_copy("REG-002", fp8_backend, spec)
+    for region in regions:
+        owners = {oracle.issued_by.get(n) for n in region.nodes if n.op == "call_function"}
+        passes = {fp8_backend.is_backward(n) for n in region.nodes}
+        check(
+            len(owners) == 1 and None not in owners and len(passes) == 1,
+            "REG-002",
+            f"region {region.id!r} mixes modules {sorted(map(str, owners))} and/or passes "
+            f"{sorted('backward' if p else 'forward' for p in passes)}",
+            spec,
+        )
+    for region_id, nodes in tagged_groups(gm).items():
+        owners = {oracle.issued_by.get(n) for n in nodes}
+        check(len(owners) == 1, "REG-002", f"nodes tagged with region id {region_id!r} come from modules {sorted(map(str, owners))}", spec)
+
+
+@pytest.mark.fp8_property("REG-003")
+@given(spec=model_specs())
+def test_REG_003_a_region_is_convex(fp8_backend, spec):
+    _, _, regions = _tagged_copy("REG-003", fp8_backend, spec)
+    for region in regions:
+        reason = non_convexity(set(region.nodes))
+        check(reason is None, "REG-003", f"region {region.id!r} is not convex: {reason}", spec)
+
+
+@pytest.mark.fp8_property("REG-004")
+@given(spec=model_specs())
+def test_REG_004_only_complete_regions_are_tagged(fp8_backend, spec):
+    gm, _, regions = _tagged_copy("REG-004", fp8_backend, spec)
+    groups = tagged_groups(gm)
+    check(None not in groups, "REG-004", "tagged nodes carry no inductor_region id, so regions would merge when compiled", spec)
+    for region_id, nodes in groups.items():
+        reason = incompleteness(nodes, fp8_backend.is_backward)
+        check(reason is None, "REG-004", f"tagged region {region_id!r} is incomplete: {reason}", spec)
+    tagged = set().union(*groups.values()) if groups else set()
+    for region in regions:
+        reported_tagged = region.tagged and region.complete
+        check(
+            reported_tagged == bool(set(region.nodes) & tagged) and (not region.tagged or region.complete),
+            "REG-004",
+            f"region {region.id!r}: complete={region.complete}, tagged={region.tagged}, but its nodes are "
+            f"{'' if set(region.nodes) & tagged else 'not '}tagged in the graph",
+            spec,
+        )
+
+
+def _region_cast(gm, regions, data):
+    """A cast to FP8 inside a region, and the region's compute nodes downstream of it."""
+    candidates = []
+    for region in regions:
+        members = set(region.nodes)
+        for node in region.nodes:
+            made_fp8 = "float8" in str(getattr(node.meta.get("val"), "dtype", ""))
+            from_high = all("float8" not in str(getattr(i.meta.get("val"), "dtype", "")) for i in node.all_input_nodes)
+            if node.op == "call_function" and made_fp8 and from_high:
+                candidates.append((region, node, members))
+    return data.draw(st.sampled_from(candidates), label="(region, cast) losing its metadata")
+
+
+@pytest.mark.fp8_property("REG-005")
+@given(spec=non_emulated, data=st.data())
+def test_REG_005_a_region_missing_part_of_its_chain_is_not_tagged(fp8_backend, spec, data):
+    gm, oracle = fresh_copy(traced("REG-005", fp8_backend, spec))
+    probe, _ = fresh_copy(traced("REG-005", fp8_backend, spec))
+    probe_regions = _regions("REG-005", fp8_backend, probe)
+    region, cast, members = _region_cast(probe, probe_regions, data)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    downstream = [by_name[n.name] for n in members if n in fp8_compute_nodes(probe) and _reaches(cast, n)]
+    rewrites.rebuild_without_meta(gm, by_name[cast.name])
+    _regions("REG-005", fp8_backend, gm)
+    groups = tagged_groups(gm)
+    tagged = set().union(*groups.values()) if groups else set()
+    for compute in downstream:
+        check(
+            compute not in tagged,
+            "REG-005",
+            f"cast '{cast.name}' of region {region.id!r} was rebuilt without its metadata (a partial rewrite), "
+            f"yet the compute node '{compute.name}' that depends on it is still tagged for compilation",
+            spec,
+        )
+    for region_id, nodes in groups.items():
+        reason = incompleteness(nodes, fp8_backend.is_backward)
+        check(reason is None, "REG-005", f"after the rewrite, tagged region {region_id!r} is incomplete: {reason}", spec)
+
+
+def _reaches(source, target) -> bool:
+    stack, seen = [source], {source}
+    while stack:
+        node = stack.pop()
+        if node is target:
+            return True
+        for user in node.users:
+            if user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return False
+
+
+@pytest.mark.fp8_property("REG-006")
+@given(spec=model_specs())
+def test_REG_006_identification_is_deterministic_and_ignores_node_names(fp8_backend, spec):
+    case = traced("REG-006", fp8_backend, spec)
+    views = []
+    for rename in (False, False, True):
+        gm, _ = fresh_copy(case)
+        if rename:
+            for index, node in enumerate(reversed(list(gm.graph.nodes))):
+                if node.op == "call_function":
+                    node._rename(f"renamed_{index}")
+            gm.recompile()
+        position = {n: i for i, n in enumerate(gm.graph.nodes)}
+        views.append(sorted((r.id, tuple(position[n] for n in r.nodes), r.complete, r.tagged) for r in _regions("REG-006", fp8_backend, gm)))
+    check(views[0] == views[1], "REG-006", "two identifications of the same graph differ", spec)
+    check(
+        views[0] == views[2],
+        "REG-006",
+        "renaming the graph's nodes changed the regions (ids, members or tags): identification must not depend on names",
+        spec,
+    )
+
+
+@pytest.mark.fp8_property("REG-007")
+@given(spec=model_specs(), data=st.data())
+def test_REG_007_tagging_keeps_other_annotations(fp8_backend, spec, data):
+    gm, _ = fresh_copy(traced("REG-007", fp8_backend, spec))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    chosen = data.draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=8, unique=True), label="annotated nodes")
+    for index, node in enumerate(chosen):
+        node.meta["custom"] = {**(node.meta.get("custom") or {}), "pp_stage": index, "user_note": f"keep {index}"}
+    _regions("REG-007", fp8_backend, gm)
+    for index, node in enumerate(chosen):
+        custom = node.meta.get("custom") or {}
+        check(
+            custom.get("pp_stage") == index and custom.get("user_note") == f"keep {index}",
+            "REG-007",
+            f"node '{node.name}' had custom annotations pp_stage={index}, user_note='keep {index}'; after tagging "
+            f"its custom meta is {custom}",
+            spec,
+        )

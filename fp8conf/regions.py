@@ -1,0 +1,175 @@
+"""FP8 regions: the quantization chains and FP8 matmuls of one module call in one pass.
+
+A region is grown from each FP8 compute node backwards through its inputs that carry the same
+provenance (same module, same call) in the same pass; regions sharing nodes are one region.
+It is then closed under paths (every node on a path between two region nodes joins it) so that
+it can be cut out of the graph as one piece. A region is **complete** when every FP8 operand and
+scale of its compute nodes is made inside it from high-precision values, or enters it at a
+boundary: a placeholder, or a value saved by the other pass (which becomes a placeholder once
+the joint graph is partitioned). Only complete regions are tagged for regional Inductor, each
+under its own region id, in ``node.meta["custom"]["compile_with_inductor"]``.
+
+Region ids are built from the module FQN, the pass, the call and the region's rank in graph
+order, never from node names, so identification is deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch.fx
+
+from fp8conf import errors
+from fp8conf.provenance import get_provenance, node_passes
+from fp8conf.roles import is_fp8_compute, is_fp8_dtype
+
+__all__ = ["REGION_META_KEY", "Region", "identify_fp8_regions", "tag_fp8_regions"]
+
+#: Key of the region id fp8conf puts inside ``compile_with_inductor``.
+REGION_META_KEY = "inductor_region"
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """One FP8 region. ``reason`` says why an incomplete region is incomplete."""
+
+    id: str
+    module_fqn: str
+    pass_name: str
+    call: int
+    nodes: tuple[torch.fx.Node, ...]
+    compute_nodes: tuple[torch.fx.Node, ...]
+    complete: bool
+    reason: str | None = None
+
+
+def identify_fp8_regions(gm: torch.fx.GraphModule) -> list[Region]:
+    """Find the FP8 regions of ``gm``. Reads the graph only."""
+    passes = node_passes(gm.graph)
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    groups: list[set[torch.fx.Node]] = []
+    owner: dict[torch.fx.Node, int] = {}
+    for node in gm.graph.nodes:
+        if not is_fp8_compute(node) or get_provenance(node) is None:
+            continue
+        grown = _grow(node, get_provenance(node), passes)
+        merged = {owner[n] for n in grown if n in owner}
+        for index in merged:
+            grown |= groups[index]
+            groups[index] = set()
+        groups.append(grown)
+        for n in grown:
+            owner[n] = len(groups) - 1
+    regions = []
+    counters: dict[tuple, int] = {}
+    for group in sorted((g for g in groups if g), key=lambda g: min(order[n] for n in g)):
+        regions.append(_make_region(group, passes, order, counters))
+    return regions
+
+
+def _grow(compute: torch.fx.Node, provenance, passes) -> set[torch.fx.Node]:
+    pass_name = passes[compute]
+    grown, stack = {compute}, [compute]
+    while stack:
+        for parent in stack.pop().all_input_nodes:
+            if parent not in grown and parent.op == "call_function" and passes[parent] == pass_name and get_provenance(parent) == provenance:
+                grown.add(parent)
+                stack.append(parent)
+    return grown
+
+
+def _make_region(group, passes, order, counters) -> Region:
+    nodes = sorted(group, key=order.__getitem__)
+    provenance = get_provenance(next(n for n in nodes if is_fp8_compute(n)))
+    pass_name = passes[nodes[0]]
+    key = (provenance.module_fqn, pass_name, provenance.call)
+    rank = counters[key] = counters.get(key, -1) + 1
+    region_id = f"{provenance.module_fqn}/{pass_name}/call{provenance.call}/{rank}"
+    computes = tuple(n for n in nodes if is_fp8_compute(n))
+    reason = _non_convex(group, order) or _incomplete(group, computes, passes, pass_name)
+    return Region(region_id, provenance.module_fqn, pass_name, provenance.call, tuple(nodes), computes, reason is None, reason)
+
+
+def _non_convex(group, order) -> str | None:
+    # A path that leaves the region and comes back would force the cut-out piece to call the
+    # rest of the graph; such a region cannot be compiled alone.
+    first = min(order[n] for n in group)
+    outside_descendants = set()
+    for node in sorted(group, key=order.__getitem__):
+        for user in node.users:
+            if user not in group and order[user] > first:
+                outside_descendants.add(user)
+    frontier = sorted(outside_descendants, key=order.__getitem__)
+    seen = set(frontier)
+    last = max(order[n] for n in group)
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            if user in group:
+                return f"not convex: the path through '{node.name}' leaves the region and re-enters at '{user.name}'"
+            if user not in seen and order[user] < last:
+                seen.add(user)
+                frontier.append(user)
+    return None
+
+
+def _incomplete(group, computes, passes, pass_name) -> str | None:
+    # Every FP8 value must be made inside the region or enter at a boundary, and so must the
+    # scales the matmuls consume; high-precision inputs (activations, weights) may come from
+    # anywhere.
+    entering = [(node, i) for node in group for i in node.all_input_nodes if i not in group]
+    entering += [(c, a) for c in computes for a in c.args[2:4] if isinstance(a, torch.fx.Node) and a not in group]
+    for consumer, value in entering:
+        fp8 = is_fp8_dtype(getattr(value.meta.get("val"), "dtype", None))
+        if consumer in computes and value in consumer.args[2:4]:
+            kind = "scale"
+        elif fp8:
+            kind = "FP8 value"
+        else:
+            continue
+        if value.op == "placeholder" or passes[value] != pass_name:
+            continue  # a boundary: an input, or a value saved by the other pass
+        return (
+            f"incomplete: the {kind} '{value.name}' used by '{consumer.name}' is made outside the region "
+            f"({value.target}, provenance {get_provenance(value)}), so the region does not hold its whole "
+            "quantization chain"
+        )
+    return None
+
+
+def tag_fp8_regions(gm: torch.fx.GraphModule, regions: list[Region] | None = None, *, strict: bool = True) -> list[Region]:
+    """Tag every complete region for regional Inductor; report incomplete ones.
+
+    Strict mode raises :class:`~fp8conf.errors.IncompleteRegionError` for the first incomplete
+    region before tagging anything; otherwise each incomplete region is a warning and stays
+    untagged. Annotations already in ``node.meta["custom"]`` are kept.
+    """
+    regions = identify_fp8_regions(gm) if regions is None else regions
+    incomplete = [r for r in regions if not r.complete]
+    if incomplete and strict:
+        region = incomplete[0]
+        raise errors.IncompleteRegionError(
+            f"FP8 region {region.id} of module '{region.module_fqn}' ({region.pass_name} pass) is {region.reason}; "
+            "it would be compiled without its quantization. Keep the provenance of the nodes your rewrite creates, "
+            "or run with strict=False to leave the region eager",
+            module_fqn=region.module_fqn,
+            pass_name=region.pass_name,
+            node_name=region.compute_nodes[0].name,
+        )
+    for region in incomplete:
+        warnings.warn(f"[REG-004] FP8 region {region.id} left eager: {region.reason}", errors.FP8ValidationWarning, stacklevel=2)
+    for region in regions:
+        if region.complete:
+            for node in region.nodes:
+                _tag(node, region.id)
+    return regions
+
+
+def _tag(node: torch.fx.Node, region_id: str) -> None:
+    custom = dict(node.meta.get("custom") or {})
+    existing = custom.get("compile_with_inductor")
+    value = dict(existing) if isinstance(existing, dict) else {}
+    value[REGION_META_KEY] = region_id
+    custom["compile_with_inductor"] = value
+    node.meta["custom"] = custom
