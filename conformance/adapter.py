@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any
 
-from conformance.types import CAPABILITIES, Provenance, Region, ValidationReport
+from conformance.types import CAPABILITIES, Compiled, Provenance, Region, ValidationReport
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
     import torch
@@ -66,8 +66,11 @@ class Backend(abc.ABC):
         model: torch.nn.Module,
         args: tuple,
         grad_outputs: tuple,
+        *,
+        fn=None,
     ) -> tuple[tuple, dict[str, torch.Tensor]]:
-        """Execute the joint graph; see the module docstring for the return convention."""
+        """Execute the joint graph, or ``fn`` (a compiled version of it from :meth:`compile`) in
+        its place; see the module docstring for the return convention."""
 
     @abc.abstractmethod
     def provenance(self, node: torch.fx.Node) -> Provenance | None:
@@ -88,6 +91,13 @@ class Backend(abc.ABC):
         ``regions``): tagged nodes carry ``node.meta["custom"]["compile_with_inductor"]``, and the
         nodes of two regions must never merge when compiled. Other annotations stay intact."""
         raise NotImplementedError(f"backend {self.name!r} does not implement regions()")
+
+    # -- compilation --------------------------------------------------------------------------
+    def compile(self, gm: torch.fx.GraphModule, *, mode: str, cudagraph: bool = False) -> Compiled:
+        """Compile ``gm`` with Inductor, ``mode`` ``"full"`` (capability ``compile.full``) or
+        ``"regional"`` (``compile.regional``: only the complete FP8 regions); ``cudagraph=True``
+        (capability ``cudagraph``) captures the result in a CUDA graph. ``gm`` is not changed."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement compile()")
 
     # -- fingerprint --------------------------------------------------------------------------
     def quantization_signature(self, model: torch.nn.Module, *, strict: bool = True) -> str:

@@ -11,10 +11,28 @@ from hypothesis import strategies as st
 
 from conformance.models import ACTIVATIONS, LayerSpec, ModelSpec
 
-__all__ = ["FLOAT8_RECIPES", "layer_specs", "model_specs"]
+__all__ = ["FLOAT8_RECIPES", "layer_specs", "model_specs", "runnable_recipes"]
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 WIDTHS = (16, 32, 48)
+
+
+def runnable_recipes(device: str = "cpu") -> tuple[str, ...]:
+    """The recipes whose real FP8 matmuls this torch can execute on ``device``.
+
+    Tracing works everywhere, but executing differs: torch 2.11's CPU ``_scaled_mm`` supports
+    tensorwise scales only, so properties that *run* graphs draw rowwise recipes only where a
+    rowwise matmul actually runs.
+    """
+    import torch
+
+    a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+    b = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn).t()
+    try:
+        torch._scaled_mm(a, b, torch.ones(16, 1, device=device), torch.ones(1, 16, device=device), out_dtype=torch.float32)
+    except (RuntimeError, NotImplementedError):
+        return ("tensorwise",)
+    return FLOAT8_RECIPES
 
 
 @st.composite

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region"]
+__all__ = ["CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region", "Compiled"]
 
 #: Every capability a backend may claim. A property whose capability is not claimed is reported
 #: as ``not_supported``: neither a pass nor a failure.
@@ -86,3 +86,15 @@ class Region:
     nodes: tuple
     complete: bool
     tagged: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """A compiled joint graph. ``fn`` is called like the joint graph was (the backend's own
+    convention, run through ``Backend.run_joint(..., fn=fn)``); ``compiled_nodes`` and
+    ``eager_nodes`` name the joint graph's ``call_function`` nodes Inductor runs and those left
+    eager."""
+
+    fn: object
+    compiled_nodes: frozenset
+    eager_nodes: frozenset

@@ -4,6 +4,7 @@ The pipeline, one module per stage: :func:`trace_joint` (trace + provenance) ->
 :func:`validate_fp8_graph` -> :func:`identify_fp8_regions` / :func:`tag_fp8_regions`.
 """
 
+from fp8conf.compile import CompiledJoint, compile_joint
 from fp8conf.config import INDUCTOR_MODES, FP8CompileConfig
 from fp8conf.errors import (
     ComputeCountError,
@@ -15,15 +16,16 @@ from fp8conf.errors import (
     MissingProvenanceError,
     IncompleteRegionError,
     NoQuantizedModulesError,
+    RegionCompileError,
     UnsupportedLoweringError,
 )
 from fp8conf.errors import ArtifactError, FingerprintMismatchError
 from fp8conf.fingerprint import QuantizationSignature
 from fp8conf.precompile import (
-    CompiledJoint,
-    compile_joint,
+    PrecompiledJoint,
     load_artifact,
     load_for_model,
+    precompile_joint,
     precompile_model,
     read_header,
     save_artifact,
@@ -50,6 +52,9 @@ __all__ = [
     "ComputeCountError",
     "NoQuantizedModulesError",
     "IncompleteRegionError",
+    "RegionCompileError",
+    "CompiledJoint",
+    "compile_joint",
     "PROVENANCE_META_KEY",
     "Provenance",
     "CallRecord",
@@ -75,8 +80,8 @@ __all__ = [
     "FingerprintMismatchError",
     "ArtifactError",
     "QuantizationSignature",
-    "CompiledJoint",
-    "compile_joint",
+    "PrecompiledJoint",
+    "precompile_joint",
     "save_artifact",
     "load_artifact",
     "read_header",

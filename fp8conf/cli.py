@@ -2,7 +2,8 @@
 
 ``fp8conf check`` runs the conformance suite against a backend and prints the per-property
 summary table; it is ``pytest --fp8-backend=NAME`` with the suite's defaults filled in, so
-every pytest option still works after ``--``.
+every pytest option still works after ``--``. ``fp8conf precompile save|load|diff|show`` handles
+precompiled artifacts and their quantization fingerprints (see :mod:`fp8conf.precompile_cli`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,18 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--profile", default="ci", choices=("dev", "ci", "thorough"), help="Hypothesis profile (default: ci)")
     check.add_argument("-n", "--workers", default=None, help="pytest-xdist workers (e.g. 2 or auto)")
     check.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments, after --")
+    from fp8conf import precompile_cli
+
+    precompile_cli.add_parser(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "precompile":
+        from fp8conf import precompile_cli
+
+        return precompile_cli.run(args)
     import pytest
 
     pytest_args = [

@@ -18,6 +18,7 @@ __all__ = [
     "ComputeCountError",
     "NoQuantizedModulesError",
     "IncompleteRegionError",
+    "RegionCompileError",
     "FP8ValidationWarning",
     "FingerprintMismatchError",
     "ArtifactError",
@@ -96,6 +97,12 @@ class IncompleteRegionError(FP8ValidationError):
     """An FP8 region lacks part of its quantization chain, so it must not be compiled alone."""
 
     property_id = "REG-004"
+
+
+class RegionCompileError(FP8ValidationError):
+    """A tagged FP8 region that Inductor rejected, or that ended up running eagerly."""
+
+    property_id = "NUM-003"
 
 
 class FP8ValidationWarning(UserWarning):

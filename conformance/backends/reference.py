@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fp8conf
 from conformance.adapter import Backend
-from conformance.types import Finding, Provenance, Region, ValidationReport
+from conformance.types import Compiled, Finding, Provenance, Region, ValidationReport
 
 __all__ = ["ReferenceBackend"]
 
@@ -12,13 +12,15 @@ __all__ = ["ReferenceBackend"]
 class ReferenceBackend(Backend):
     name = "reference"
     version = fp8conf.__version__
-    capabilities = frozenset({"provenance", "validation", "emulation", "regions"})
+    capabilities = frozenset(
+        {"provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "fingerprint"}
+    )
 
     def trace_joint(self, model, args):
         return fp8conf.trace_joint(model, args)
 
-    def run_joint(self, gm, model, args, grad_outputs):
-        return fp8conf.run_joint(gm, model, args, grad_outputs)
+    def run_joint(self, gm, model, args, grad_outputs, *, fn=None):
+        return fp8conf.run_joint(gm, model, args, grad_outputs, fn=fn)
 
     def provenance(self, node):
         found = fp8conf.get_provenance(node)
@@ -45,3 +47,20 @@ class ReferenceBackend(Backend):
     def regions(self, gm):
         found = fp8conf.tag_fp8_regions(gm, strict=False)
         return [Region(r.id, r.nodes, r.complete, r.complete) for r in found]
+
+    def quantization_signature(self, model, *, strict=True):
+        return fp8conf.QuantizationSignature.from_model(model, strict=strict).to_json()
+
+    def fingerprint(self, model, *, strict=True):
+        return fp8conf.QuantizationSignature.from_model(model, strict=strict).sha256
+
+    def save_artifact(self, path, model, args, *, strict=True):
+        fp8conf.precompile_model(path, model, args, strict=strict)
+
+    def load_artifact(self, path, model, *, strict=True):
+        compiled = fp8conf.load_for_model(path, model, strict=strict)
+        return lambda args, grad_outputs: compiled.run(model, args, grad_outputs)
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        compiled = fp8conf.compile_joint(gm, mode=mode, strict=True, cudagraph=cudagraph)
+        return Compiled(compiled, compiled.compiled_nodes, compiled.eager_nodes)

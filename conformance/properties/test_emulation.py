@@ -12,7 +12,7 @@ from conformance import rewrites
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import call_backend, check, fail, fresh_copy, strict_error, traced
 from conformance.models import LayerSpec
-from conformance.strategies import FLOAT8_RECIPES, model_specs
+from conformance.strategies import FLOAT8_RECIPES, model_specs, runnable_recipes
 
 
 
@@ -64,7 +64,7 @@ _TOLERANCE = {"tensorwise": 1e-5, "rowwise": 3e-2, "rowwise_with_gw_hp": 3e-2}
 
 
 @pytest.mark.fp8_property("EMU-003")
-@given(spec=model_specs(emulate=st.just(False), max_layers=1, reuse=False, nesting=False))
+@given(spec=model_specs(recipes=runnable_recipes(), emulate=st.just(False), max_layers=1, reuse=False, nesting=False))
 def test_EMU_003_emulated_and_real_models_agree(fp8_backend, spec):
     import torch
 

@@ -225,3 +225,104 @@ MUTANTS = [
     EmulatedNotExempt,
     OneEmulatedExemptsAll,
 ]
+
+
+# --- FPR: fingerprint mutants --------------------------------------------------------------------
+
+
+def _rewritten_signature(backend_cls, rewrite):
+    """``quantization_signature`` / ``fingerprint`` methods whose JSON passes through ``rewrite``."""
+    import hashlib
+    import json
+
+    def quantization_signature(self, model, *, strict=True):
+        doc = json.loads(super(backend_cls, self).quantization_signature(model, strict=strict))
+        rewrite(doc, model)
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+    def fingerprint(self, model, *, strict=True):
+        return hashlib.sha256(self.quantization_signature(model, strict=strict).encode()).hexdigest()
+
+    return quantization_signature, fingerprint
+
+
+class FingerprintIgnoresRecipe(ReferenceBackend):
+    """Fingerprints each quantized module by kind and emulate flag only, as if every recipe were one."""
+
+    name = "mutant-fingerprint-ignores-recipe"
+    KILLED_BY = "FPR-001"
+
+
+def _drop_recipe(doc, model):
+    doc["modules"] = {fqn: {"kind": m["kind"], "emulate": m["emulate"]} for fqn, m in doc["modules"].items()}
+
+
+FingerprintIgnoresRecipe.quantization_signature, FingerprintIgnoresRecipe.fingerprint = _rewritten_signature(FingerprintIgnoresRecipe, _drop_recipe)
+
+
+class FingerprintIgnoresEmulate(ReferenceBackend):
+    """Leaves ``emulate`` out of the signature: an emulated artifact loads for a real FP8 model."""
+
+    name = "mutant-fingerprint-ignores-emulate"
+    KILLED_BY = "FPR-001"
+
+
+def _drop_emulate(doc, model):
+    for entry in doc["modules"].values():
+        entry.pop("emulate", None)
+
+
+FingerprintIgnoresEmulate.quantization_signature, FingerprintIgnoresEmulate.fingerprint = _rewritten_signature(FingerprintIgnoresEmulate, _drop_emulate)
+
+
+class FingerprintIncludesTrainingFlag(ReferenceBackend):
+    """Records each quantized module's ``training`` flag, unrelated to quantization: eval() recompiles."""
+
+    name = "mutant-fingerprint-includes-training-flag"
+    KILLED_BY = "FPR-003"
+
+
+def _add_training(doc, model):
+    for fqn, entry in doc["modules"].items():
+        entry["training"] = model.get_submodule(fqn).training
+
+
+FingerprintIncludesTrainingFlag.quantization_signature, FingerprintIncludesTrainingFlag.fingerprint = _rewritten_signature(
+    FingerprintIncludesTrainingFlag, _add_training
+)
+
+
+class FingerprintUsesPythonHash(ReferenceBackend):
+    """Digests the signature with Python's ``hash()``: stable in one process, not across PYTHONHASHSEEDs."""
+
+    name = "mutant-fingerprint-uses-python-hash"
+    KILLED_BY = "FPR-002"
+
+    def fingerprint(self, model, *, strict=True):
+        return format(hash(self.quantization_signature(model, strict=strict)) & (2**64 - 1), "016x")
+
+
+class FingerprintLoadsDespiteMismatch(ReferenceBackend):
+    """Warns about a fingerprint mismatch and loads the stale artifact anyway."""
+
+    name = "mutant-fingerprint-loads-despite-mismatch"
+    KILLED_BY = "FPR-004"
+
+    def load_artifact(self, path, model, *, strict=True):
+        import warnings
+
+        try:
+            return super().load_artifact(path, model, strict=strict)
+        except fp8conf.FingerprintMismatchError as exc:
+            warnings.warn(f"loading a stale artifact: {exc}")
+            compiled = fp8conf.load_artifact(path, fp8conf.read_header(path).signature)
+            return lambda args, grad_outputs: compiled.run(model, args, grad_outputs)
+
+
+MUTANTS += [
+    FingerprintIgnoresRecipe,
+    FingerprintIgnoresEmulate,
+    FingerprintIncludesTrainingFlag,
+    FingerprintUsesPythonHash,
+    FingerprintLoadsDespiteMismatch,
+]

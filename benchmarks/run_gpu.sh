@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Everything that needs a GPU, in one go: the GPU-marked tests of fp8conf and the conformance
+# suite on CUDA (NUM-004 included), then a summary. Runs from the repository root on a machine
+# with CUDA, torch and torchao installed (fp8conf itself need not be installed).
+set -uo pipefail
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/fp8conf-inductor}"
+OUT="${OUT:-/tmp/fp8conf-gpu}"
+mkdir -p "$OUT"
+python3 - <<'PY'
+import torch, torchao
+print(f"torch {torch.__version__}, torchao {torchao.__version__}, device {torch.cuda.get_device_name()}, "
+      f"capability {torch.cuda.get_device_capability()}")
+PY
+python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
+    -m "gpu or sm89 or sm90 or sm100" tests/test_passes.py tests/test_e8m0_op.py tests/test_mx.py \
+    2>&1 | tee "$OUT/gpu-tests.log" | tail -n 15
+python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
+    --fp8-backend=conformance.backends.reference:ReferenceBackend --hypothesis-profile=ci \
+    --fp8-report="$OUT/conformance-gpu.json" -n 8 conformance/properties \
+    2>&1 | tee "$OUT/conformance-gpu.log" | tail -n 45

@@ -1,0 +1,438 @@
+"""What the FPR properties change in a model, and how they compare fingerprints across processes.
+
+The suite never takes the backend's word for what changed: a :class:`Change` is made by the
+suite on real torch objects (a TorchAO recipe, an ``emulate`` flag, a ``Float8LinearConfig``
+field, the set of converted linears, the ``strict`` flag, the torch or torchao version string) and
+carries the words a readable diff or error must name.
+
+*Quantization inputs* (FPR-001, FPR-004, FPR-005) are, per quantized module: its FQN, kind,
+recipe, ``emulate`` flag and numerics-relevant config fields (per tensor role the scaling type,
+granularity and target dtype; per gemm ``use_fast_accum``; ``round_scales_to_power_of_2``;
+``pad_inner_dim``; for MX the block size and scale rounding); and globally the torch and torchao
+versions and the ``strict`` flag.
+
+*Unrelated settings* (FPR-003) are everything else a trainer may change without changing what
+the quantized modules compute: train/eval mode, ``requires_grad`` flags, parameter values,
+attributes and buffers that are not quantization config, and the model around the quantized
+modules (activations, residuals, plain linears' bias, an extra plain linear). Shapes and the
+model's structure are the trainer's own fingerprint's business, not the quantization signature's.
+
+``python -m conformance.fingerprints`` is the child process of FPR-002: it reads a JSON request
+on stdin, builds the models in its own process (with its own ``PYTHONHASHSEED``) and prints the
+backend's fingerprints and signatures as JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from hypothesis import strategies as st
+
+from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.strategies import FLOAT8_RECIPES, model_specs
+
+__all__ = [
+    "QUANTIZATION_KINDS",
+    "UNRELATED_KINDS",
+    "CONFIG_FIELDS",
+    "Variant",
+    "Change",
+    "quantization_changes",
+    "unrelated_changes",
+    "reordered",
+    "flatten_json",
+    "json_diff",
+    "fingerprints_in_subprocess",
+]
+
+#: Every kind of quantization input the suite changes.
+QUANTIZATION_KINDS = ("recipe", "emulate", "quantized_set", "config_field", "strict", "torchao_version", "torch_version")
+#: Every kind of unrelated setting the suite changes.
+UNRELATED_KINDS = ("train_eval", "requires_grad", "parameter_values", "unrelated_attributes", "model_around")
+
+_E4M3, _E5M2 = "float8_e4m3fn", "float8_e5m2"
+
+#: Numerics-relevant ``Float8LinearConfig`` fields the suite flips: name -> (the field paths it
+#: changes together, the word a diff or error must name).
+CONFIG_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "round_scales_to_power_of_2": (("round_scales_to_power_of_2",), "round_scales_to_power_of_2"),
+    "pad_inner_dim": (("pad_inner_dim",), "pad_inner_dim"),
+    "gemm_config_output.use_fast_accum": (("gemm_config_output.use_fast_accum",), "use_fast_accum"),
+    "gemm_config_grad_input.use_fast_accum": (("gemm_config_grad_input.use_fast_accum",), "use_fast_accum"),
+    "gemm_config_grad_weight.use_fast_accum": (("gemm_config_grad_weight.use_fast_accum",), "use_fast_accum"),
+    # grad_output is cast for two matmuls, and torchao wants one dtype for both.
+    "grad_output target_dtype": (
+        ("cast_config_grad_output.target_dtype", "cast_config_grad_output_for_grad_weight.target_dtype"),
+        "target_dtype",
+    ),
+}
+
+
+# --- building the models ----------------------------------------------------------------------
+
+
+def _flip(value):
+    import torch
+
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, torch.dtype):
+        return getattr(torch, _E5M2 if value == getattr(torch, _E4M3) else _E4M3)
+    raise TypeError(f"cannot flip {value!r}")
+
+
+def _replace_paths(config, paths):
+    """``config`` with the fields at every dotted path flipped, in one ``replace`` (torchao checks
+    that paired fields agree)."""
+    changes = {}
+    for path in paths:
+        head, _, rest = path.partition(".")
+        value = changes.get(head, getattr(config, head))
+        changes[head] = _replace_paths(value, [rest]) if rest else _flip(value)
+    return dataclasses.replace(config, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One model the suite builds and fingerprints.
+
+    Attributes:
+        spec: the drawn model.
+        strict: the ``strict`` flag it is fingerprinted (saved, loaded) under.
+        config_fields: ``(layer index, CONFIG_FIELDS key)`` pairs flipped in that layer's config.
+        versions: ``(module name, version string)`` patched in while fingerprinting.
+        tweaks: changes to the built model: ``"eval"``, ``"freeze:<fqn>"``, ``"attributes"``.
+    """
+
+    spec: ModelSpec
+    strict: bool = True
+    config_fields: tuple[tuple[int, str], ...] = ()
+    versions: tuple[tuple[str, str], ...] = ()
+    tweaks: tuple[str, ...] = ()
+
+    def build(self):
+        """``(model, args)`` with real TorchAO conversion, the config fields flipped, the tweaks applied."""
+        import torch
+
+        import conformance.models as models
+
+        original = models._float8_config
+        calls = iter([i for i, layer in enumerate(self.spec.layers) if layer.recipe is not None])
+
+        def config_for(recipe, emulate):
+            config = original(recipe, emulate)
+            index = next(calls)
+            for layer, name in self.config_fields:
+                if layer == index:
+                    config = _replace_paths(config, CONFIG_FIELDS[name][0])
+            return config
+
+        models._float8_config = config_for
+        try:
+            model, args = build_model(self.spec)
+        finally:
+            models._float8_config = original
+        for tweak in self.tweaks:
+            if tweak == "eval":
+                model.eval()
+            elif tweak.startswith("freeze:"):
+                for p in model.get_submodule(tweak.removeprefix("freeze:")).parameters():
+                    p.requires_grad_(False)
+            elif tweak == "attributes":
+                model.register_buffer("fpr_unrelated_buffer", torch.arange(3.0))
+                model.fpr_note = "an attribute unrelated to quantization"
+                for fqn in self.spec.quantized_modules():
+                    module = model.get_submodule(fqn)
+                    module.fpr_note = f"note on {fqn}"
+                    module.register_buffer("fpr_unrelated_buffer", torch.zeros(2))
+            else:
+                raise ValueError(f"unknown tweak {tweak!r}")
+        return model, args
+
+    @contextlib.contextmanager
+    def patched(self):
+        """Patch in the variant's version strings while the backend fingerprints the model."""
+        saved = []
+        try:
+            for name, version in self.versions:
+                module = importlib.import_module(name)
+                saved.append((module, module.__version__))
+                module.__version__ = _version_like(module.__version__, version)
+            yield
+        finally:
+            for module, version in reversed(saved):
+                module.__version__ = version
+
+    def describe(self) -> str:
+        parts = [f"strict={self.strict}"]
+        parts += [f"layers.{i}: {name} flipped" for i, name in self.config_fields]
+        parts += [f"{name}.__version__={v!r}" for name, v in self.versions]
+        parts += list(self.tweaks)
+        return ", ".join(parts)
+
+
+def _version_like(original, version: str):
+    try:  # keep torch.__version__ a TorchVersion, comparable as before
+        return type(original)(version)
+    except Exception:
+        return version
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One change the suite makes: from ``before`` to ``after``.
+
+    Attributes:
+        kind: a :data:`QUANTIZATION_KINDS` or :data:`UNRELATED_KINDS` entry.
+        description: what changed, for failure messages.
+        module_fqns: the quantized modules whose entries the change touches (empty: global).
+        words: what a readable diff or error must name (FQNs, field names, version strings).
+    """
+
+    kind: str
+    description: str
+    before: Variant
+    after: Variant
+    module_fqns: tuple[str, ...] = ()
+    words: tuple[str, ...] = ()
+
+    def to_python(self) -> str:
+        return (
+            f"{self.before.spec.to_python()}"
+            f"# change ({self.kind}): {self.description}\n"
+            f"# before: {self.before!r}\n# after:  {self.after!r}\n"
+        )
+
+
+def _with_layer(spec: ModelSpec, index: int, **changes) -> ModelSpec:
+    layers = list(spec.layers)
+    layers[index] = dataclasses.replace(layers[index], **changes)
+    return dataclasses.replace(spec, layers=tuple(layers))
+
+
+def _fqns_of_layer(spec: ModelSpec, index: int) -> tuple[str, ...]:
+    return tuple(fqn for fqn in spec.quantized_modules() if fqn == f"layers.{index}" or fqn.startswith(f"layers.{index}."))
+
+
+@st.composite
+def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None):
+    """A drawn model and one change of a quantization input of ``kind``; ``before`` has the
+    ``strict`` flag given (drawn for the ``strict`` kind when None, else True)."""
+    spec = draw(specs if specs is not None else model_specs())
+    quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None]
+    plain = [i for i, layer in enumerate(spec.layers) if layer.recipe is None]
+    base = Variant(spec, strict=True if strict is None else strict)
+    if kind in ("recipe", "emulate", "config_field"):
+        i = draw(st.sampled_from(quantized), label="changed layer")
+        layer, fqns = spec.layers[i], _fqns_of_layer(spec, i)
+        if kind == "recipe":
+            recipe = draw(st.sampled_from([r for r in FLOAT8_RECIPES if r != layer.recipe]), label="new recipe")
+            after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe))
+            return Change(kind, f"layers.{i}: recipe {layer.recipe!r} -> {recipe!r}", base, after, fqns, (f"layers.{i}", "recipe"))
+        if kind == "emulate":
+            after = dataclasses.replace(base, spec=_with_layer(spec, i, emulate=not layer.emulate))
+            return Change(kind, f"layers.{i}: emulate {layer.emulate} -> {not layer.emulate}", base, after, fqns, (f"layers.{i}", "emulate"))
+        name = draw(st.sampled_from(sorted(CONFIG_FIELDS)), label="flipped config field")
+        after = dataclasses.replace(base, config_fields=((i, name),))
+        return Change(kind, f"layers.{i}: Float8LinearConfig {name} flipped", base, after, fqns, (f"layers.{i}", CONFIG_FIELDS[name][1]))
+    if kind == "quantized_set":
+        options = [("unquantize", i) for i in quantized] + [("quantize", i) for i in plain]
+        action, i = draw(st.sampled_from(options), label="quantized set change")
+        if action == "unquantize":
+            after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=None, emulate=False, adapter=False))
+            fqns = _fqns_of_layer(spec, i)
+            return Change(kind, f"layers.{i} is no longer converted", base, after, fqns, (f"layers.{i}",))
+        recipe = draw(st.sampled_from(FLOAT8_RECIPES), label="recipe of the newly converted layer")
+        after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe))
+        return Change(kind, f"layers.{i} is converted with recipe {recipe!r}", base, after, (f"layers.{i}",), (f"layers.{i}",))
+    if kind == "strict":
+        strict = draw(st.booleans(), label="strict before") if strict is None else strict
+        before, after = dataclasses.replace(base, strict=strict), dataclasses.replace(base, strict=not strict)
+        return Change(kind, f"strict {strict} -> {not strict}", before, after, (), ("strict",))
+    if kind in ("torchao_version", "torch_version"):
+        name = kind.removesuffix("_version")
+        version = _current_version(name) + draw(st.sampled_from(["+fpr.other", ".post9"]), label="version suffix")
+        after = dataclasses.replace(base, versions=((name, version),))
+        return Change(kind, f"{name}.__version__ -> {version!r}", base, after, (), (name, version))
+    raise ValueError(f"unknown quantization change kind {kind!r}; known: {QUANTIZATION_KINDS}")
+
+
+def _current_version(name: str) -> str:
+    return str(importlib.import_module(name).__version__)
+
+
+@st.composite
+def unrelated_changes(draw, kind: str, specs=None):
+    """A drawn model and one change of a setting unrelated to quantization, of ``kind``."""
+    spec = draw(specs if specs is not None else model_specs())
+    base = Variant(spec)
+    if kind == "train_eval":
+        return Change(kind, "model.eval()", base, dataclasses.replace(base, tweaks=("eval",)))
+    if kind == "requires_grad":
+        i = draw(st.integers(0, len(spec.layers) - 1), label="frozen layer")
+        return Change(kind, f"layers.{i}'s parameters stop requiring grad", base, dataclasses.replace(base, tweaks=(f"freeze:layers.{i}",)))
+    if kind == "parameter_values":
+        seed = draw(st.integers(1, 1000), label="other seed")
+        return Change(kind, f"parameters initialised with seed {spec.seed + seed}", base, Variant(dataclasses.replace(spec, seed=spec.seed + seed)))
+    if kind == "unrelated_attributes":
+        return Change(kind, "unrelated attributes and buffers on the root and every quantized module", base, dataclasses.replace(base, tweaks=("attributes",)))
+    if kind == "model_around":
+        options = [("activation", i) for i in range(len(spec.layers))]
+        options += [("bias", i) for i, layer in enumerate(spec.layers) if layer.recipe is None]
+        options += [("append", len(spec.layers))]
+        action, i = draw(st.sampled_from(options), label="change around the quantized modules")
+        if action == "activation":
+            current = spec.layers[i].activation
+            activation = draw(st.sampled_from([a for a in ("none", "relu", "gelu") if a != current]), label="activation")
+            return Change(kind, f"layers.{i}: activation {current!r} -> {activation!r}", base, Variant(_with_layer(spec, i, activation=activation)))
+        if action == "bias":
+            return Change(kind, f"plain layers.{i}: bias toggled", base, Variant(_with_layer(spec, i, bias=not spec.layers[i].bias)))
+        width = spec.layers[-1].width
+        extra = LayerSpec(width=width, recipe=None, activation="none")
+        return Change(kind, f"a plain layers.{i} appended", base, Variant(dataclasses.replace(spec, layers=spec.layers + (extra,))))
+    raise ValueError(f"unknown unrelated change kind {kind!r}; known: {UNRELATED_KINDS}")
+
+
+# --- reordering --------------------------------------------------------------------------------
+
+
+def reordered(model, spec: ModelSpec):
+    """An equivalent model whose modules, parameters and buffers are registered in reverse order.
+
+    Every FQN stays the same and the layers are ``model``'s own objects, whose registration
+    (dict) order is reversed in place: pass a freshly built model. The result computes what
+    ``model`` computes.
+    """
+    import torch
+
+    class ReorderedModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.spec = spec
+            self.layers = torch.nn.Module()
+            for i in range(len(spec.layers)):
+                self.layers.add_module(str(i), model.layers[i])
+
+        def forward(self, x):
+            for i, layer_spec in enumerate(self.spec.layers):
+                layer = getattr(self.layers, str(i))
+                for _ in range(layer_spec.calls):
+                    y = layer(x)
+                    if layer_spec.residual:
+                        y = y + x
+                    if layer_spec.activation == "relu":
+                        y = torch.relu(y)
+                    elif layer_spec.activation == "gelu":
+                        y = torch.nn.functional.gelu(y)
+                    x = y
+            return x
+
+    new = ReorderedModel()
+    for module in new.modules():
+        for table in ("_modules", "_parameters", "_buffers"):
+            entries = getattr(module, table)
+            reversed_entries = type(entries)(reversed(list(entries.items())))
+            object.__setattr__(module, table, reversed_entries)
+    return new
+
+
+# --- reading signatures ---------------------------------------------------------------------------
+
+
+def flatten_json(value: Any, path: tuple = ()) -> dict[tuple, Any]:
+    """Leaf values of parsed JSON by key path (list items by index); empty objects and arrays
+    hold no field and are left out."""
+    if isinstance(value, (dict, list)) and not value:
+        return {}
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out.update(flatten_json(item, path + (str(key),)))
+        return out
+    if isinstance(value, list):
+        out = {}
+        for index, item in enumerate(value):
+            out.update(flatten_json(item, path + (str(index),)))
+        return out
+    return {path: value}
+
+
+_MISSING = object()
+
+
+def json_diff(a: Any, b: Any) -> list[tuple[tuple, Any, Any]]:
+    """The suite's own field-by-field diff of two parsed JSON documents."""
+    fa, fb = flatten_json(a), flatten_json(b)
+    out = []
+    for path in sorted(set(fa) | set(fb)):
+        x, y = fa.get(path, _MISSING), fb.get(path, _MISSING)
+        if x is _MISSING or y is _MISSING or x != y or type(x) is not type(y):
+            out.append((path, None if x is _MISSING else x, None if y is _MISSING else y))
+    return out
+
+
+# --- FPR-002 across processes ---------------------------------------------------------------------
+
+
+def backend_locator(backend) -> str:
+    cls = type(backend)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def fingerprints_in_subprocess(backend, specs, *, hash_seeds=("0", "1"), timeout: float = 300) -> list[dict]:
+    """Run one child process per hash seed, concurrently; the ``i``-th child builds every spec's
+    model in reverse registration order when ``i`` is odd. Returns, per child,
+    ``{"seed", "reordered", "results": [{"fingerprint", "signature"}...]}``."""
+    path = os.pathsep.join(p for p in sys.path if p)
+    procs = []
+    for i, seed in enumerate(hash_seeds):
+        request = {"backend": backend_locator(backend), "specs": [repr(s) for s in specs], "reorder": bool(i % 2)}
+        env = dict(os.environ, PYTHONHASHSEED=str(seed), PYTHONPATH=path)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conformance.fingerprints"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        )
+        procs.append((seed, request, proc))
+    answers = []
+    for seed, request, proc in procs:
+        out, err = proc.communicate(json.dumps(request), timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"child with PYTHONHASHSEED={seed} exited {proc.returncode}:\n{err[-3000:]}")
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"child with PYTHONHASHSEED={seed} printed no answer:\n{out[-2000:]}\n{err[-2000:]}")
+        answers.append({"seed": seed, "reordered": request["reorder"], **json.loads(lines[-1])})
+    return answers
+
+
+def _child() -> int:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    request = json.loads(sys.stdin.read())
+    module_name, _, qualname = request["backend"].partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    backend = obj()
+    namespace = {"ModelSpec": ModelSpec, "LayerSpec": LayerSpec}
+    results = []
+    for text in request["specs"]:
+        spec = eval(text, namespace)  # noqa: S307 - the parent wrote these reprs
+        model, _ = build_model(spec)
+        if request["reorder"]:
+            model = reordered(model, spec)
+        results.append({"fingerprint": backend.fingerprint(model, strict=True), "signature": backend.quantization_signature(model, strict=True)})
+    print(json.dumps({"hash_seed": os.environ.get("PYTHONHASHSEED"), "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child())

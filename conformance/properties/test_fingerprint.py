@@ -1,0 +1,294 @@
+"""FPR: a precompiled artifact is only ever used under the FP8 configuration it was built for.
+
+The changes are the suite's own (``conformance.fingerprints``): it converts real models with
+TorchAO, flips recipes, ``emulate`` flags and ``Float8LinearConfig`` fields, the ``strict`` flag and
+the torch/torchao version strings, and knows which words a readable error or diff must name.
+Compilation happens once per session (FPR-004 saves one artifact of a fixed model and loads it
+under drawn changes); everything else only fingerprints models and stays fast.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import shutil
+import tempfile
+import warnings
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.fingerprints import (
+    QUANTIZATION_KINDS,
+    UNRELATED_KINDS,
+    Variant,
+    fingerprints_in_subprocess,
+    json_diff,
+    quantization_changes,
+    reordered,
+    unrelated_changes,
+)
+from conformance.harness import call_backend, check, fail
+from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.strategies import model_specs
+
+
+def _fingerprint(property_id, backend, variant: Variant, model=None) -> tuple[str, str]:
+    """``(fingerprint, signature JSON)`` of ``variant`` as the backend computes them."""
+    if model is None:
+        model, _ = variant.build()
+    with variant.patched():
+        fingerprint = call_backend(property_id, backend, "fingerprint", model, strict=variant.strict, expect=str)
+        signature = call_backend(property_id, backend, "quantization_signature", model, strict=variant.strict, expect=str)
+    return fingerprint, signature
+
+
+def _fail(property_id, message, change) -> None:
+    fail(property_id, message + "\n\nThe change (runnable):\n" + change.to_python())
+
+
+# --- FPR-001 --------------------------------------------------------------------------------------
+
+
+@pytest.mark.fp8_property("FPR-001")
+@pytest.mark.parametrize("kind", QUANTIZATION_KINDS)
+@given(data=st.data())
+def test_FPR_001_changing_a_quantization_input_changes_the_fingerprint(fp8_backend, kind, data):
+    change = data.draw(quantization_changes(kind), label="change")
+    before, _ = _fingerprint("FPR-001", fp8_backend, change.before)
+    after, _ = _fingerprint("FPR-001", fp8_backend, change.after)
+    if before == after:
+        _fail("FPR-001", f"{change.description}, yet the fingerprint stayed {before}", change)
+
+
+# --- FPR-002 --------------------------------------------------------------------------------------
+
+
+@pytest.mark.fp8_property("FPR-002")
+@given(spec=model_specs())
+def test_FPR_002_equal_configs_give_equal_fingerprints_in_any_registration_order(fp8_backend, spec):
+    variant = Variant(spec)
+    first = _fingerprint("FPR-002", fp8_backend, variant)
+    second = _fingerprint("FPR-002", fp8_backend, variant)
+    fresh, _ = build_model(spec)
+    turned = _fingerprint("FPR-002", fp8_backend, variant, model=reordered(fresh, spec))
+    check(first == second, "FPR-002", f"two builds of one config give different fingerprints/signatures: {first} vs {second}", spec)
+    check(
+        first == turned,
+        "FPR-002",
+        f"registering the modules, parameters and buffers in reverse order changed the fingerprint or signature: "
+        f"{first[0]} vs {turned[0]}\n{first[1]}\nvs\n{turned[1]}",
+        spec,
+    )
+
+
+#: Models the cross-process check builds in every process: nesting, several recipes, emulation.
+CROSS_PROCESS_SPECS = (
+    ModelSpec(
+        in_features=16,
+        layers=(
+            LayerSpec(width=16, recipe="tensorwise", bias=True, adapter=True),
+            LayerSpec(width=32, recipe=None),
+            LayerSpec(width=32, recipe="rowwise_with_gw_hp", emulate=True, calls=2),
+        ),
+    ),
+    ModelSpec(in_features=32, layers=(LayerSpec(width=16, recipe="rowwise", emulate=False, activation="gelu"),)),
+)
+
+
+@pytest.mark.fp8_property("FPR-002")
+def test_FPR_002_equal_fingerprints_across_processes_and_hash_seeds(fp8_backend):
+    here = [_fingerprint("FPR-002", fp8_backend, Variant(spec)) for spec in CROSS_PROCESS_SPECS]
+    try:
+        children = fingerprints_in_subprocess(fp8_backend, CROSS_PROCESS_SPECS, hash_seeds=("0", "1"))
+    except Exception as exc:
+        fail("FPR-002", f"backend {fp8_backend.name!r}: fingerprinting in a child process failed: {exc}")
+    for child in children:
+        for spec, (fingerprint, signature), theirs in zip(CROSS_PROCESS_SPECS, here, child["results"]):
+            order = "reverse" if child["reordered"] else "the same"
+            check(
+                theirs["fingerprint"] == fingerprint,
+                "FPR-002",
+                f"a process with PYTHONHASHSEED={child['seed']} building the model with {order} registration order "
+                f"computes fingerprint {theirs['fingerprint']}, this process {fingerprint}",
+                spec,
+            )
+            check(
+                theirs["signature"] == signature,
+                "FPR-002",
+                f"a process with PYTHONHASHSEED={child['seed']} ({order} registration order) computes another signature:\n"
+                f"{theirs['signature']}\nvs here\n{signature}",
+                spec,
+            )
+
+
+# --- FPR-003 --------------------------------------------------------------------------------------
+
+
+@pytest.mark.fp8_property("FPR-003")
+@pytest.mark.parametrize("kind", UNRELATED_KINDS)
+@given(data=st.data())
+def test_FPR_003_settings_unrelated_to_quantization_leave_the_signature_alone(fp8_backend, kind, data):
+    change = data.draw(unrelated_changes(kind), label="change")
+    before = _fingerprint("FPR-003", fp8_backend, change.before)
+    after = _fingerprint("FPR-003", fp8_backend, change.after)
+    if before[1] != after[1]:
+        differences = json_diff(json.loads(before[1]), json.loads(after[1]))
+        _fail("FPR-003", f"{change.description} is unrelated to quantization, yet the signature changed: {differences[:8]}", change)
+    if before[0] != after[0]:
+        _fail("FPR-003", f"{change.description} is unrelated to quantization, yet the fingerprint changed: {before[0]} -> {after[0]}", change)
+
+
+# --- FPR-004 --------------------------------------------------------------------------------------
+
+#: The one model FPR-004 compiles and saves per session: a converted layer with bias, a plain
+#: layer, and an emulated layer with a nested quantized adapter.
+ARTIFACT_SPEC = ModelSpec(
+    in_features=16,
+    layers=(
+        LayerSpec(width=16, recipe="tensorwise", bias=True, activation="relu"),
+        LayerSpec(width=16, recipe=None, activation="none"),
+        LayerSpec(width=32, recipe="rowwise", emulate=True, adapter=True, activation="none"),
+    ),
+    input_requires_grad=False,
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _saved_artifact(backend) -> str:
+    directory = tempfile.mkdtemp(prefix="fp8conf-fpr-")
+    atexit.register(shutil.rmtree, directory, True)
+    path = f"{directory}/artifact.fp8"
+    model, args = build_model(ARTIFACT_SPEC)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        backend.save_artifact(path, model, args, strict=True)
+    return path
+
+
+def _artifact(backend) -> str:
+    try:
+        return _saved_artifact(backend)
+    except Exception as exc:
+        fail("FPR-004", f"backend {backend.name!r}: save_artifact() raised {type(exc).__name__}: {exc}", ARTIFACT_SPEC)
+
+
+def _relative_error(a, b) -> float:
+    import torch
+
+    a, b = a.detach().double(), b.detach().double()
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
+
+
+@pytest.mark.fp8_property("FPR-004")
+def test_FPR_004_an_artifact_loads_and_runs_under_its_own_fingerprint(fp8_backend):
+    import torch
+
+    path = _artifact(fp8_backend)
+    model, args = build_model(ARTIFACT_SPEC)
+    run = call_backend("FPR-004", fp8_backend, "load_artifact", path, model, strict=True)
+    check(callable(run), "FPR-004", f"load_artifact() returned {type(run).__qualname__}, not a callable", ARTIFACT_SPEC)
+    grad_outputs = (torch.ones(ARTIFACT_SPEC.batch, ARTIFACT_SPEC.layers[-1].width),)
+    try:
+        outputs, grads = run(args, grad_outputs)
+    except Exception as exc:
+        fail("FPR-004", f"the loaded artifact raised {type(exc).__name__}: {exc}", ARTIFACT_SPEC)
+    gm = call_backend("FPR-004", fp8_backend, "trace_joint", model, args)
+    eager_outputs, eager_grads = call_backend("FPR-004", fp8_backend, "run_joint", gm, model, args, grad_outputs)
+    check(sorted(grads) == sorted(eager_grads), "FPR-004", f"the loaded artifact gives gradients of {sorted(grads)}, the joint graph of {sorted(eager_grads)}", ARTIFACT_SPEC)
+    for name, got, want in [("output", o, e) for o, e in zip(outputs, eager_outputs)] + [(k, grads[k], eager_grads[k]) for k in sorted(grads)]:
+        error = _relative_error(got, want)
+        check(error <= 3e-2, "FPR-004", f"the loaded artifact's {name} differs from the joint graph's by relative norm {error:.3g} (> 3e-2)", ARTIFACT_SPEC)
+
+
+@pytest.mark.fp8_property("FPR-004")
+@pytest.mark.parametrize("kind", QUANTIZATION_KINDS)
+@given(data=st.data())
+def test_FPR_004_loading_under_another_fingerprint_fails_naming_the_fields(fp8_backend, kind, data):
+    from fp8conf.errors import FingerprintMismatchError
+
+    path = _artifact(fp8_backend)
+    change = data.draw(quantization_changes(kind, specs=st.just(ARTIFACT_SPEC), strict=True), label="change")
+    # It loads under its own configuration (so a loader that refuses everything cannot pass) ...
+    same, _ = change.before.build()
+    with change.before.patched():
+        call_backend("FPR-004", fp8_backend, "load_artifact", path, same, strict=change.before.strict)
+    # ... and under the changed one it must refuse, before returning anything.
+    other, _ = change.after.build()
+    loaded = None
+    with change.after.patched():
+        try:
+            loaded = fp8_backend.load_artifact(path, other, strict=change.after.strict)
+        except FingerprintMismatchError as exc:
+            missing = [word for word in change.words if word not in str(exc)]
+            if missing:
+                _fail("FPR-004", f"the FingerprintMismatchError must name {list(change.words)}; it lacks {missing}: {exc}", change)
+            return
+        except Exception as exc:
+            _fail("FPR-004", f"{change.description}: load_artifact() raised {type(exc).__name__}, not fp8conf.FingerprintMismatchError: {exc}", change)
+    _fail(
+        "FPR-004",
+        f"an artifact saved before the change ({change.description}) was loaded after it and returned "
+        f"{type(loaded).__qualname__}; it must raise fp8conf.FingerprintMismatchError and never be used",
+        change,
+    )
+
+
+# --- FPR-005 --------------------------------------------------------------------------------------
+
+
+def _keys(value) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+def _strings(value) -> set[str]:
+    if isinstance(value, dict):
+        return {s for v in value.values() for s in _strings(v)}
+    if isinstance(value, list):
+        return {s for v in value for s in _strings(v)}
+    return {value} if isinstance(value, str) else set()
+
+
+@pytest.mark.fp8_property("FPR-005")
+@pytest.mark.parametrize("kind", QUANTIZATION_KINDS)
+@given(data=st.data())
+def test_FPR_005_signature_is_canonical_readable_json_that_diffs_field_by_field(fp8_backend, kind, data):
+    change = data.draw(quantization_changes(kind), label="change")
+    spec = change.before.spec
+    _, before = _fingerprint("FPR-005", fp8_backend, change.before)
+    _, after = _fingerprint("FPR-005", fp8_backend, change.after)
+    docs = []
+    for text in (before, after):
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            _fail("FPR-005", f"the signature is not JSON ({exc}): {text[:300]}", change)
+        canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        if not isinstance(doc, dict) or text != canonical:
+            _fail("FPR-005", f"the signature is not canonical JSON (an object, sorted keys, separators (',', ':'), ASCII):\n{text[:400]}\nvs\n{canonical[:400]}", change)
+        docs.append(doc)
+    keys, strings = _keys(docs[0]), _strings(docs[0])
+    for fqn, (_kind, recipe, _emulate) in spec.quantized_modules().items():
+        if fqn not in keys or recipe not in strings:
+            _fail("FPR-005", f"the signature must be readable: module {fqn!r} as a key and its recipe {recipe!r} as a value:\n{before[:600]}", change)
+    differences = json_diff(*docs)
+    if not differences:
+        _fail("FPR-005", f"{change.description}, yet the two signatures have no differing field", change)
+    if change.module_fqns:
+        stray = [path for path, _, _ in differences if not set(path) & set(change.module_fqns)]
+        if stray:
+            _fail("FPR-005", f"{change.description} touches only {list(change.module_fqns)}, yet fields outside their entries differ: {stray[:5]}", change)
+    else:
+        quantized = set(spec.quantized_modules())
+        stray = [path for path, _, _ in differences if set(path) & quantized]
+        if stray:
+            _fail("FPR-005", f"{change.description} is global, yet per-module fields differ: {stray[:5]}", change)
+    for word in change.words:
+        if not any(word in ".".join(path) or word in str(a) or word in str(b) for path, a, b in differences):
+            _fail("FPR-005", f"{change.description}: no differing field names {word!r}; the diff is {differences[:8]}", change)

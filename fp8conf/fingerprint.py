@@ -1,0 +1,318 @@
+"""The quantization signature of a model: what a precompiled FP8 artifact was built for.
+
+Graph trainers fingerprint a model by parameter names, shapes and dtypes, none of which change
+when an ``nn.Linear`` becomes a ``Float8Linear`` or a recipe changes, so an artifact compiled
+for one FP8 configuration could be loaded under another. :class:`QuantizationSignature` names
+what does change: for every quantized module its FQN, kind, recipe, ``emulate`` flag and every
+field of its quantization config (per tensor role the scaling type, granularity and target
+dtype; per gemm the fast-accumulation flag; power-of-2 scale rounding; inner-dim padding; for MX
+the block size and scale rounding), plus the torch and torchao versions and the ``strict`` flag.
+Nothing else: not parameter values, shapes or ``requires_grad``, not the training flag, not
+modules that are not quantized (the trainer's own fingerprint covers the model's structure).
+
+The signature is canonical JSON (sorted keys, fixed separators, ASCII) and its :attr:`sha256` is
+independent of ``PYTHONHASHSEED``, module registration order and dict order: modules are keyed
+by FQN, every config is serialized field by field from its dataclass, enums by value and dtypes
+by name, and nothing goes through Python's ``hash()``.
+
+Example::
+
+    sig = QuantizationSignature.from_model(model, strict=True)
+    sig.to_json()       # '{"modules":{"layers.0":{"config":{...},"emulate":false,...}},...}'
+    sig.sha256          # 'c0ffee...'
+    sig.diff(other)     # [('modules[layers.0].recipe', 'tensorwise', 'rowwise'), ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import json
+from typing import Any
+
+__all__ = [
+    "SIGNATURE_SCHEMA",
+    "ABSENT",
+    "ModuleSignature",
+    "QuantizationSignature",
+    "format_differences",
+]
+
+#: Identifies the layout of the JSON; bumped when fields are added or renamed.
+SIGNATURE_SCHEMA = "fp8conf.quantization-signature/1"
+
+# Attributes an MX-style module (kind "mxfp8_linear") may carry that change its numerics.
+_MX_ATTRIBUTES = ("block_size", "scale_rounding", "elem_dtype")
+
+
+class _Absent:
+    """The value of a field one of two diffed signatures does not have."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+    def __reduce__(self):
+        return (_Absent, ())
+
+
+#: Stands for a missing field in :meth:`QuantizationSignature.diff`.
+ABSENT = _Absent()
+
+
+def _json_value(value: Any, where: str) -> Any:
+    """``value`` as plain JSON data, the same in every process."""
+    import torch
+
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return _json_value(value.value, where)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return repr(value) if value != value or value in (float("inf"), float("-inf")) else value
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _json_value(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_json_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {str(k): _json_value(v, f"{where}.{k}") for k, v in value.items()}
+    text = repr(value)
+    if " at 0x" in text:  # an object repr with a memory address differs between processes
+        raise TypeError(
+            f"quantization signature: cannot serialize {where} = {text} ({type(value).__qualname__}) stably; "
+            "extend fp8conf.fingerprint._json_value for this type"
+        )
+    return text
+
+
+def _freeze(value: Any) -> Any:
+    """JSON data as nested tuples, so that a signature is hashable and immutable."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("__list__", tuple(_freeze(v) for v in value))
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple):
+        if len(value) == 2 and value[0] == "__list__":
+            return [_thaw(v) for v in value[1]]
+        return {k: _thaw(v) for k, v in value}
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleSignature:
+    """What one quantized module computes with.
+
+    ``config`` holds the numerics-relevant config fields as sorted ``(name, value)`` pairs (nested
+    configs as nested pairs); :meth:`config_dict` gives them as a dict.
+    """
+
+    fqn: str
+    kind: str
+    recipe: str
+    emulate: bool
+    config: tuple = ()
+
+    def config_dict(self) -> dict:
+        return _thaw(self.config) if self.config else {}
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "recipe": self.recipe, "emulate": self.emulate, "config": self.config_dict()}
+
+
+def _float8_config_fields(module) -> dict:
+    """Every field of a ``Float8LinearConfig`` except ``emulate`` (a field of its own)."""
+    config = module.config
+    return {
+        f.name: _json_value(getattr(config, f.name), f"config.{f.name}")
+        for f in dataclasses.fields(config)
+        if f.name != "emulate"
+    }
+
+
+def _mx_config_fields(module) -> dict:
+    return {name: _json_value(getattr(module, name), name) for name in _MX_ATTRIBUTES if hasattr(module, name)}
+
+
+def module_signature(fqn: str, module) -> ModuleSignature | None:
+    """The signature of one module, or None when it is not quantized."""
+    from fp8conf.quantized import quantization_config_of
+
+    config = quantization_config_of(module)
+    if config is None:
+        return None
+    if config.kind == "float8_linear":
+        fields = _float8_config_fields(module)
+    elif config.kind == "mxfp8_linear":
+        fields = _mx_config_fields(module)
+    else:  # a kind this version does not know: its recipe and emulate flag still count
+        fields = {}
+    return ModuleSignature(fqn, config.kind, str(config.recipe), bool(config.emulate), _freeze(fields))
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import torchao
+
+    return {"torch": str(torch.__version__), "torchao": str(getattr(torchao, "__version__", "unknown"))}
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizationSignature:
+    """The FP8 configuration a compiled artifact depends on; see the module docstring.
+
+    Build it with :meth:`from_model`; compare two with ``==`` or :meth:`diff`; store it as
+    :meth:`to_json` and read it back with :meth:`from_json`.
+    """
+
+    modules: tuple[ModuleSignature, ...]
+    strict: bool
+    torch_version: str
+    torchao_version: str
+    schema: str = SIGNATURE_SCHEMA
+
+    def __post_init__(self):
+        # Canonical order whatever order the modules came in.
+        ordered = tuple(sorted(self.modules, key=lambda m: m.fqn))
+        if len({m.fqn for m in ordered}) != len(ordered):
+            raise ValueError(f"QuantizationSignature: duplicate module FQNs in {[m.fqn for m in ordered]}")
+        object.__setattr__(self, "modules", ordered)
+
+    # -- building -------------------------------------------------------------------------------
+    @classmethod
+    def from_model(cls, model, *, strict: bool = True) -> QuantizationSignature:
+        """The signature of ``model`` (a ``torch.nn.Module``) compiled under ``strict``.
+
+        Every name under which a quantized module is registered counts (a module shared under two
+        names appears twice), so the result does not depend on registration order.
+        """
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"QuantizationSignature.from_model expects a torch.nn.Module, got {type(model).__qualname__}")
+        modules = []
+        for fqn, module in model.named_modules(remove_duplicate=False):
+            signature = module_signature(fqn, module)
+            if signature is not None:
+                modules.append(signature)
+        versions = _versions()
+        return cls(tuple(modules), bool(strict), versions["torch"], versions["torchao"])
+
+    @classmethod
+    def from_dict(cls, data: dict) -> QuantizationSignature:
+        try:
+            modules = tuple(
+                ModuleSignature(fqn, entry["kind"], entry["recipe"], bool(entry["emulate"]), _freeze(entry.get("config", {})))
+                for fqn, entry in data["modules"].items()
+            )
+            return cls(modules, bool(data["strict"]), data["versions"]["torch"], data["versions"]["torchao"], data["schema"])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a quantization signature: missing or malformed {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> QuantizationSignature:
+        return cls.from_dict(json.loads(text))
+
+    # -- views ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "schema": self.schema,
+            "strict": self.strict,
+            "versions": {"torch": self.torch_version, "torchao": self.torchao_version},
+            "modules": {m.fqn: m.to_dict() for m in self.modules},
+        }
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """Canonical JSON: sorted keys, ``(",", ":")`` separators, ASCII. ``indent`` is for people;
+        only the default form is canonical (and hashed)."""
+        if indent is not None:
+            return json.dumps(self.to_dict(), sort_keys=True, indent=indent, ensure_ascii=True)
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """Hex sha256 of :meth:`to_json`: the fingerprint."""
+        return hashlib.sha256(self.to_json().encode("ascii")).hexdigest()
+
+    @property
+    def fingerprint(self) -> str:
+        return self.sha256
+
+    def fields(self) -> dict[str, Any]:
+        """Every leaf field of the signature by field path (``modules[layers.0].config.pad_inner_dim``)."""
+        flat: dict[str, Any] = {}
+        _flatten(self.to_dict(), "", flat)
+        return flat
+
+    def diff(self, other: QuantizationSignature) -> list[tuple[str, Any, Any]]:
+        """``(field_path, self's value, other's value)`` for every field that differs, sorted by path.
+
+        A module only one side has is one entry ``modules[fqn]`` whose other value is
+        :data:`ABSENT`; otherwise every differing leaf is its own entry.
+        """
+        mine, theirs = self.to_dict(), other.to_dict()
+        out: list[tuple[str, Any, Any]] = []
+        for fqn in sorted(set(mine["modules"]) | set(theirs["modules"])):
+            a, b = mine["modules"].get(fqn, ABSENT), theirs["modules"].get(fqn, ABSENT)
+            if a is ABSENT or b is ABSENT:
+                out.append((f"modules[{fqn}]", a, b))
+        rest_a, rest_b = {}, {}
+        _flatten({**mine, "modules": {k: v for k, v in mine["modules"].items() if k in theirs["modules"]}}, "", rest_a)
+        _flatten({**theirs, "modules": {k: v for k, v in theirs["modules"].items() if k in mine["modules"]}}, "", rest_b)
+        for path in set(rest_a) | set(rest_b):
+            a, b = rest_a.get(path, ABSENT), rest_b.get(path, ABSENT)
+            if a != b or type(a) is not type(b):
+                out.append((path, a, b))
+        return sorted(out, key=lambda d: d[0])
+
+    def summary(self) -> str:
+        """One line per quantized module, for people."""
+        lines = [f"quantization signature {self.sha256[:16]} (strict={self.strict}, torch {self.torch_version}, torchao {self.torchao_version})"]
+        for m in self.modules:
+            lines.append(f"  {m.fqn or '<root>'}: {m.kind} recipe={m.recipe} emulate={m.emulate}")
+        if not self.modules:
+            lines.append("  no quantized modules")
+        return "\n".join(lines)
+
+
+def _flatten(value: Any, path: str, out: dict) -> None:
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            if path == "modules":
+                child = f"modules[{key}]"
+            else:
+                child = f"{path}.{key}" if path else str(key)
+            _flatten(item, child, out)
+    else:
+        out[path] = value
+
+
+def format_differences(differences, *, left: str = "artifact", right: str = "current", limit: int | None = None) -> str:
+    """The lines of a field diff: ``  modules[layers.0].recipe: 'tensorwise' (artifact) -> 'rowwise' (current)``."""
+    shown = list(differences)[:limit] if limit else list(differences)
+    lines = [f"  {path}: {_short(old)} ({left}) -> {_short(new)} ({right})" for path, old, new in shown]
+    if limit and len(differences) > limit:
+        lines.append(f"  ... and {len(differences) - limit} more")
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    """A diff value for people: a whole module entry as kind/recipe/emulate, anything else as repr."""
+    if isinstance(value, dict) and {"kind", "recipe", "emulate"} <= set(value):
+        return f"<{value['kind']} recipe={value['recipe']!r} emulate={value['emulate']}>"
+    return repr(value)
