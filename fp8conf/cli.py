@@ -26,7 +26,33 @@ def _parser() -> argparse.ArgumentParser:
     from fp8conf import precompile_cli
 
     precompile_cli.add_parser(commands)
+    explain = commands.add_parser("explain", help="write an HTML map of a model's FP8 regions")
+    explain.add_argument(
+        "model",
+        nargs="?",
+        default="fp8conf.explain:example_model",
+        help="package.module:function returning (model, args); default: a 6-block example model",
+    )
+    explain.add_argument("--out", default="fp8-regions.html", help="HTML file to write (default: fp8-regions.html)")
     return parser
+
+
+def _explain(args) -> int:
+    import importlib
+
+    from fp8conf.explain import explain_model
+
+    module_name, _, attr = args.model.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        print(f"fp8conf explain: cannot load {args.model!r} ({type(exc).__name__}: {exc}); expected package.module:function", file=sys.stderr)
+        return 2
+    model, model_args = factory()
+    regions = explain_model(model, model_args, args.out)
+    complete = sum(r.complete for r in regions)
+    print(f"{args.out}: {len(regions)} FP8 regions, {complete} complete, {len(regions) - complete} incomplete")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         from fp8conf import precompile_cli
 
         return precompile_cli.run(args)
+    if args.command == "explain":
+        return _explain(args)
     import pytest
 
     pytest_args = [

@@ -1,0 +1,36 @@
+"""The region map: every region in the table, incomplete ones marked with their reason."""
+
+from __future__ import annotations
+
+import fp8conf
+from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.rewrites import rebuild_without_meta
+from fp8conf.cli import main
+from fp8conf.explain import render_region_map
+
+
+def test_map_lists_regions_and_marks_incomplete_ones():
+    model, args = build_model(ModelSpec(32, (LayerSpec(32, "tensorwise"), LayerSpec(16, "rowwise"))))
+    gm = fp8conf.trace_joint(model, args)
+    cast = next(n for n in gm.graph.nodes if fp8conf.classify_node(n) is fp8conf.OpRole.CAST)
+    rebuild_without_meta(gm, cast)
+    regions = fp8conf.identify_fp8_regions(gm)
+    page = render_region_map(gm, regions)
+    assert page.startswith("<!doctype html>") and "<script" not in page
+    for region in regions:
+        assert region.id in page
+    broken = [r for r in regions if not r.complete]
+    assert len(broken) == 1 and "incomplete" in page and broken[0].reason.split(":")[0] in page
+    assert page.count('class="c') == sum(1 for n in gm.graph.nodes if n.op == "call_function")
+
+
+def test_cli_writes_the_example_map(tmp_path, capsys):
+    out = tmp_path / "map.html"
+    assert main(["explain", "--out", str(out)]) == 0
+    assert "24 FP8 regions, 24 complete" in capsys.readouterr().out
+    assert "blocks.5.down" in out.read_text()
+
+
+def test_cli_names_a_bad_factory(capsys):
+    assert main(["explain", "no.such.module:make"]) == 2
+    assert "cannot load 'no.such.module:make'" in capsys.readouterr().err
