@@ -27,6 +27,7 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any
 
+from conformance.spec import SPEC_VERSION
 from conformance.types import CAPABILITIES, Compiled, Provenance, Region, ValidationReport
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
@@ -44,6 +45,9 @@ class Backend(abc.ABC):
     version: str = "0"
     #: Subset of :data:`conformance.CAPABILITIES` this backend implements.
     capabilities: frozenset[str] = frozenset()
+    #: The spec version the backend claims: properties added after it are skipped as
+    #: not_supported (``--fp8-spec-version`` overrides it).
+    spec_version: str = SPEC_VERSION
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -123,6 +127,23 @@ class Backend(abc.ABC):
         ``fp8conf.FingerprintMismatchError`` naming the differing fields and is never used
         (capability ``fingerprint``)."""
         raise NotImplementedError(f"backend {self.name!r} does not implement load_artifact()")
+
+    # -- the e8m0 op --------------------------------------------------------------------------
+    def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):
+        """MX block-scaled matmul (capability ``e8m0``): ``a`` (M, K) and ``b`` (K, N), both
+        ``torch.float8_e4m3fn`` with K a multiple of 32; ``a_scale`` (M, K/32) and ``b_scale``
+        (N, K/32), ``torch.uint8`` E8M0 bytes, one per 32 elements along K (byte ``s`` means
+        ``2**(s - 127)``, 0 is ``2**-127``, 255 is NaN). Returns ``dequant(a) @ dequant(b)`` as an
+        (M, N) tensor of ``out_dtype`` (float32, bfloat16 or float16). Must run under
+        ``torch.compile(fullgraph=True)`` as one call of :meth:`e8m0_op` that no e8m0 dtype crosses;
+        a bad argument raises an exception whose message names it (`a`, `b`, `a_scale`, `b_scale`)."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement scaled_mm_e8m0()")
+
+    def e8m0_op(self):
+        """The ``torch._ops.OpOverload`` that :meth:`scaled_mm_e8m0` calls (capability ``e8m0``), with
+        the same arguments: the suite runs ``torch.library.opcheck`` on it and looks for it in
+        compiled graphs."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement e8m0_op()")
 
     def __repr__(self) -> str:
         return f"<fp8conf backend {self.name!r} {self.version} capabilities={sorted(self.capabilities)}>"

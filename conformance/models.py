@@ -7,7 +7,9 @@ Hypothesis example prints as code a person can paste::
     model, args = build_model(ModelSpec(...))
 
 The model is a stack of linears called in order; each is either a plain ``nn.Linear`` or a
-quantized one converted by ``torchao.float8.convert_to_float8_training`` with its own recipe.
+quantized one converted by ``torchao.float8.convert_to_float8_training`` with its own recipe, or
+by ``fp8conf.mx.convert_to_mx_training`` (recipes ``mxfp8`` / ``mxfp8_emulated``: an ``MXLinear``,
+whose in and out features are multiples of 32).
 A layer may be called twice (module reuse), add its input (residual), apply an activation, and
 carry a nested quantized adapter (a ``Float8Linear`` inside a ``Float8Linear``).
 """
@@ -16,14 +18,23 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model"]
+__all__ = ["LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model", "MX_RECIPES", "kind_of"]
 
 ACTIVATIONS = ("none", "relu", "gelu")
+#: Recipes built with ``fp8conf.mx.convert_to_mx_training`` (kind ``mxfp8_linear``).
+MX_RECIPES = ("mxfp8", "mxfp8_emulated")
+_MX_BLOCK = 32
+
+
+def kind_of(recipe: str) -> str:
+    """The quantized module kind a recipe builds: ``mxfp8_linear`` or ``float8_linear``."""
+    return "mxfp8_linear" if recipe in MX_RECIPES else "float8_linear"
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
-    """One linear layer. ``recipe`` None means a plain high-precision ``nn.Linear``."""
+    """One linear layer. ``recipe`` None means a plain high-precision ``nn.Linear``; an MX recipe
+    (``mxfp8``, ``mxfp8_emulated``) an ``MXLinear``, whose ``emulate`` is its recipe's."""
 
     width: int
     recipe: str | None = "tensorwise"
@@ -50,6 +61,13 @@ class ModelSpec:
                 raise ValueError(f"layer {i}: residual or repeated calls need width {width}, got {layer.width}")
             if layer.adapter and layer.recipe is None:
                 raise ValueError(f"layer {i}: a nested adapter needs a quantized layer")
+            if layer.recipe in MX_RECIPES:
+                if width % _MX_BLOCK or layer.width % _MX_BLOCK:
+                    raise ValueError(f"layer {i}: an MX layer needs in and out features multiples of 32, got {width} -> {layer.width}")
+                if layer.adapter:
+                    raise ValueError(f"layer {i}: MX layers take no nested adapter")
+                if layer.emulate != (layer.recipe == "mxfp8_emulated"):
+                    raise ValueError(f"layer {i}: recipe {layer.recipe!r} means emulate={layer.recipe == 'mxfp8_emulated'}")
             width = layer.width
 
     # -- what the suite knows about the model without asking the backend -------------------
@@ -58,7 +76,7 @@ class ModelSpec:
         found = {}
         for i, layer in enumerate(self.layers):
             if layer.recipe is not None:
-                found[f"layers.{i}"] = ("float8_linear", layer.recipe, layer.emulate)
+                found[f"layers.{i}"] = (kind_of(layer.recipe), layer.recipe, layer.emulate)
                 if layer.adapter:
                     found[f"layers.{i}.adapter"] = ("float8_linear", layer.recipe, layer.emulate)
         return found
@@ -76,7 +94,11 @@ class ModelSpec:
         return calls
 
     def expected_compute_counts(self) -> dict[tuple[str, str], int]:
-        """(fqn, pass) -> FP8 scaled matmuls the recipe issues: the ground truth of VAL-007."""
+        """(fqn, pass) -> FP8 scaled matmuls the recipe issues: the ground truth of VAL-007.
+
+        Forward one per call; backward one for grad_input when the call's input needs a gradient
+        and one for grad_weight unless the recipe is ``rowwise_with_gw_hp`` (``mxfp8`` quantizes
+        all three); emulated modules (``emulate=True``, ``mxfp8_emulated``) none."""
         counts: dict[tuple[str, str], int] = {}
         configs = self.quantized_modules()
         for fqn, input_grad in self.calls():
@@ -172,6 +194,11 @@ def build_model(spec: ModelSpec, device: str = "cpu"):
     model = _drawn_model_class()(spec)
     for i, layer in enumerate(spec.layers):
         if layer.recipe is None:
+            continue
+        if layer.recipe in MX_RECIPES:
+            from fp8conf.mx import convert_to_mx_training
+
+            convert_to_mx_training(model, recipe=layer.recipe, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}")
             continue
         config = _float8_config(layer.recipe, layer.emulate)
         if layer.adapter:

@@ -11,22 +11,32 @@ point of the group ``fp8conf.backends``) or ``--fp8-backend=package.module:Class
 * checks every ``@pytest.mark.fp8_property(ID)`` against :mod:`conformance.spec` and skips a
   test as ``not_supported`` when the backend does not claim the property's capability;
 * skips ``gpu`` / ``sm89`` / ``sm90`` / ``sm100`` tests the local device cannot run;
+* skips a property newer than the spec version checked (``--fp8-spec-version``, default the
+  backend's ``spec_version``) as ``not_supported`` with a reason starting ``not_in_spec_version:``;
+* marks the tests under an entry of ``--fp8-expectations`` xfail, not strict (a pass is reported
+  ``xpass``), and runs their Hypothesis tests without shrinking (:mod:`conformance.expectations`);
+* gives every suite test a pytest-timeout of ``--fp8-timeout`` seconds; one that runs past it is
+  reported ``error`` naming the backend method in progress (:mod:`conformance.watchdog`);
+* adds to every failure the command that replays it (:mod:`conformance.replay`);
 * prints a per-property summary and, with ``--fp8-report=PATH``, writes it as JSON at PATH and
   as Markdown next to it (suffix ``.md``).
 
 Outcomes are gathered from ``pytest_runtest_logreport``, which pytest-xdist forwards from its
-workers to the controller, and the property IDs travel inside ``report.user_properties``.
+workers to the controller; the property IDs, example counts, reproducers and the device travel
+inside ``report.user_properties``, so the report is the same with and without ``-n``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
 import json
 import os
 import platform
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -38,6 +48,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
 import conformance
+from conformance import expectations as expectations_file
+from conformance import replay, watchdog
 from conformance.adapter import Backend
 from conformance.spec import PROPERTIES, SPEC_VERSION, get_property
 
@@ -46,6 +58,7 @@ __all__ = [
     "PROFILE_ENV",
     "PROPERTIES_DIR",
     "PROPERTY_KEY",
+    "REPORT_SCHEMA_VERSION",
     "STATUSES",
     "fp8_backend",
     "load_backend",
@@ -60,11 +73,29 @@ PROPERTIES_DIR = Path(conformance.__file__).resolve().parent / "properties"
 PROPERTY_KEY = "fp8_property"
 #: Statuses of a test and of a property, strongest first: a property takes the strongest
 #: status among its tests, so one failure fails it and a skipped GPU variant does not hide
-#: the passing CPU ones.
-STATUSES = ("fail", "error", "pass", "not_supported", "skipped")
+#: the passing CPU ones. ``xfail`` and ``xpass`` come from ``--fp8-expectations``; a property
+#: is ``xpass`` only when none of its expected failures still fails.
+STATUSES = ("fail", "error", "xfail", "xpass", "pass", "not_supported", "skipped")
 _RANK = {status: rank for rank, status in enumerate(STATUSES)}
 _NOT_SUPPORTED = "not_supported:"
+#: Skip reason of a property newer than the spec version checked; reported ``not_supported``.
+_NOT_IN_SPEC = "not_in_spec_version:"
+#: Version of the report's JSON layout: bumped when a field changes meaning or goes away.
+REPORT_SCHEMA_VERSION = 1
+#: Default of ``--fp8-timeout``: seconds per conformance test.
+DEFAULT_TIMEOUT = 300.0
+# Keys of further ``user_properties`` entries, added where the test ran (an xdist worker too).
+_EXAMPLES_KEY = "fp8_examples"
+_REPRODUCER_KEY = "fp8_reproducer"
+_TIMEOUT_KEY = "fp8_timeout"
+_EXPECTATION_KEY = "fp8_expectation"
+_DEVICE_KEY = "fp8_device"
 _RUN_KEY = pytest.StashKey["ConformanceRun"]()
+_CITED_KEY = pytest.StashKey[bool]()
+_EXPECTED_KEY = pytest.StashKey[bool]()
+_STATS_KEY = pytest.StashKey[dict]()
+_CALLS_KEY = pytest.StashKey[int]()
+_VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 #: Minimum CUDA compute capability per marker; ``None``: any CUDA device.
 _GPU_MARKERS: dict[str, tuple[int, int] | None] = {
@@ -89,6 +120,8 @@ _HEALTH_CHECKS = (
     HealthCheck.differing_executors,
 )
 _NO_SHRINK = (hypothesis.Phase.explicit, hypothesis.Phase.reuse, hypothesis.Phase.generate)
+#: Phases left out for a test under an expectation (explain needs shrink).
+_SHRINK_PHASES = (hypothesis.Phase.shrink, hypothesis.Phase.explain)
 
 _PROFILES: dict[str, dict[str, Any]] = {
     "dev": {"max_examples": 10},
@@ -115,6 +148,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write the conformance report as JSON at PATH and as Markdown at PATH with "
         "suffix .md (needs --fp8-backend)",
     )
+    group.addoption(
+        "--fp8-expectations",
+        metavar="FILE",
+        help="JSON (or .toml) file mapping property IDs or test node IDs to {reason, link}: "
+        "those tests are expected to fail (xfail; one that passes is reported xpass) and are "
+        "not shrunk. An entry that matches no collected test is an error.",
+    )
+    group.addoption(
+        "--fp8-spec-version",
+        metavar="X.Y",
+        help="the spec version the backend is checked against: properties added later are "
+        "skipped as not_supported (reason not_in_spec_version). Default: the backend's "
+        f"spec_version (conformance.Backend's default: {SPEC_VERSION}).",
+    )
+    group.addoption(
+        "--fp8-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"pytest-timeout of each conformance test (default {DEFAULT_TIMEOUT:g}; 0 leaves "
+        "pytest-timeout's own settings). A test that runs longer is reported 'error', naming "
+        "the backend method in progress.",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -138,8 +194,9 @@ def pytest_configure(config: pytest.Config) -> None:
     _configure_hypothesis(config)
     spec = config.getoption("fp8_backend")
     if not spec:
-        if config.getoption("fp8_report"):
-            raise pytest.UsageError("--fp8-report needs --fp8-backend")
+        for option in ("report", "expectations", "spec_version"):
+            if config.getoption("fp8_" + option):
+                raise pytest.UsageError(f"--fp8-{option.replace('_', '-')} needs --fp8-backend")
         return
     run = ConformanceRun(config, spec, load_backend(spec))
     config.stash[_RUN_KEY] = run
@@ -277,15 +334,92 @@ def _gpu_skip_reasons(items: list[pytest.Item]) -> dict[pytest.Item, str]:
     return reasons
 
 
+def _skip_reason(report: pytest.TestReport) -> str:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+    return reason.removeprefix("Skipped: ")
+
+
 def _test_status(report: pytest.TestReport) -> str | None:
-    """This phase's contribution to the test's status; None for a passing setup/teardown."""
+    """This phase's contribution to the test's status; None for a passing setup/teardown.
+
+    A failure outside the call phase, a timeout (``--fp8-timeout``) and a test that crashed its
+    xdist worker are ``error``; an expected failure is ``xfail`` and a pass under an
+    expectation ``xpass``.
+    """
+    if hasattr(report, "wasxfail"):
+        if report.skipped:
+            return "xfail"
+        if report.passed:
+            return "xpass"
     if report.failed:
-        return "fail" if report.when == "call" else "error"
+        timed_out = any(key == _TIMEOUT_KEY for key, _ in report.user_properties)
+        return "fail" if report.when == "call" and not timed_out else "error"
     if report.skipped:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
-        reason = reason.removeprefix("Skipped: ")
-        return "not_supported" if reason.startswith(_NOT_SUPPORTED) else "skipped"
+        reason = _skip_reason(report)
+        return "not_supported" if reason.startswith((_NOT_SUPPORTED, _NOT_IN_SPEC)) else "skipped"
     return "pass" if report.when == "call" else None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _checked_spec_version(config: pytest.Config, backend: Backend) -> str:
+    given = config.getoption("fp8_spec_version")
+    version = str(given or getattr(backend, "spec_version", None) or SPEC_VERSION)
+    if not _VERSION.match(version):
+        where = "--fp8-spec-version" if given else f"backend {backend.name!r}: spec_version"
+        raise pytest.UsageError(f"{where} {version!r} is not a version like {SPEC_VERSION!r}")
+    return version
+
+
+def _load_expectations(config: pytest.Config) -> dict[str, expectations_file.Expectation]:
+    path = config.getoption("fp8_expectations")
+    if not path:
+        return {}
+    path = Path(config.invocation_params.dir, path).resolve()
+    # xdist hands the controller's options to its workers: they read the same file.
+    config.option.fp8_expectations = str(path)
+    try:
+        return expectations_file.load(path, PROPERTIES)
+    except expectations_file.ExpectationsError as exc:
+        raise pytest.UsageError(f"--fp8-expectations: {exc}") from None
+
+
+def _timeout(config: pytest.Config) -> float | None:
+    seconds = config.getoption("fp8_timeout")
+    if seconds is not None and seconds < 0:
+        raise pytest.UsageError(f"--fp8-timeout must be 0 or more seconds, got {seconds:g}")
+    if not seconds or not config.pluginmanager.hasplugin("timeout"):
+        return None  # 0, or pytest-timeout is not active (-p no:timeout)
+    return seconds
+
+
+def _device_info() -> dict[str, Any] | None:
+    """The accelerator, read only when torch is already imported; None otherwise."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    if cuda is None:
+        return None
+    try:
+        if cuda.is_available():
+            index = cuda.current_device()
+            major, minor = cuda.get_device_capability(index)
+            name = cuda.get_device_name(index)
+            return {"device": f"cuda:{index} ({name})", "compute_capability": f"{major}.{minor}"}
+    except Exception:  # a broken driver must not break the report
+        pass
+    return {"device": "cpu", "compute_capability": None}
+
+
+def _examples_from_statistics(stats: dict[str, Any]) -> int:
+    """Test cases Hypothesis ran to a verdict, shrinking not included."""
+    total = 0
+    for key, phase in stats.items():
+        if key.endswith("-phase") and key != "shrink-phase" and isinstance(phase, dict):
+            total += sum(
+                case.get("status") in ("valid", "interesting") for case in phase.get("test-cases", ())
+            )
+    return total
 
 
 def _version_if_importable(module: str) -> str | None:
@@ -304,6 +438,10 @@ def _version_if_importable(module: str) -> str | None:
 class _TestRecord:
     property_ids: tuple[str, ...]
     status: str | None = None
+    examples: int = 0
+    reproducer: dict[str, Any] | None = None
+    reason: str | None = None
+    expectations: tuple[str, ...] = ()
 
 
 class ConformanceRun:
@@ -312,9 +450,16 @@ class ConformanceRun:
     def __init__(self, config: pytest.Config, spec: str, backend: Backend) -> None:
         self.config = config
         self.spec = spec
-        self.backend = backend
+        # Tracked: a timeout names the adapter method in progress.
+        self.backend = watchdog.track(backend)
         self.tests: dict[str, _TestRecord] = {}
         self.report_path: Path | None = None
+        self.spec_version = _checked_spec_version(config, backend)
+        self.expectations = _load_expectations(config)
+        self.timeout = _timeout(config)
+        #: The accelerator: seen here, or reported by the first xdist worker that saw it.
+        self.device: dict[str, Any] | None = None
+        self._device_sent = False
 
     # A hook wrapper turns a bad citation into an ordinary collection error, which
     # pytest-xdist reports cleanly from a worker, unlike an exception in a later hook.
@@ -337,39 +482,199 @@ class ConformanceRun:
                 report.result = []
         return report
 
+    # tryfirst: before -k / -m deselect, so expectations are matched against every collected test.
+    @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         claimed = set(self.backend.capabilities)
+        checked = _version_tuple(self.spec_version)
+        matched: set[str] = set()
         gpu_items = []
         for item in items:
             ids = _cited_ids(item)
             # user_properties travel with every report, also from xdist workers.
             item.user_properties.extend((PROPERTY_KEY, property_id) for property_id in ids)
+            if ids:
+                item.stash[_CITED_KEY] = True
+                if self.timeout is not None and item.get_closest_marker("timeout") is None:
+                    item.add_marker(pytest.mark.timeout(self.timeout))
+            expected = expectations_file.matching(self.expectations, item.nodeid, ids)
+            if expected:
+                matched.update(entry.key for entry in expected)
+                item.user_properties.extend((_EXPECTATION_KEY, entry.key) for entry in expected)
+                reason = "; ".join(entry.describe() for entry in expected)
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
+                item.stash[_EXPECTED_KEY] = True
+            newer = [
+                f"property {pid} is since spec {get_property(pid).since}"
+                for pid in ids
+                if _version_tuple(get_property(pid).since) > checked
+            ]
             missing = [
                 f"capability {get_property(pid).capability!r} (property {pid})"
                 for pid in ids
                 if get_property(pid).capability not in claimed
             ]
-            if missing:
+            if newer:
+                reason = (
+                    f"{_NOT_IN_SPEC} backend {self.backend.name!r} is checked against spec "
+                    f"{self.spec_version}; "
+                )
+                item.add_marker(pytest.mark.skip(reason=reason + "; ".join(newer)))
+            elif missing:
                 reason = f"{_NOT_SUPPORTED} backend {self.backend.name!r} does not claim "
                 item.add_marker(pytest.mark.skip(reason=reason + "; ".join(missing)))
             elif any(item.get_closest_marker(name) for name in _GPU_MARKERS):
                 gpu_items.append(item)
         for item, reason in (_gpu_skip_reasons(gpu_items) if gpu_items else {}).items():
             item.add_marker(pytest.mark.skip(reason=reason))
+        unmatched = [key for key in self.expectations if key not in matched]
+        if unmatched:
+            self._unmatched_expectations(unmatched, items)
+
+    def _unmatched_expectations(self, unmatched: list[str], items: list[pytest.Item]) -> None:
+        message = "--fp8-expectations: " + "; ".join(
+            f"entry {key!r} matches no collected test" for key in unmatched
+        )
+        if not self._is_xdist_worker:
+            raise pytest.UsageError(message)
+        # An exception here would crash the worker; a failed collect report with nothing left
+        # to run ends the session with the message as a collection error.
+        report = pytest.CollectReport("fp8conf-expectations", "failed", message, [])
+        self.config.hook.pytest_collectreport(report=report)
+        self.config.hook.pytest_deselected(items=list(items))
+        items[:] = []
+
+    # trylast: inside Hypothesis's own wrapper, which installs its statistics collector and may
+    # replace the test's settings first.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        handle = getattr(item.obj, "hypothesis", None)
+        if handle is None or not item.stash.get(_CITED_KEY, False):
+            return (yield)
+        from hypothesis.statistics import collector
+
+        function = getattr(item.obj, "__func__", item.obj)
+        original_settings = getattr(function, "_hypothesis_internal_use_settings", None)
+        inner = handle.inner_test
+        previous_collector = collector.value
+        item.stash[_CALLS_KEY] = 0
+
+        def note_statistics(stats: dict[str, Any]) -> None:
+            item.stash[_STATS_KEY] = stats
+            if previous_collector is not None:
+                previous_collector(stats)
+
+        @functools.wraps(inner)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            item.stash[_CALLS_KEY] += 1
+            return inner(*args, **kwargs)
+
+        handle.inner_test = counted
+        if item.stash.get(_EXPECTED_KEY, False) and original_settings is not None:
+            # An expected failure needs no minimal example: skip shrinking (minutes on models).
+            phases = [p for p in original_settings.phases if p not in _SHRINK_PHASES]
+            function._hypothesis_internal_use_settings = settings(parent=original_settings, phases=phases)
+        try:
+            with collector.with_value(note_statistics):
+                return (yield)
+        finally:
+            handle.inner_test = inner
+            if original_settings is not None:
+                function._hypothesis_internal_use_settings = original_settings
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if not item.stash.get(_CITED_KEY, False):
+            return report
+        extra = report.user_properties  # this report's own copy of item.user_properties
+        excinfo = call.excinfo
+        if call.when == "call":
+            extra.append((_EXAMPLES_KEY, self._examples(item, excinfo)))
+            if not self._device_sent:
+                info = _device_info()
+                if info is not None:
+                    self._device_sent = True
+                    extra.append((_DEVICE_KEY, info))
+        if excinfo is not None and not excinfo.errisinstance(pytest.skip.Exception):
+            if excinfo.errisinstance(watchdog.BackendTimeout):
+                extra.append((_TIMEOUT_KEY, str(excinfo.value)))
+            if report.failed or hasattr(report, "wasxfail"):
+                found = replay.reproducer(item, excinfo.value, self.spec)
+                extra.append((_REPRODUCER_KEY, found))
+                if report.failed:
+                    report.sections.append(("fp8conf reproducer", replay.section_text(found)))
+        return report
+
+    @staticmethod
+    def _examples(item: pytest.Item, excinfo: pytest.ExceptionInfo | None) -> int:
+        stats = item.stash.get(_STATS_KEY, None)
+        if stats is not None:
+            return _examples_from_statistics(stats)
+        calls = item.stash.get(_CALLS_KEY, None)
+        if calls is not None:  # a Hypothesis test cut short (a timeout): the calls made
+            return calls
+        # A plain test is one example when its body ran.
+        return 0 if excinfo is not None and excinfo.errisinstance(pytest.skip.Exception) else 1
+
+    # optionalhook: the hook exists only while pytest-timeout is active.
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool | None:
+        if not item.stash.get(_CITED_KEY, False):
+            return None  # pytest-timeout's own timer
+        on_thread_timeout = None
+        if self._is_xdist_worker:
+            on_thread_timeout = functools.partial(self._report_thread_timeout, item)
+        return watchdog.set_timer(item, settings, self.backend.name, on_thread_timeout)
+
+    def _report_thread_timeout(self, item: pytest.Item, message: str) -> None:
+        """Under pytest-timeout's thread method the worker is about to end: send the controller
+        a report of the timeout (pytest-xdist adds its own report of the crash)."""
+        found = replay.reproducer(item, watchdog.BackendTimeout(message), self.spec)
+        report = pytest.TestReport(
+            item.nodeid,
+            item.location,
+            {name: 1 for name in item.keywords},
+            "failed",
+            f"conformance.watchdog.BackendTimeout: {message}",
+            "call",
+            user_properties=[*item.user_properties, (_TIMEOUT_KEY, message), (_REPRODUCER_KEY, found)],
+        )
+        item.ihook.pytest_runtest_logreport(report=report)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         ids = tuple(value for key, value in report.user_properties if key == PROPERTY_KEY)
+        record = self.tests.get(report.nodeid)
+        if record is None:
+            if not ids:
+                return
+            record = self.tests[report.nodeid] = _TestRecord(ids)
+        # else: also a report without user_properties, as pytest-xdist makes for a test that
+        # crashed its worker: the test's earlier setup report told its properties.
+        for key, value in report.user_properties:
+            if key == _EXAMPLES_KEY:
+                record.examples += int(value)
+            elif key == _REPRODUCER_KEY and record.reproducer is None:
+                record.reproducer = dict(value)
+            elif key == _EXPECTATION_KEY and value not in record.expectations:
+                record.expectations += (value,)
+            elif key == _DEVICE_KEY and self.device is None:
+                self.device = dict(value)
         status = _test_status(report)
-        if not ids or status is None:
+        if status is None:
             return
-        record = self.tests.setdefault(report.nodeid, _TestRecord(ids))
+        if status in ("not_supported", "skipped") and record.reason is None:
+            record.reason = _skip_reason(report) or None
         if record.status is None or _RANK[status] < _RANK[record.status]:
             record.status = status
 
     def pytest_report_header(self) -> str:
         return (
             f"fp8conf: backend {self.backend.name!r} {self.backend.version}, "
-            f"capabilities: {', '.join(sorted(self.backend.capabilities)) or 'none'}"
+            f"capabilities: {', '.join(sorted(self.backend.capabilities)) or 'none'}, "
+            f"spec {self.spec_version}"
         )
 
     @property
@@ -387,29 +692,26 @@ class ConformanceRun:
             _print_summary(terminalreporter, self.build_report(), self.report_path)
 
     def build_report(self) -> dict[str, Any]:
-        """The report as plain JSON-ready data; see ``--fp8-report``."""
-        by_property: dict[str, list[str]] = {}
-        for record in self.tests.values():
+        """The report as plain JSON-ready data; see ``--fp8-report`` and the README."""
+        by_property: dict[str, list[_TestRecord]] = {}
+        for _, record in sorted(self.tests.items()):
             for property_id in record.property_ids:
-                by_property.setdefault(property_id, []).append(record.status or "skipped")
+                by_property.setdefault(property_id, []).append(record)
         rows = {}
         for property_id, prop in PROPERTIES.items():
             if property_id in by_property:
-                statuses = by_property[property_id]
-                rows[property_id] = {
-                    "level": prop.level,
-                    "capability": prop.capability,
-                    "title": prop.title,
-                    "status": min(statuses, key=_RANK.__getitem__),
-                    "tests": len(statuses),
-                    "outcomes": dict(sorted(Counter(statuses).items())),
-                }
+                rows[property_id] = self._row(prop, by_property[property_id])
+        device = self.device or _device_info() or {"device": "cpu", "compute_capability": None}
         return {
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "suite": {"name": "fp8conf", "version": _version_if_importable("fp8conf")},
             "spec_version": SPEC_VERSION,
+            "checked_spec_version": self.spec_version,
             "backend": {
                 "name": self.backend.name,
                 "version": self.backend.version,
                 "spec": self.spec,
+                "spec_version": getattr(self.backend, "spec_version", SPEC_VERSION),
                 "capabilities": sorted(self.backend.capabilities),
             },
             "environment": {
@@ -419,19 +721,52 @@ class ConformanceRun:
                 "pytest": pytest.__version__,
                 "hypothesis": hypothesis.__version__,
                 "hypothesis_profile": settings.get_current_profile_name(),
+                "device": device["device"],
+                "compute_capability": device["compute_capability"],
+            },
+            "options": {
+                "expectations": self.config.getoption("fp8_expectations") or None,
+                "timeout_s": self.timeout,
             },
             "summary": _must_summary(rows),
             "properties": rows,
             "untested": [pid for pid in PROPERTIES if pid not in rows],
         }
 
+    def _row(self, prop: Any, records: list[_TestRecord]) -> dict[str, Any]:
+        statuses = [record.status or "skipped" for record in records]
+        status = min(statuses, key=_RANK.__getitem__)
+        deciding = [record for record in records if (record.status or "skipped") == status]
+        row: dict[str, Any] = {
+            "level": prop.level,
+            "capability": prop.capability,
+            "since": prop.since,
+            "title": prop.title,
+            "status": status,
+            "tests": len(records),
+            "examples": sum(record.examples for record in records),
+            "outcomes": dict(sorted(Counter(statuses).items())),
+            "reproducer": None,
+        }
+        if status in ("fail", "error", "xfail"):
+            row["reproducer"] = next((r.reproducer for r in deciding if r.reproducer), None)
+        if status in ("not_supported", "skipped"):
+            row["reason"] = next((r.reason for r in deciding if r.reason), None)
+        keys = sorted({key for record in records for key in record.expectations})
+        if keys:
+            row["expectations"] = {
+                key: self.expectations[key].as_json() for key in keys if key in self.expectations
+            }
+        return row
+
 
 def _must_summary(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    # An expected failure is applicable and not passed; an xpass passed all its tests.
     applicable = [
         row for row in rows.values()
         if row["level"] == "MUST" and row["status"] not in ("not_supported", "skipped")
     ]
-    passed = sum(row["status"] == "pass" for row in applicable)
+    passed = sum(row["status"] in ("pass", "xpass") for row in applicable)
     return {
         "must_passed": passed,
         "must_applicable": len(applicable),
@@ -448,13 +783,15 @@ def _score_line(report: dict[str, Any]) -> str:
     )
 
 
-_COLUMNS = (("property", 10), ("level", 7), ("capability", 17), ("status", 14), ("tests", 5))
+_COLUMNS = (
+    ("property", 10), ("level", 7), ("capability", 17), ("status", 14), ("tests", 5), ("examples", 9)
+)
 
 
 def _table_line(cells: tuple) -> str:
-    *text, count = cells
     widths = [width for _, width in _COLUMNS]
-    return "".join(f"{cell:<{w}}" for cell, w in zip(text, widths)) + f"{count:>{widths[-1]}}"
+    text = "".join(f"{cell:<{w}}" for cell, w in zip(cells[:4], widths))
+    return text + "".join(f"{cell:>{w}}" for cell, w in zip(cells[4:], widths[4:]))
 
 
 def _print_summary(
@@ -465,35 +802,96 @@ def _print_summary(
     if rows:
         terminal.write_line(_table_line(tuple(name for name, _ in _COLUMNS)))
         for property_id, row in rows.items():
-            cells = (property_id, row["level"], row["capability"], row["status"], row["tests"])
+            cells = (
+                property_id, row["level"], row["capability"], row["status"], row["tests"],
+                row["examples"],
+            )
             terminal.write_line(_table_line(cells))
     else:
         terminal.write_line("no fp8_property test ran")
     terminal.write_line(_score_line(report))
+    for property_id, row in rows.items():
+        found = row.get("reproducer")
+        if row["status"] in ("fail", "error") and found:
+            terminal.write_line(f"{property_id} {row['status']}: {found['test']}")
+            terminal.write_line(f"  replay: {found['command']}")
+        elif row["status"] == "xpass":
+            terminal.write_line(
+                f"{property_id} xpass: expected to fail, passed; drop its expectations entry"
+            )
     if report_path is not None:
         terminal.write_line(f"report: {report_path} and {_markdown_path(report_path)}")
 
 
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def _markdown(report: dict[str, Any]) -> str:
-    backend, env = report["backend"], report["environment"]
+    backend, env, suite = report["backend"], report["environment"], report["suite"]
+    capability = env["compute_capability"]
+    options = report.get("options", {})
     lines = [
         "# fp8conf conformance report",
         "",
-        f"- Backend: `{backend['name']}` {backend['version']} (`{backend['spec']}`)",
+        f"- Backend: `{backend['name']}` {backend['version']} (`{backend['spec']}`), "
+        f"checked against spec {report['checked_spec_version']}",
         f"- Capabilities: {', '.join(backend['capabilities']) or 'none'}",
-        f"- Spec {report['spec_version']}; Python {env['python']}; torch {env['torch']}; "
-        f"torchao {env['torchao']}; Hypothesis profile `{env['hypothesis_profile']}`",
+        f"- Suite: {suite['name']} {suite['version']}, spec {report['spec_version']}, "
+        f"report schema {report['schema_version']}",
+        f"- Environment: Python {env['python']}; torch {env['torch']}; torchao {env['torchao']}; "
+        f"device {env['device']}"
+        + (f" (compute capability {capability})" if capability else ""),
+        f"- Hypothesis profile `{env['hypothesis_profile']}`; expectations: "
+        f"{'`' + options['expectations'] + '`' if options.get('expectations') else 'none'}",
         "",
-        "| Property | Level | Capability | Status | Tests | Title |",
-        "|---|---|---|---|---:|---|",
+        "| Property | Level | Capability | Status | Tests | Examples | Title |",
+        "|---|---|---|---|---:|---:|---|",
     ]
     for property_id, row in report["properties"].items():
-        title = row["title"].replace("|", "\\|")
         lines.append(
             f"| {property_id} | {row['level']} | {row['capability']} | {row['status']} "
-            f"| {row['tests']} | {title} |"
+            f"| {row['tests']} | {row['examples']} | {_cell(row['title'])} |"
         )
     lines += ["", f"**{_score_line(report)}**", ""]
+    notes = []
+    for property_id, row in report["properties"].items():
+        for key, entry in row.get("expectations", {}).items():
+            link = f" ({entry['link']})" if entry.get("link") else ""
+            notes.append(f"- {property_id} {row['status']}: expected to fail ({key}): {entry['reason']}{link}")
+        if row.get("reason"):
+            notes.append(f"- {property_id} {row['status']}: {row['reason']}")
+    if notes:
+        lines += ["## Notes", "", *notes, ""]
+    failures = [
+        (property_id, row) for property_id, row in report["properties"].items() if row.get("reproducer")
+    ]
+    if failures:
+        lines += ["## Failures", ""]
+    for property_id, row in failures:
+        found = row["reproducer"]
+        lines += [
+            f"### {property_id} ({row['status']})",
+            "",
+            f"Test `{found['test']}`:",
+            "",
+            "```text",
+            found["message"],
+            "```",
+            "",
+            "Replay:",
+            "",
+            "```bash",
+            found["command"],
+            "```",
+            "",
+        ]
+        if found.get("model"):
+            lines += ["Minimal model (runnable):", "", "```python", found["model"].rstrip("\n"), "```", ""]
+        elif found.get("failing_case"):
+            lines += ["Failing test case:", "", "```python", found["failing_case"], "```", ""]
+        if found.get("reproduce_failure"):
+            lines += [f"Or decorate the test with `{found['reproduce_failure']}`.", ""]
     return "\n".join(lines)
 
 

@@ -22,6 +22,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--report", default="fp8conf-report.json", help="JSON report path; a Markdown table is written beside it")
     check.add_argument("--profile", default="ci", choices=("dev", "ci", "thorough"), help="Hypothesis profile (default: ci)")
     check.add_argument("-n", "--workers", default=None, help="pytest-xdist workers (e.g. 2 or auto)")
+    check.add_argument("--expectations", default=None, help="expected failures: JSON or TOML file mapping property or test IDs to {reason, link}")
+    check.add_argument("--spec-version", default=None, help="spec version to check against (default: the backend's spec_version)")
+    check.add_argument("--timeout", default=None, type=float, help="seconds per conformance test before it is reported 'error' (default: 300)")
     check.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments, after --")
     from fp8conf import precompile_cli
 
@@ -78,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.workers:
         pytest_args += ["-n", str(args.workers)]
+    if args.expectations:
+        pytest_args.append(f"--fp8-expectations={args.expectations}")
+    if args.spec_version:
+        pytest_args.append(f"--fp8-spec-version={args.spec_version}")
+    if args.timeout is not None:
+        pytest_args.append(f"--fp8-timeout={args.timeout:g}")
     pytest_args += [a for a in args.pytest_args if a != "--"]
     return int(pytest.main(pytest_args))
 

@@ -13,7 +13,7 @@ class ReferenceBackend(Backend):
     name = "reference"
     version = fp8conf.__version__
     capabilities = frozenset(
-        {"provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "fingerprint"}
+        {"provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "fingerprint", "e8m0"}
     )
 
     def trace_joint(self, model, args):
@@ -64,3 +64,15 @@ class ReferenceBackend(Backend):
     def compile(self, gm, *, mode, cudagraph=False):
         compiled = fp8conf.compile_joint(gm, mode=mode, strict=True, cudagraph=cudagraph)
         return Compiled(compiled, compiled.compiled_nodes, compiled.eager_nodes)
+
+    def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):
+        from fp8conf.ops.e8m0 import scaled_mm_e8m0
+
+        return scaled_mm_e8m0(a, b, a_scale, b_scale, out_dtype)
+
+    def e8m0_op(self):
+        import torch
+
+        import fp8conf.ops  # noqa: F401  (registers the op)
+
+        return torch.ops.fp8conf.scaled_mm_e8m0.default

@@ -1,0 +1,425 @@
+"""E8M0: the MX block-scaled matmul whose scales travel as uint8 E8M0 bytes.
+
+Every numeric check is against :func:`conformance.e8m0.reference`, which decodes the bytes in
+float64 itself; the backend's op is only ever the thing under test. Operands are drawn as
+:class:`conformance.e8m0.E8M0Case`, so a failure prints them as runnable Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conformance.e8m0 import BLOCK, ELEMENT_STYLES, NAN_BYTE, OUT_DTYPES, E8M0Case, fit_scale_bytes, float8_allclose, reference
+from conformance.harness import fail
+
+# A cold Inductor compile takes seconds to tens of seconds on CPU, and opcheck traces the op
+# several ways: those properties draw a quarter of the profile's examples (at least two).
+compile_budget = settings(max_examples=max(2, settings.default.max_examples // 4))
+
+#: Scale bytes: the extremes (0 = 2**-127, 1 = 2**-126, 127 = 1, 254 = 2**127), any finite byte,
+#: and the bytes around 1 that real tensors mostly have.
+ORDINARY_BYTES = st.integers(112, 142)
+FINITE_BYTES = st.one_of(ORDINARY_BYTES, st.sampled_from((127, 0, 1, 254)), st.integers(0, 254))
+
+
+def _side_bytes(draw, label, rows, blocks, bases, spread):
+    """Bytes of one operand: per block column a base, per row an offset of at most ``spread``."""
+    base = draw(st.lists(bases, min_size=blocks, max_size=blocks), label=f"{label} bytes, per block column")
+    offsets = draw(st.lists(st.integers(-spread, spread), min_size=rows * blocks, max_size=rows * blocks), label=f"{label} byte offsets")
+    return [min(254, max(0, base[i % blocks] + offsets[i])) for i in range(rows * blocks)]
+
+
+@st.composite
+def e8m0_cases(draw, *, bytes_=FINITE_BYTES, b_bytes=None, lead=None, out_dtypes=OUT_DTYPES, max_tiles: int = 4, max_blocks: int = 4):
+    """M and N multiples of 16, K a multiple of 32; scale bytes drawn per block column from
+    ``bytes_`` (``b_bytes`` for b, when given) and spread over the rows (within a few binades for a
+    float16 output, whose range is narrow), then fitted so outputs stay in range, keeping the bytes
+    of the operand that leads each block column (``lead`` "a" or "b", or drawn per column)."""
+    m = 16 * draw(st.integers(1, max_tiles), label="M / 16")
+    n = 16 * draw(st.integers(1, max_tiles), label="N / 16")
+    blocks = draw(st.integers(1, max_blocks), label="K / 32")
+    k = BLOCK * blocks
+    out_dtype = draw(st.sampled_from(out_dtypes), label="out_dtype")
+    spread = 8 if out_dtype == "float16" else draw(st.sampled_from((8, 64, 254)), label="byte spread over rows")
+    a_bytes = _side_bytes(draw, "a_scale", m, blocks, bytes_, spread)
+    b_bytes = _side_bytes(draw, "b_scale", n, blocks, bytes_ if b_bytes is None else b_bytes, spread)
+    if lead is None:
+        a_leads = draw(st.lists(st.booleans(), min_size=blocks, max_size=blocks), label="a keeps its bytes, per block column")
+    else:
+        a_leads = [lead == "a"] * blocks
+    a_bytes, b_bytes = fit_scale_bytes(a_bytes, b_bytes, m, n, k, out_dtype, a_leads)
+    return E8M0Case(
+        m=m,
+        n=n,
+        k=k,
+        out_dtype=out_dtype,
+        a_bytes=a_bytes,
+        b_bytes=b_bytes,
+        a_style=draw(st.sampled_from(ELEMENT_STYLES), label="a elements"),
+        b_style=draw(st.sampled_from(ELEMENT_STYLES), label="b elements"),
+        seed=draw(st.integers(0, 2**16), label="seed"),
+    )
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _backend_spec(backend) -> str:
+    cls = type(backend)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _call_line(backend, case: E8M0Case) -> str:
+    return (
+        "from conformance.plugin import load_backend\n"
+        f"backend = load_backend({_backend_spec(backend)!r})\n"
+        f"out = backend.scaled_mm_e8m0(a, b, a_scale, b_scale, torch.{case.out_dtype})"
+    )
+
+
+def _fail(property_id, message, case=None, backend=None, call=None):
+    if case is not None:
+        message += "\n\nReproducer (runnable):\n" + case.to_python(call if call is not None else _call_line(backend, case))
+    fail(property_id, message)
+
+
+def _check(condition, property_id, message, case=None, backend=None, call=None):
+    if not condition:
+        _fail(property_id, message, case, backend, call)
+
+
+def _run(property_id, backend, case, operands=None):
+    """The backend's output for ``case``; any exception fails the property."""
+    a, b, a_scale, b_scale = operands or case.build()
+    try:
+        out = backend.scaled_mm_e8m0(a, b, a_scale, b_scale, case.torch_out_dtype)
+    except Exception as exc:
+        _fail(property_id, f"backend {backend.name!r}: scaled_mm_e8m0() raised {type(exc).__name__}: {exc}", case, backend)
+    import torch
+
+    _check(isinstance(out, torch.Tensor), property_id, f"scaled_mm_e8m0() returned {type(out).__qualname__}, expected a tensor", case, backend)
+    _check(
+        tuple(out.shape) == (case.m, case.n) and out.dtype == case.torch_out_dtype,
+        property_id,
+        f"expected an ({case.m}, {case.n}) {case.out_dtype} output, got {tuple(out.shape)} {out.dtype}",
+        case,
+        backend,
+    )
+    return out
+
+
+def _compare(property_id, backend, case, out, what="the float64 dequantize-then-matmul reference"):
+    """Elementwise: NaN exactly where expected, elsewhere within the reference's tolerance."""
+    import torch
+
+    expected, tolerance = reference(*case.build(), case.torch_out_dtype)
+    got = out.detach().cpu().to(torch.float64)
+    nan_seen, nan_expected = got.isnan(), expected.isnan()
+    if not torch.equal(nan_seen, nan_expected):
+        wrong = (nan_seen != nan_expected).nonzero()[:5].tolist()
+        _fail(
+            property_id,
+            f"NaN pattern differs from {what} at (row, col) {wrong}: expected NaN "
+            f"{[bool(nan_expected[i, j]) for i, j in wrong]}, saw {[got[i, j].item() for i, j in wrong]}",
+            case,
+            backend,
+        )
+    error = (got - expected).abs().nan_to_num(0.0, posinf=float("inf"))
+    excess = (error - tolerance.nan_to_num(0.0)).masked_fill(nan_expected, -1.0)
+    if bool((excess > 0).any()):
+        i, j = divmod(int(excess.argmax()), case.n)
+        count = int((excess > 0).sum())
+        _fail(
+            property_id,
+            f"{count} of {case.m * case.n} outputs differ from {what} by more than output rounding; worst at "
+            f"({i}, {j}): expected {expected[i, j].item()!r}, saw {got[i, j].item()!r}, tolerance {tolerance[i, j].item():.3g}",
+            case,
+            backend,
+        )
+    return expected, tolerance
+
+
+# -- E8M0-001 --------------------------------------------------------------------------------------
+
+
+@pytest.mark.fp8_property("E8M0-001")
+@given(case=e8m0_cases())
+def test_E8M0_001_equals_blockwise_dequantize_then_matmul(fp8_backend, case):
+    out = _run("E8M0-001", fp8_backend, case)
+    _compare("E8M0-001", fp8_backend, case, out)
+
+
+# -- E8M0-002 --------------------------------------------------------------------------------------
+
+
+@st.composite
+def nan_cases(draw):
+    """Ordinary bytes with byte 255 in a few drawn blocks of a and/or b."""
+    case = draw(e8m0_cases(bytes_=ORDINARY_BYTES, max_tiles=3, max_blocks=3))
+    a_bytes, b_bytes = list(case.a_bytes), list(case.b_bytes)
+    a_nan = draw(st.lists(st.integers(0, len(a_bytes) - 1), max_size=3, unique=True), label="a blocks with byte 255")
+    b_nan = draw(
+        st.lists(st.integers(0, len(b_bytes) - 1), min_size=0 if a_nan else 1, max_size=3, unique=True),
+        label="b blocks with byte 255",
+    )
+    for index in a_nan:
+        a_bytes[index] = NAN_BYTE
+    for index in b_nan:
+        b_bytes[index] = NAN_BYTE
+    zero = draw(st.booleans(), label="zero the elements of NaN blocks")
+    return dataclasses.replace(case, a_bytes=tuple(a_bytes), b_bytes=tuple(b_bytes), zero_nan_blocks=zero)
+
+
+@pytest.mark.fp8_property("E8M0-002")
+@given(case=nan_cases())
+def test_E8M0_002_byte_255_is_nan_in_exactly_the_outputs_using_its_block(fp8_backend, case):
+    out = _run("E8M0-002", fp8_backend, case)
+    _compare("E8M0-002", fp8_backend, case, out, what="the reference (byte 255 poisons every output using its block)")
+
+
+@st.composite
+def byte_0_cases(draw):
+    """One operand scaled by byte 0 (2**-127) throughout, the other by large bytes (254 = 2**127
+    cancels it exactly) or, for float32/bfloat16 outputs, by ordinary ones: outputs are normal
+    numbers of the output dtype unless their products cancel."""
+    out_dtype = draw(st.sampled_from(OUT_DTYPES), label="out_dtype")
+    large = st.just(254) | st.integers(240, 254)
+    partner = large if out_dtype == "float16" else (large | ORDINARY_BYTES)
+    zero_side = draw(st.sampled_from(("a", "b")), label="operand with byte 0")
+    sides = {"bytes_": st.just(0), "b_bytes": partner} if zero_side == "a" else {"bytes_": partner, "b_bytes": st.just(0)}
+    case = draw(e8m0_cases(**sides, lead="b" if zero_side == "a" else "a", out_dtypes=(out_dtype,), max_tiles=3, max_blocks=3))
+    # Offsets may have lifted some zeros: byte 0 throughout, and the partner keeps the whole budget.
+    a_bytes = (0,) * len(case.a_bytes) if zero_side == "a" else case.a_bytes
+    b_bytes = (0,) * len(case.b_bytes) if zero_side == "b" else case.b_bytes
+    styles = st.sampled_from(("normal", "saturating", "mixed"))
+    return dataclasses.replace(
+        case, a_bytes=a_bytes, b_bytes=b_bytes, a_style=draw(styles, label="a elements"), b_style=draw(styles, label="b elements")
+    )
+
+
+@pytest.mark.fp8_property("E8M0-002")
+@given(case=byte_0_cases())
+def test_E8M0_002_byte_0_is_2_pow_minus_127_never_flushed(fp8_backend, case):
+    out = _run("E8M0-002", fp8_backend, case)
+    expected, tolerance = _compare("E8M0-002", fp8_backend, case, out, what="the reference (byte 0 means 2**-127)")
+    must_be_nonzero = expected.abs() > tolerance
+    zeros = must_be_nonzero & (out.detach().cpu() == 0)
+    if bool(zeros.any()):
+        i, j = zeros.nonzero()[0].tolist()
+        _fail(
+            "E8M0-002",
+            f"{int(zeros.sum())} outputs are zero where byte 0 (2**-127) gives a nonzero result: "
+            f"({i}, {j}) expected {expected[i, j].item()!r}. Byte 0 must never be flushed to zero",
+            case,
+            fp8_backend,
+        )
+
+
+# -- E8M0-003 --------------------------------------------------------------------------------------
+
+
+def _op(property_id, backend):
+    import torch
+
+    try:
+        op = backend.e8m0_op()
+    except Exception as exc:
+        _fail(property_id, f"backend {backend.name!r}: e8m0_op() raised {type(exc).__name__}: {exc}")
+    _check(
+        isinstance(op, torch._ops.OpOverload),
+        property_id,
+        f"backend {backend.name!r}: e8m0_op() returned {op!r}, expected a torch._ops.OpOverload (e.g. torch.ops.ns.op.default)",
+    )
+    return op
+
+
+@pytest.mark.fp8_property("E8M0-003")
+@compile_budget
+@given(case=e8m0_cases(bytes_=ORDINARY_BYTES, max_tiles=2, max_blocks=2))
+def test_E8M0_003_opcheck_passes(fp8_backend, case):
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = _op("E8M0-003", fp8_backend)
+    operands = case.build()
+    call = (
+        _call_line(fp8_backend, case).rsplit("\n", 1)[0] + "\n"
+        "with float8_allclose():  # CPU torch.allclose lacks float8, which opcheck's schema test uses\n"
+        f"    torch.library.opcheck(backend.e8m0_op(), (a, b, a_scale, b_scale, torch.{case.out_dtype}))"
+    )
+    try:
+        with float8_allclose():
+            results = torch.library.opcheck(op, (*operands, case.torch_out_dtype))
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        _fail("E8M0-003", f"torch.library.opcheck({op}) failed: {type(exc).__name__}: {' '.join(text[:6])}", case, call=call)
+    bad = {k: v for k, v in results.items() if v != "SUCCESS"}
+    _check(not bad, "E8M0-003", f"torch.library.opcheck({op}) did not pass: {bad}", case, call=call)
+    # The op the backend reports must be what its scaled_mm_e8m0 runs: trace it with fake tensors.
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in operands]
+        try:
+            out = fp8_backend.scaled_mm_e8m0(*fake, case.torch_out_dtype)
+        except Exception as exc:
+            _fail("E8M0-003", f"scaled_mm_e8m0() on fake tensors raised {type(exc).__name__}: {exc}", case, fp8_backend)
+    _check(
+        tuple(out.shape) == (case.m, case.n) and out.dtype == case.torch_out_dtype and out.device == operands[0].device,
+        "E8M0-003",
+        f"on fake tensors scaled_mm_e8m0() gives {tuple(out.shape)} {out.dtype} on {out.device}, expected "
+        f"({case.m}, {case.n}) {case.out_dtype} on {operands[0].device}",
+        case,
+        fp8_backend,
+    )
+
+
+# -- E8M0-004 --------------------------------------------------------------------------------------
+
+# Inductor spells e8m0 tensors' dtype like this in Python and C++ code.
+_E8M0_DTYPE = re.compile(r"float8_e8m0|e8m0fnu", re.IGNORECASE)
+
+
+def _op_nodes(graph, op) -> list:
+    names = {str(op), str(op.overloadpacket), op.name()}
+    return [
+        n for n in graph.nodes
+        if n.op == "call_function" and (n.target in (op, op.overloadpacket) or str(n.target) in names)
+    ]
+
+
+@pytest.mark.fp8_property("E8M0-004")
+@compile_budget
+@given(case=e8m0_cases(bytes_=ORDINARY_BYTES, max_tiles=2, max_blocks=2))
+def test_E8M0_004_compiles_fullgraph_as_one_opaque_node(fp8_backend, case):
+    import torch
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._inductor.utils import run_and_get_code
+
+    op = _op("E8M0-004", fp8_backend)
+    out_dtype = case.torch_out_dtype
+
+    def step(a, b, a_scale, b_scale):
+        return torch.relu(fp8_backend.scaled_mm_e8m0(a, b, a_scale, b_scale, out_dtype) * 2.0 + 1.0)
+
+    call = (
+        _call_line(fp8_backend, case).rsplit("\n", 1)[0] + "\n"
+        "from torch._dynamo.testing import CompileCounterWithBackend\n"
+        "from torch._inductor.utils import run_and_get_code\n"
+        f"step = lambda a, b, a_scale, b_scale: torch.relu(backend.scaled_mm_e8m0(a, b, a_scale, b_scale, torch.{case.out_dtype}) * 2.0 + 1.0)\n"
+        "counter = CompileCounterWithBackend('inductor')\n"
+        "out, code = run_and_get_code(torch.compile(step, backend=counter, fullgraph=True), a, b, a_scale, b_scale)"
+    )
+    operands = case.build()
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    try:
+        out, sources = run_and_get_code(torch.compile(step, backend=counter, fullgraph=True), *operands)
+    except Exception as exc:
+        text = " ".join(str(exc).strip().splitlines()[:4])
+        _fail(
+            "E8M0-004",
+            f"torch.compile(fullgraph=True) of a step calling scaled_mm_e8m0() failed (a graph break, or a dtype "
+            f"Inductor cannot compile): {type(exc).__name__}: {text}",
+            case,
+            call=call,
+        )
+    finally:
+        torch._dynamo.reset()
+    _check(counter.frame_count == 1, "E8M0-004", f"Dynamo captured {counter.frame_count} graphs, expected exactly one (no graph break)", case, call=call)
+    nodes = [n for g in counter.graphs for n in _op_nodes(g.graph, op)]
+    _check(
+        len(nodes) == 1,
+        "E8M0-004",
+        f"the captured FX graph holds {len(nodes)} calls of {op}, expected exactly one opaque node; graph:\n"
+        + "\n".join(str(g.code).strip() for g in counter.graphs)[:2000],
+        case,
+        call=call,
+    )
+    code = "\n".join(sources)
+    extern = code.count(f"torch.ops.{op.namespace}.{op._opname}.{op._overloadname}(")
+    _check(extern == 1, "E8M0-004", f"Inductor's output code calls {op} {extern} times, expected once as an opaque extern call", case, call=call)
+    seen = sorted(set(_E8M0_DTYPE.findall(code)))
+    _check(not seen, "E8M0-004", f"an e8m0 dtype reaches Inductor's generated code ({seen}); pass scales as uint8", case, call=call)
+    expected = step(*operands)
+    _check(
+        torch.equal(out.isnan(), expected.isnan()) and torch.equal(out.nan_to_num(0.0), expected.nan_to_num(0.0)),
+        "E8M0-004",
+        f"the compiled step differs from eager: max abs difference {(out.float() - expected.float()).abs().nan_to_num(0.0).max().item():.3g}",
+        case,
+        call=call,
+    )
+
+
+# -- E8M0-005 --------------------------------------------------------------------------------------
+
+
+def _names_argument(message: str, argument: str) -> bool:
+    """Quoted (`a`, 'a', "a") or as ``argument a`` / ``a=``: a bare letter in prose does not count."""
+    name = re.escape(argument)
+    return bool(re.search(rf"[`'\"]{name}[`'\"]|\bargument {name}\b|(?<![\w.]){name}=", message))
+
+
+def _bad_inputs(case, hp_dtype: str, scale_dtype: str, bad_k: int):
+    """``(label, accepted argument names, code)`` for each bad input: ``code`` turns the case's
+    operands ``a, b, a_scale, b_scale`` into the bad ones (and is the reproducer's own text)."""
+    m, n, blocks = case.m, case.n, case.k // BLOCK
+    padded = -(-bad_k // BLOCK)  # the scale width a kernel that pads K would want
+
+    def scale(rows, cols):
+        return f"torch.full(({rows}, {cols}), 127, dtype=torch.uint8)"
+
+    return [
+        (f"a is {hp_dtype}", {"a"}, f"a = a.to(torch.float32).to(torch.{hp_dtype})"),
+        (f"b is {hp_dtype}", {"b"}, f"b = b.to(torch.float32).to(torch.{hp_dtype})"),
+        ("a is float8_e5m2", {"a"}, "a = a.to(torch.float32).to(torch.float8_e5m2)"),
+        ("b is float8_e5m2", {"b"}, "b = b.to(torch.float32).to(torch.float8_e5m2)"),
+        (
+            f"K = {bad_k}, not a multiple of 32",
+            {"a", "b"},
+            f"a = torch.ones({m}, {bad_k}).to(torch.float8_e4m3fn); b = torch.ones({bad_k}, {n}).to(torch.float8_e4m3fn); "
+            f"a_scale = {scale(m, padded)}; b_scale = {scale(n, padded)}",
+        ),
+        (f"a_scale has shape {(m, blocks + 1)}", {"a_scale"}, f"a_scale = {scale(m, blocks + 1)}"),
+        (f"a_scale has shape {(m + 16, blocks)}", {"a_scale"}, f"a_scale = {scale(m + 16, blocks)}"),
+        (f"b_scale has shape {(n, blocks + 1)}", {"b_scale"}, f"b_scale = {scale(n, blocks + 1)}"),
+        (f"b_scale has shape {(blocks, n + 16)}", {"b_scale"}, f"b_scale = {scale(blocks, n + 16)}"),
+        (f"a_scale is {scale_dtype}", {"a_scale"}, f"a_scale = a_scale.to(torch.{scale_dtype})"),
+        (f"b_scale is {scale_dtype}", {"b_scale"}, f"b_scale = b_scale.to(torch.{scale_dtype})"),
+    ]
+
+
+@pytest.mark.fp8_property("E8M0-005")
+@given(
+    case=e8m0_cases(bytes_=ORDINARY_BYTES, max_tiles=2, max_blocks=2),
+    hp_dtype=st.sampled_from(("float32", "bfloat16", "float16")),
+    scale_dtype=st.sampled_from(("float32", "int8", "int32", "float8_e8m0fnu")),
+    bad_k=st.sampled_from((16, 48, 40, 8, 100)),
+)
+def test_E8M0_005_bad_input_raises_naming_the_argument(fp8_backend, case, hp_dtype, scale_dtype, bad_k):
+    import torch
+
+    for label, arguments, code in _bad_inputs(case, hp_dtype, scale_dtype, bad_k):
+        a, b, a_scale, b_scale = case.build()
+        namespace = {"torch": torch, "a": a, "b": b, "a_scale": a_scale, "b_scale": b_scale}
+        exec(code, namespace)
+        operands = tuple(namespace[x] for x in ("a", "b", "a_scale", "b_scale"))
+        call = f"# bad input: {label}\n{code}\n{_call_line(fp8_backend, case)}"
+        try:
+            out = fp8_backend.scaled_mm_e8m0(*operands, case.torch_out_dtype)
+        except Exception as exc:
+            message = str(exc)
+            _check(
+                any(_names_argument(message, name) for name in arguments),
+                "E8M0-005",
+                f"bad input ({label}): {type(exc).__name__} raised, but its message does not name the argument "
+                f"{' or '.join(f'`{x}`' for x in sorted(arguments))}: {message[:500]}",
+                case,
+                call=call,
+            )
+            continue
+        shape = tuple(getattr(out, "shape", ()))
+        _fail("E8M0-005", f"bad input ({label}) was accepted: scaled_mm_e8m0() returned a {shape} result instead of raising", case, call=call)
