@@ -78,8 +78,9 @@ def _compile_regions(gm, names, strict) -> CompiledJoint:
             module_fqn=region.module_fqn,
             pass_name=region.pass_name,
         )
-    # regional_inductor returns a boxed graph module: one flat list in, flat outputs back.
-    return CompiledJoint(_unboxed(compiled), "regional", regions, names - eager, eager)
+    # Newer torch returns a boxed graph module (one flat list in); older keeps the joint's convention.
+    boxed = isinstance(compiled.graph._codegen, getattr(torch.fx.graph, "_BoxedCodeGen", ()))
+    return CompiledJoint(_unboxed(compiled) if boxed else compiled, "regional", regions, names - eager, eager)
 
 
 def _no_grad(fn):

@@ -10,6 +10,7 @@ import torch
 
 import fp8conf
 from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.strategies import runnable_recipes
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.sm89)]
@@ -49,6 +50,10 @@ def traced():
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_trace_validate_and_run_match_eager(traced, recipe, emulate, device):
     spec, model, args, gm = traced(recipe, emulate, device)
+    if not emulate and recipe not in runnable_recipes(device):
+        # Tracing and validation hold everywhere; only running the graph needs the kernel.
+        fp8conf.validate_fp8_graph(gm, strict=True)
+        pytest.skip(f"this torch's {device} _scaled_mm cannot run {recipe} scales (torch 2.11 CPU: tensorwise only)")
     report = fp8conf.validate_fp8_graph(gm, strict=True)
     assert report.ok and report.compute_counts == spec.expected_compute_counts(), report.summary
     computes = [n for n in gm.graph.nodes if fp8conf.is_fp8_compute(n)]
