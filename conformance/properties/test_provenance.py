@@ -10,8 +10,16 @@ from hypothesis import strategies as st
 
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import call_backend, check, fail, fresh_copy, traced
-from conformance.strategies import model_specs
+from conformance.strategies import ALL_KINDS
+from conformance.strategies import model_specs as _model_specs
 from conformance.types import Provenance
+
+#: Quantized module kinds drawn here: Float8Linear and MXLinear (about half the models hold MX layers).
+KINDS = ALL_KINDS
+
+
+def model_specs(**kwargs):
+    return _model_specs(kinds=KINDS, **kwargs)
 
 
 def _provenance(property_id, backend, node):
