@@ -82,7 +82,8 @@ _NOT_SUPPORTED = "not_supported:"
 _NOT_IN_SPEC = "not_in_spec_version:"
 #: Version of the report's JSON layout: bumped when a field changes meaning or goes away.
 REPORT_SCHEMA_VERSION = 1
-#: Default of ``--fp8-timeout``: seconds per conformance test.
+#: Default of ``--fp8-timeout``: seconds per example of a conformance test (a plain test is one
+#: example); the timer restarts at every Hypothesis example.
 DEFAULT_TIMEOUT = 300.0
 # Keys of further ``user_properties`` entries, added where the test ran (an xdist worker too).
 _EXAMPLES_KEY = "fp8_examples"
@@ -167,9 +168,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SECONDS",
         type=float,
         default=DEFAULT_TIMEOUT,
-        help=f"pytest-timeout of each conformance test (default {DEFAULT_TIMEOUT:g}; 0 leaves "
-        "pytest-timeout's own settings). A test that runs longer is reported 'error', naming "
-        "the backend method in progress.",
+        help="pytest-timeout of each conformance test, restarted at every Hypothesis example "
+        f"(default {DEFAULT_TIMEOUT:g}; 0 leaves pytest-timeout's own settings). A test with "
+        "an example that runs longer is reported 'error', naming the backend method in "
+        "progress.",
     )
 
 
@@ -387,9 +389,8 @@ def _load_expectations(config: pytest.Config) -> dict[str, expectations_file.Exp
 
 
 def _timeout(config: pytest.Config) -> float | None:
+    """Seconds per example of a conformance test; None: no timeout of ours."""
     seconds = config.getoption("fp8_timeout")
-    if seconds is not None and seconds < 0:
-        raise pytest.UsageError(f"--fp8-timeout must be 0 or more seconds, got {seconds:g}")
     if not seconds or not config.pluginmanager.hasplugin("timeout"):
         return None  # 0, or pytest-timeout is not active (-p no:timeout)
     return seconds
@@ -456,7 +457,9 @@ class ConformanceRun:
         self.report_path: Path | None = None
         self.spec_version = _checked_spec_version(config, backend)
         self.expectations = _load_expectations(config)
-        self.timeout = _timeout(config)
+        seconds = config.getoption("fp8_timeout")
+        if seconds is not None and seconds < 0:
+            raise pytest.UsageError(f"--fp8-timeout must be 0 or more seconds, got {seconds:g}")
         #: The accelerator: seen here, or reported by the first xdist worker that saw it.
         self.device: dict[str, Any] | None = None
         self._device_sent = False
@@ -487,6 +490,7 @@ class ConformanceRun:
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         claimed = set(self.backend.capabilities)
         checked = _version_tuple(self.spec_version)
+        timeout = self.timeout
         matched: set[str] = set()
         gpu_items = []
         for item in items:
@@ -495,8 +499,8 @@ class ConformanceRun:
             item.user_properties.extend((PROPERTY_KEY, property_id) for property_id in ids)
             if ids:
                 item.stash[_CITED_KEY] = True
-                if self.timeout is not None and item.get_closest_marker("timeout") is None:
-                    item.add_marker(pytest.mark.timeout(self.timeout))
+                if timeout is not None and item.get_closest_marker("timeout") is None:
+                    item.add_marker(pytest.mark.timeout(timeout))
             expected = expectations_file.matching(self.expectations, item.nodeid, ids)
             if expected:
                 matched.update(entry.key for entry in expected)
@@ -567,6 +571,7 @@ class ConformanceRun:
         @functools.wraps(inner)
         def counted(*args: Any, **kwargs: Any) -> Any:
             item.stash[_CALLS_KEY] += 1
+            watchdog.rearm()  # the timeout bounds one example, not the whole search
             return inner(*args, **kwargs)
 
         handle.inner_test = counted
@@ -676,6 +681,11 @@ class ConformanceRun:
             f"capabilities: {', '.join(sorted(self.backend.capabilities)) or 'none'}, "
             f"spec {self.spec_version}"
         )
+
+    @functools.cached_property
+    def timeout(self) -> float | None:
+        """``--fp8-timeout`` in seconds, or None when pytest-timeout's own settings apply."""
+        return _timeout(self.config)
 
     @property
     def _is_xdist_worker(self) -> bool:

@@ -4,7 +4,10 @@ The plugin wraps the backend's adapter methods on the instance (:func:`track`), 
 :func:`current_method` names the one in progress whoever calls it: the harness, the suite's
 oracle, or the backend itself. Timeouts are pytest-timeout's (marker ``timeout``, set from
 ``--fp8-timeout``); for the suite's tests the plugin answers pytest-timeout's
-``pytest_timeout_set_timer`` hook with :func:`set_timer`:
+``pytest_timeout_set_timer`` hook with :func:`set_timer`, and restarts the timer with
+:func:`rearm` at every Hypothesis example, so the limit applies to one example (a plain test
+is one example) and a long but progressing test, or a failure Hypothesis shrinks for
+minutes, never trips it:
 
 * method ``signal`` (the default on POSIX): SIGALRM raises :class:`BackendTimeout` in the test.
   It derives from ``BaseException`` so that neither the harness (``except Exception``) nor
@@ -24,11 +27,13 @@ import sys
 import threading
 from typing import Any, Callable
 
-__all__ = ["BackendTimeout", "current_method", "set_timer", "timeout_message", "track"]
+__all__ = ["BackendTimeout", "current_method", "rearm", "set_timer", "timeout_message", "track"]
 
 #: Names of the adapter methods in progress, innermost last (a method may call another).
 _in_progress: list[str] = []
 _TRACKED = "__fp8conf_tracked__"
+#: Restarts the running test's timer; None when no timer of ours runs.
+_restart: Callable[[], None] | None = None
 
 
 class BackendTimeout(BaseException):
@@ -71,6 +76,12 @@ def _tracked(name: str, method: Callable) -> Callable:
     return call
 
 
+def rearm() -> None:
+    """Give the running test its full timeout again (called at each Hypothesis example)."""
+    if _restart is not None:
+        _restart()
+
+
 def timeout_message(nodeid: str, seconds: float, backend_name: str) -> str:
     method = current_method()
     where = (
@@ -78,7 +89,7 @@ def timeout_message(nodeid: str, seconds: float, backend_name: str) -> str:
         if method
         else "outside any backend method (in the suite's own code)"
     )
-    return f"{nodeid} ran longer than {seconds:g} s (--fp8-timeout) {where}"
+    return f"{nodeid}: an example ran longer than {seconds:g} s (--fp8-timeout) {where}"
 
 
 def set_timer(
@@ -89,6 +100,7 @@ def set_timer(
     Under the thread method, ``on_thread_timeout(message)`` runs on the timer thread before
     pytest-timeout ends the process.
     """
+    global _restart
     seconds = settings.timeout
     method = settings.method
     if method == "signal" and (
@@ -102,12 +114,16 @@ def set_timer(
             __tracebackhide__ = True
             raise BackendTimeout(timeout_message(item.nodeid, seconds, backend_name))
 
+        def start() -> None:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+
         def cancel() -> None:
+            global _restart
+            _restart = None
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
         signal.signal(signal.SIGALRM, handler)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
     else:
 
         def expire() -> None:
@@ -124,15 +140,27 @@ def set_timer(
 
             pytest_timeout.timeout_timer(item, settings)  # dumps stacks, then os._exit(1)
 
-        timer = threading.Timer(seconds, expire)
-        timer.name = f"fp8conf timeout {item.nodeid}"
-        timer.daemon = True
+        timers: list[threading.Timer] = []
+
+        def start() -> None:
+            if timers:
+                timers.pop().cancel()
+            timer = threading.Timer(seconds, expire)
+            timer.name = f"fp8conf timeout {item.nodeid}"
+            timer.daemon = True
+            timers.append(timer)
+            timer.start()
 
         def cancel() -> None:
-            timer.cancel()
-            timer.join()
+            global _restart
+            _restart = None
+            while timers:
+                timer = timers.pop()
+                timer.cancel()
+                timer.join()
 
-        timer.start()
+    _restart = start
+    start()
     # pytest-timeout's pytest_timeout_cancel_timer calls this.
     item.cancel_timeout = cancel
     return True

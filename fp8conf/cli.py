@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("-n", "--workers", default=None, help="pytest-xdist workers (e.g. 2 or auto)")
     check.add_argument("--expectations", default=None, help="expected failures: JSON or TOML file mapping property or test IDs to {reason, link}")
     check.add_argument("--spec-version", default=None, help="spec version to check against (default: the backend's spec_version)")
-    check.add_argument("--timeout", default=None, type=float, help="seconds per conformance test before it is reported 'error' (default: 300)")
+    check.add_argument("--timeout", default=None, type=float, help="seconds one example of a conformance test may run before the test is reported 'error' (default: 300)")
     check.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments, after --")
     from fp8conf import precompile_cli
 
