@@ -35,7 +35,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.models import LayerSpec, ModelSpec, apply_layer, build_model
 from conformance.strategies import FLOAT8_RECIPES, model_specs
 
 __all__ = [
@@ -322,16 +322,7 @@ def reordered(model, spec: ModelSpec):
 
         def forward(self, x):
             for i, layer_spec in enumerate(self.spec.layers):
-                layer = getattr(self.layers, str(i))
-                for _ in range(layer_spec.calls):
-                    y = layer(x)
-                    if layer_spec.residual:
-                        y = y + x
-                    if layer_spec.activation == "relu":
-                        y = torch.relu(y)
-                    elif layer_spec.activation == "gelu":
-                        y = torch.nn.functional.gelu(y)
-                    x = y
+                x = apply_layer(layer_spec, getattr(self.layers, str(i)), x)
             return x
 
     new = ReorderedModel()

@@ -170,19 +170,27 @@ def _drawn_model_class():
 
         def forward(self, x):
             for layer_spec, layer in zip(self.spec.layers, self.layers):
-                for _ in range(layer_spec.calls):
-                    y = layer(x)
-                    if layer_spec.residual:
-                        y = y + x
-                    if layer_spec.activation == "relu":
-                        y = torch.relu(y)
-                    elif layer_spec.activation == "gelu":
-                        y = torch.nn.functional.gelu(y)
-                    x = y
+                x = apply_layer(layer_spec, layer, x)
             return x
 
     _CACHE["drawn"] = DrawnModel
     return DrawnModel
+
+
+def apply_layer(layer_spec: LayerSpec, layer, x):
+    """Run one drawn layer on ``x``: its calls, residual and activation."""
+    import torch
+
+    for _ in range(layer_spec.calls):
+        y = layer(x)
+        if layer_spec.residual:
+            y = y + x
+        if layer_spec.activation == "relu":
+            y = torch.relu(y)
+        elif layer_spec.activation == "gelu":
+            y = torch.nn.functional.gelu(y)
+        x = y
+    return x
 
 
 def build_model(spec: ModelSpec, device: str = "cpu"):
