@@ -113,7 +113,7 @@ def _run(property_id, backend, case):
     return out
 
 
-def _compare(property_id, backend, case, out, what="the float64 dequantize-then-matmul reference"):
+def _check_against_reference(property_id, backend, case, out, what="the float64 dequantize-then-matmul reference"):
     """Elementwise: NaN exactly where expected, elsewhere within the reference's tolerance."""
     import torch
 
@@ -151,7 +151,7 @@ def _compare(property_id, backend, case, out, what="the float64 dequantize-then-
 @given(case=e8m0_cases())
 def test_E8M0_001_equals_blockwise_dequantize_then_matmul(fp8_backend, case):
     out = _run("E8M0-001", fp8_backend, case)
-    _compare("E8M0-001", fp8_backend, case, out)
+    _check_against_reference("E8M0-001", fp8_backend, case, out)
 
 
 # -- E8M0-002 --------------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def nan_cases(draw):
 @given(case=nan_cases())
 def test_E8M0_002_byte_255_is_nan_in_exactly_the_outputs_using_its_block(fp8_backend, case):
     out = _run("E8M0-002", fp8_backend, case)
-    _compare("E8M0-002", fp8_backend, case, out, what="the reference (byte 255 poisons every output using its block)")
+    _check_against_reference("E8M0-002", fp8_backend, case, out, what="the reference (byte 255 poisons every output using its block)")
 
 
 @st.composite
@@ -206,7 +206,7 @@ def byte_0_cases(draw):
 @given(case=byte_0_cases())
 def test_E8M0_002_byte_0_is_2_pow_minus_127_never_flushed(fp8_backend, case):
     out = _run("E8M0-002", fp8_backend, case)
-    expected, tolerance = _compare("E8M0-002", fp8_backend, case, out, what="the reference (byte 0 means 2**-127)")
+    expected, tolerance = _check_against_reference("E8M0-002", fp8_backend, case, out, what="the reference (byte 0 means 2**-127)")
     must_be_nonzero = expected.abs() > tolerance
     zeros = must_be_nonzero & (out.detach().cpu() == 0)
     if bool(zeros.any()):
