@@ -9,42 +9,29 @@ appends it with date, versions and device to ``benchmarks/RESULTS.md`` (``--writ
 
     python benchmarks/bench_compile.py --write            # on a GPU (sm89+)
     python benchmarks/bench_compile.py --device cpu --quick   # smoke test of the script itself
+    python benchmarks/bench_compile.py --recipes rowwise --jsonl rows.jsonl   # a part; then
+    python benchmarks/bench_compile.py --from-jsonl a.jsonl rows.jsonl --write   # one table
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import time
 from pathlib import Path
 
 import torch
 
 import fp8conf
+from fp8conf.examples import build_stack
 from fp8conf.trace import joint_inputs, joint_results
 
 CONFIGS = {"dim256x6": (256, 6), "dim4096x2": (4096, 2)}
 
 
-class Block(torch.nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(dim)
-        self.up = torch.nn.Linear(dim, 4 * dim, bias=False)
-        self.down = torch.nn.Linear(4 * dim, dim, bias=False)
-
-    def forward(self, x):
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-
-
 def build(dim, blocks, recipe, device, fp8=True):
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*(Block(dim) for _ in range(blocks))).to(device=device, dtype=torch.bfloat16)
-    if fp8:
-        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe))
-    return model
+    return build_stack(dim, blocks, recipe if fp8 else None, head=False, device=device, dtype=torch.bfloat16)
 
 
 def _sync(device):
@@ -103,13 +90,28 @@ def variants(dim, blocks, recipe, device, tokens):
         yield label, make
 
 
-def run(args):
-    rows = []
+def gpu_profile(step, steps=3):
+    """Kernels launched and GPU-busy milliseconds per step (CUDA only): tells launch-bound from
+    compute-bound variants."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    busy_us = sum(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) for e in kernels)
+    return len(kernels) / steps, busy_us / steps / 1e3
+
+
+def run(args, sink):
     for name, (dim, blocks) in CONFIGS.items():
+        if name not in args.configs:
+            continue
         if args.quick:
             dim, blocks = min(dim, 64), 2
-        for recipe in ("tensorwise", "rowwise"):
-            results = {}
+        for recipe in args.recipes:
             for label, make in variants(dim, blocks, recipe, args.device, args.tokens):
                 torch._dynamo.reset()
                 start = time.perf_counter()
@@ -118,21 +120,34 @@ def run(args):
                 _sync(args.device)
                 cold = time.perf_counter() - start
                 seconds, peak = measure(step, args.device, args.warmup, args.iters)
-                results[label] = (args.tokens / seconds, peak, cold)
-                print(f"{name} {recipe:10s} {label:28s} {args.tokens / seconds / 1e6:8.3f} Mtok/s  peak {peak:6.2f} GiB  first step {cold:6.1f} s", flush=True)
-            base, peer = results["eager Float8Linear"][0], results["torch.compile"][0]
-            for label, (tps, peak, cold) in results.items():
-                rows.append((name, recipe, label, tps, tps / base, tps / peer, peak, cold))
-    return rows
+                kernels, busy_ms = gpu_profile(step) if args.device == "cuda" else (float("nan"), float("nan"))
+                row = dict(model=name, recipe=recipe, variant=label, tokens_per_s=args.tokens / seconds,
+                           step_ms=seconds * 1e3, peak_gib=peak, first_step_s=cold, kernels=kernels, gpu_busy_ms=busy_ms)
+                print(f"{name} {recipe:10s} {label:28s} {row['tokens_per_s'] / 1e6:8.3f} Mtok/s  peak {peak:6.2f} GiB  "
+                      f"first step {cold:6.1f} s  kernels/step {kernels:6.0f}  GPU busy {busy_ms:7.2f} of {seconds * 1e3:7.2f} ms",
+                      flush=True)
+                sink(row)
+                del step
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
 
 
 def table(rows) -> str:
     lines = [
-        "| model | recipe | variant | Mtok/s | vs eager Float8Linear | vs torch.compile | peak GiB | first step s |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| model | recipe | variant | Mtok/s | vs eager Float8Linear | vs torch.compile | peak GiB | vs torch.compile peak | first step s | kernels/step | GPU busy % |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, recipe, label, tps, vs_base, vs_peer, peak, cold in rows:
-        lines.append(f"| {name} | {recipe} | {label} | {tps / 1e6:.3f} | {vs_base:.2f}x | {vs_peer:.2f}x | {peak:.2f} | {cold:.1f} |")
+    by_key = {(r["model"], r["recipe"], r["variant"]): r for r in rows}
+    for r in rows:
+        base = by_key.get((r["model"], r["recipe"], "eager Float8Linear"))
+        peer = by_key.get((r["model"], r["recipe"], "torch.compile"))
+        ratio = lambda other, key: f"{r[key] / other[key]:.2f}x" if other else "n/a"
+        busy = f"{100 * r['gpu_busy_ms'] / r['step_ms']:.0f}" if r["gpu_busy_ms"] == r["gpu_busy_ms"] else "n/a"
+        kernels = f"{r['kernels']:.0f}" if r["kernels"] == r["kernels"] else "n/a"
+        lines.append(
+            f"| {r['model']} | {r['recipe']} | {r['variant']} | {r['tokens_per_s'] / 1e6:.3f} | {ratio(base, 'tokens_per_s')} | "
+            f"{ratio(peer, 'tokens_per_s')} | {r['peak_gib']:.2f} | {ratio(peer, 'peak_gib')} | {r['first_step_s']:.1f} | {kernels} | {busy} |"
+        )
     return "\n".join(lines)
 
 
@@ -142,18 +157,38 @@ def main():
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--recipes", nargs="+", default=["tensorwise", "rowwise"])
+    parser.add_argument("--jsonl", help="append each measured row to this file as it is measured")
+    parser.add_argument("--from-jsonl", nargs="+", metavar="FILE", help="measure nothing: tabulate rows saved by --jsonl")
     parser.add_argument("--quick", action="store_true", help="tiny models: checks the script, measures nothing")
     parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
-    text = table(run(args))
-    print(text)
-    if args.write:
+    rows = []
+    if args.from_jsonl:
+        for path in args.from_jsonl:
+            rows += [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        environment = rows[0].get("environment", "") if rows else ""
+    else:
         import torchao
 
         device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+        environment = f"{device}; torch {torch.__version__}, torchao {torchao.__version__}; {args.tokens} tokens per step, bf16"
+
+        def sink(row):
+            row["environment"] = environment
+            rows.append(row)
+            if args.jsonl:
+                with open(args.jsonl, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+        run(args, sink)
+    text = table(rows)
+    print(text)
+    if args.write:
         header = (
-            f"\n## bench_compile, {datetime.date.today()}\n\n{device}; torch {torch.__version__}, torchao "
-            f"{torchao.__version__}; {args.tokens} tokens per step, bf16; first step includes cold compilation.\n\n"
+            f"\n## bench_compile, {datetime.date.today()}\n\n{environment}; first step includes cold compilation; "
+            "kernels/step and GPU busy from torch.profiler over 3 steps.\n\n"
         )
         with open(Path(__file__).with_name("RESULTS.md"), "a") as f:
             f.write(header + text + "\n")

@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument(
         "model",
         nargs="?",
-        default="fp8conf.explain:example_model",
+        default="fp8conf.examples:example_model",
         help="package.module:function returning (model, args); default: a 6-block example model",
     )
     explain.add_argument("--out", default="fp8-regions.html", help="HTML file to write (default: fp8-regions.html)")

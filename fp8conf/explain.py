@@ -19,7 +19,7 @@ from fp8conf.regions import Region, identify_fp8_regions
 from fp8conf.roles import OpRole, op_roles
 from fp8conf.trace import trace_info, trace_joint
 
-__all__ = ["render_region_map", "explain_model", "example_model"]
+__all__ = ["render_region_map", "explain_model"]
 
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:24px;color:#222}
@@ -112,34 +112,3 @@ def explain_model(model: torch.nn.Module, args, path: str) -> list[Region]:
     with open(path, "w", encoding="utf-8") as f:
         f.write(render_region_map(gm, regions, title=f"FP8 region map of {type(model).__name__}"))
     return regions
-
-
-def example_model(blocks: int = 6, dim: int = 64, tokens: int = 32):
-    """A transformer-like stack (per block: norm, up projection, GELU, down projection, residual)
-    converted with tensorwise Float8Linear; the output head stays high precision."""
-    from torchao.float8 import convert_to_float8_training
-
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = torch.nn.LayerNorm(dim)
-            self.up = torch.nn.Linear(dim, 4 * dim, bias=False)
-            self.down = torch.nn.Linear(4 * dim, dim, bias=False)
-
-        def forward(self, x):
-            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-
-    class Stack(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.blocks = torch.nn.ModuleList(Block() for _ in range(blocks))
-            self.head = torch.nn.Linear(dim, dim)
-
-        def forward(self, x):
-            for block in self.blocks:
-                x = block(x)
-            return self.head(x)
-
-    torch.manual_seed(0)
-    model = convert_to_float8_training(Stack(), module_filter_fn=lambda m, fqn: fqn != "head")
-    return model, (torch.randn(tokens, dim, requires_grad=True),)
