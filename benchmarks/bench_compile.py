@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import tempfile
 import time
 from pathlib import Path
 
 import torch
+from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 import fp8conf
 from fp8conf.examples import build_stack
@@ -77,7 +79,8 @@ def variants(dim, blocks, recipe, device, tokens):
     yield "eager bf16", lambda: eager_step(build(dim, blocks, recipe, device, fp8=False), x, grad)
     yield "eager Float8Linear", lambda: eager_step(build(dim, blocks, recipe, device), x, grad)
     yield "torch.compile", lambda: eager_step(torch.compile(build(dim, blocks, recipe, device)), x, grad)
-    modes = [("full", False), ("regional", False)] + ([("regional", True)] if device == "cuda" else [])
+    modes = [("full", False), ("regional", False)]
+    modes += [("full", True), ("regional", True)] if device == "cuda" else []
     for mode, cudagraph in modes:
         label = f"fp8conf {mode}" + (" + CUDA graphs" if cudagraph else "")
 
@@ -113,12 +116,17 @@ def run(args, sink):
             dim, blocks = min(dim, 64), 2
         for recipe in args.recipes:
             for label, make in variants(dim, blocks, recipe, args.device, args.tokens):
+                if args.variants and label not in args.variants:
+                    continue
                 torch._dynamo.reset()
-                start = time.perf_counter()
-                step = make()
-                step()  # the first step compiles
-                _sync(args.device)
-                cold = time.perf_counter() - start
+                # Cold: an empty Inductor (and Triton) cache per variant; identical regions within
+                # one compilation may still share cached kernels, as they would on a user's machine.
+                with temporary_cache_dir(tempfile.mkdtemp(prefix="bench-compile-")):
+                    start = time.perf_counter()
+                    step = make()
+                    step()  # the first step compiles
+                    _sync(args.device)
+                    cold = time.perf_counter() - start
                 seconds, peak = measure(step, args.device, args.warmup, args.iters)
                 kernels, busy_ms = gpu_profile(step) if args.device == "cuda" else (float("nan"), float("nan"))
                 row = dict(model=name, recipe=recipe, variant=label, tokens_per_s=args.tokens / seconds,
@@ -159,6 +167,7 @@ def main():
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--recipes", nargs="+", default=["tensorwise", "rowwise"])
+    parser.add_argument("--variants", nargs="+", help="measure only these variants (labels as printed)")
     parser.add_argument("--jsonl", help="append each measured row to this file as it is measured")
     parser.add_argument("--from-jsonl", nargs="+", metavar="FILE", help="measure nothing: tabulate rows saved by --jsonl")
     parser.add_argument("--quick", action="store_true", help="tiny models: checks the script, measures nothing")
@@ -187,7 +196,7 @@ def main():
     print(text)
     if args.write:
         header = (
-            f"\n## bench_compile, {datetime.date.today()}\n\n{environment}; first step includes cold compilation; "
+            f"\n## bench_compile, {datetime.date.today()}\n\n{environment}; first step includes cold compilation (an empty Inductor cache per variant); "
             "kernels/step and GPU busy from torch.profiler over 3 steps.\n\n"
         )
         with open(Path(__file__).with_name("RESULTS.md"), "a") as f:
