@@ -5,6 +5,6 @@ Importing this package does not import torch; the pytest plugin stays inert unti
 """
 
 from conformance.adapter import Backend
-from conformance.types import CAPABILITIES, PASSES, Compiled, Finding, Provenance, Region, ValidationReport
+from conformance.types import CAPABILITIES, PASSES, Compiled, Finding, Provenance, Region, StageSplit, ValidationReport
 
-__all__ = ["Backend", "CAPABILITIES", "Compiled", "PASSES", "Finding", "Provenance", "Region", "ValidationReport"]
+__all__ = ["Backend", "CAPABILITIES", "Compiled", "PASSES", "Finding", "Provenance", "Region", "StageSplit", "ValidationReport"]

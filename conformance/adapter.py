@@ -28,7 +28,7 @@ import abc
 from typing import TYPE_CHECKING, Any
 
 from conformance.spec import SPEC_VERSION
-from conformance.types import CAPABILITIES, Compiled, Provenance, Region, ValidationReport
+from conformance.types import CAPABILITIES, Compiled, Provenance, Region, StageSplit, ValidationReport
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
     import torch
@@ -102,6 +102,15 @@ class Backend(abc.ABC):
         ``"regional"`` (``compile.regional``: only the complete FP8 regions); ``cudagraph=True``
         (capability ``cudagraph``) captures the result in a CUDA graph. ``gm`` is not changed."""
         raise NotImplementedError(f"backend {self.name!r} does not implement compile()")
+
+    # -- GraphPP ------------------------------------------------------------------------------
+    def split_stage(self, gm: torch.fx.GraphModule, *, strict: bool = True) -> StageSplit:
+        """Cut the joint graph of one pipeline stage into forward, backward-input (dI) and
+        backward-weight (dW) callables (capability ``graphpp``; see :class:`conformance.StageSplit`
+        for the calling convention). ``strict``: validate the whole stage first and raise its
+        ``FP8ValidationError`` before cutting. ``gm`` is not changed. Each callable keeps node
+        provenance, and :meth:`validate` and :meth:`regions` accept it."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement split_stage()")
 
     # -- fingerprint --------------------------------------------------------------------------
     def quantization_signature(self, model: torch.nn.Module, *, strict: bool = True) -> str:

@@ -26,6 +26,8 @@ __all__ = [
     "trace_with_oracle",
     "copy_graph_module",
     "fp8_compute_nodes",
+    "is_fp8_cast",
+    "live_nodes",
     "tagged_groups",
     "incompleteness",
     "non_convexity",
@@ -53,6 +55,23 @@ def is_fp8_compute(node: torch.fx.Node) -> bool:
 
 def fp8_compute_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if is_fp8_compute(n)]
+
+
+def is_fp8_cast(node: torch.fx.Node) -> bool:
+    """A quantization: a node that makes an FP8 tensor from inputs none of which is FP8."""
+    return node.op == "call_function" and _is_fp8(node) and not any(_is_fp8(i) for i in node.all_input_nodes)
+
+
+def live_nodes(gm: torch.fx.GraphModule) -> set:
+    """Nodes the graph's outputs depend on (a functional graph's dead code computes nothing)."""
+    output = gm.graph.find_nodes(op="output")[0]
+    found, stack = set(), [output]
+    while stack:
+        node = stack.pop()
+        if node not in found:
+            found.add(node)
+            stack.extend(node.all_input_nodes)
+    return found
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ from conformance.graphs import Oracle, copy_graph_module, trace_with_oracle
 from conformance.models import ModelSpec, build_model
 from conformance.spec import get_property
 
-__all__ = ["TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "fresh_copy"]
+__all__ = ["TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "fresh_copy", "fresh_args", "grad_outputs"]
 
 
 def fail(property_id: str, message: str, spec: ModelSpec | None = None) -> None:
@@ -90,3 +90,20 @@ def fresh_copy(case: TracedCase):
     by_position = dict(zip(case.gm.graph.nodes, gm.graph.nodes))
     oracle = Oracle({by_position[n]: f for n, f in case.oracle.issued_by.items()}, case.oracle.forward_seq_nrs)
     return gm, oracle
+
+
+def fresh_args(spec: ModelSpec, seed: int, device: str = "cpu") -> tuple:
+    """New inputs for ``spec``'s model, drawn from ``seed`` (not the traced example inputs)."""
+    import torch
+
+    generator = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(spec.batch, spec.in_features, device=device, generator=generator)
+    return (x.requires_grad_(spec.input_requires_grad),)
+
+
+def grad_outputs(spec: ModelSpec, seed: int, device: str = "cpu") -> tuple:
+    """Gradients of ``spec``'s model output, drawn from ``seed``."""
+    import torch
+
+    generator = torch.Generator(device).manual_seed(seed)
+    return (torch.randn(spec.batch, spec.layers[-1].width, device=device, generator=generator),)

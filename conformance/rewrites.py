@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-__all__ = ["lower_to_high_precision", "rebuild_without_meta", "upcast_operand"]
+__all__ = ["lower_to_high_precision", "rebuild_without_meta", "upcast_operand", "eliminate_common_subexpressions"]
 
 aten = torch.ops.aten
 
@@ -67,3 +67,14 @@ def upcast_operand(gm: torch.fx.GraphModule, node: torch.fx.Node, index: int = 0
     upcast = _insert(gm.graph, node, operand, aten._to_copy.default, operand, dtype=torch.float32)
     node.args = tuple(upcast if i == index else a for i, a in enumerate(node.args))
     return _finish(gm)
+
+
+def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """torch's own joint-graph CSE (what graph trainers run before partitioning). On a
+    tensorwise ``Float8Linear`` it merges the two identical casts of the output gradient into one
+    FP8 tensor shared by the input-gradient and weight-gradient matmuls. Node meta is kept."""
+    from torch._functorch.compile_utils import fx_graph_cse
+
+    new = torch.fx.GraphModule(gm, fx_graph_cse(gm.graph))
+    new.meta.update(gm.meta)
+    return new

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region", "Compiled"]
+__all__ = ["CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region", "Compiled", "StageSplit"]
 
 #: Every capability a backend may claim. A property whose capability is not claimed is reported
 #: as ``not_supported``: neither a pass nor a failure.
@@ -98,3 +98,34 @@ class Compiled:
     fn: object
     compiled_nodes: frozenset
     eager_nodes: frozenset
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSplit:
+    """A stage's joint graph cut for zero-bubble pipelining (capability ``graphpp``). The suite
+    wires the three ``torch.fx.GraphModule`` callables itself, by this convention:
+
+    * ``forward(*primals) -> (*outputs, *saved)``: ``primals`` are the joint graph's placeholders
+      that are not tangents, in order; the first ``num_outputs`` results are the stage outputs;
+    * ``backward_input(*[saved[i] for i in saved_for_input], *tangents) -> (*input_grads, *carried)``:
+      ``input_grads`` in the order of the ``input_grads`` keys (``"input.<i>"``);
+    * ``backward_weight(*[saved[i] for i in saved_for_weight], *carried) -> (*param_grads,)``: in
+      the order of the ``param_grads`` keys (parameter FQNs).
+
+    ``output_layout`` maps each flat output of the joint graph to ``("output" | "input_grad" |
+    "param_grad", index)``, or None where the joint graph returns None.
+    """
+
+    forward: object
+    backward_input: object
+    backward_weight: object
+    num_outputs: int
+    saved_for_input: tuple
+    saved_for_weight: tuple
+    input_grads: tuple
+    param_grads: tuple
+    output_layout: tuple
+
+    @property
+    def parts(self) -> dict:
+        return {"forward": self.forward, "backward_input": self.backward_input, "backward_weight": self.backward_weight}

@@ -56,6 +56,13 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
 
 
 def _compile_regions(gm, names, strict) -> CompiledJoint:
+    compiled, regions, eager, boxed = _regional(gm, names, strict)
+    return CompiledJoint(_unboxed(compiled) if boxed else compiled, "regional", regions, names - eager, eager)
+
+
+def _regional(gm, names, strict):
+    """Tag ``gm``'s complete FP8 regions on a copy and run ``regional_inductor`` on it; returns
+    ``(compiled, regions, eager_names, boxed)``."""
     from torch.fx.passes.regional_inductor import regional_inductor
 
     work = copy_graph_module(gm)
@@ -78,9 +85,30 @@ def _compile_regions(gm, names, strict) -> CompiledJoint:
             module_fqn=region.module_fqn,
             pass_name=region.pass_name,
         )
-    # Newer torch returns a boxed graph module (one flat list in); older keeps the joint's convention.
+    # Newer torch returns a boxed graph module (one flat list in); older keeps the graph's convention.
     boxed = isinstance(compiled.graph._codegen, getattr(torch.fx.graph, "_BoxedCodeGen", ()))
-    return CompiledJoint(_unboxed(compiled) if boxed else compiled, "regional", regions, names - eager, eager)
+    return compiled, regions, eager, boxed
+
+
+def compile_callable(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: bool = True) -> Callable:
+    """Compile a graph called with flat positional tensors, ``gm(*args)`` (a GraphPP callable):
+    all of it (``"full"``) or its complete FP8 regions (``"regional"``). Returns a callable with
+    the same convention; ``gm`` is not changed."""
+    if mode == "full":
+        compiled = torch.compile(copy_graph_module(gm), backend="inductor", fullgraph=True)
+
+        def run_full(*args):
+            with torch.no_grad():
+                return compiled(*args)
+
+        return run_full
+    if mode != "regional":
+        raise errors.FP8ConfigError(f"compile_callable(mode={mode!r}): choose 'full' or 'regional'")
+    if not any(n.op == "placeholder" for n in gm.graph.nodes):
+        return gm
+    names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
+    compiled, _, _, boxed = _regional(gm, names, strict)
+    return (lambda *args: compiled(list(args))) if boxed else compiled
 
 
 def _no_grad(fn):

@@ -19,6 +19,7 @@ __all__ = [
     "NoQuantizedModulesError",
     "IncompleteRegionError",
     "RegionCompileError",
+    "FP8GraphSplitError",
     "FP8ValidationWarning",
     "FingerprintMismatchError",
     "ArtifactError",
@@ -103,6 +104,13 @@ class RegionCompileError(FP8ValidationError):
     """A tagged FP8 region that Inductor rejected, or that ended up running eagerly."""
 
     property_id = "NUM-003"
+
+
+class FP8GraphSplitError(FP8ValidationError):
+    """A stage graph that GraphPP cannot cut into forward, backward-input and backward-weight
+    callables without changing what it computes."""
+
+    property_id = "BND"
 
 
 class FP8ValidationWarning(UserWarning):

@@ -8,7 +8,9 @@ Rules checked (conformance IDs in brackets):
   [VAL-002], as many as its recipe issues [VAL-007]: forward 1; backward one for grad_input when
   the call's input needs a gradient, one for grad_weight unless the recipe keeps it in high
   precision (``rowwise_with_gw_hp``);
-* emulated modules are exempt, one module at a time [EMU-001, EMU-002].
+* emulated modules are exempt, one module at a time [EMU-001, EMU-002];
+* a GraphPP callable (:mod:`fp8conf.graphpp`) is checked with the FP8 compute its sibling
+  callables hold counted in, so it is never failed for compute that lives in a sibling [BND-006].
 
 Validation reads the graph and never writes to it [VAL-005]. Strict mode raises the first
 finding as its :class:`~fp8conf.errors.FP8ValidationError` subclass (all findings attached);
@@ -103,6 +105,10 @@ def validate_fp8_graph(gm: torch.fx.GraphModule, *, strict: bool = True) -> Vali
                 "(torchao.float8.convert_to_float8_training or fp8conf.convert_to_mx_training) or disable FP8",
             )
         )
+    split_part = gm.meta.get("fp8conf_split")
+    if split_part is not None:
+        # A GraphPP callable: FP8 compute its sibling callables hold counts for its calls too.
+        per_call.update(split_part.sibling_compute)
     findings.extend(_check_calls(info, per_call, gm, passes, witnesses))
     counts: collections.Counter = collections.Counter()
     for (fqn, _call, pass_name), n in per_call.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fp8conf
 from conformance.adapter import Backend
-from conformance.types import Compiled, Finding, Provenance, Region, ValidationReport
+from conformance.types import Compiled, Finding, Provenance, Region, StageSplit, ValidationReport
 
 __all__ = ["ReferenceBackend"]
 
@@ -13,7 +13,7 @@ class ReferenceBackend(Backend):
     name = "reference"
     version = fp8conf.__version__
     capabilities = frozenset(
-        {"provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "fingerprint", "e8m0"}
+        {"provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp", "fingerprint", "e8m0"}
     )
 
     def trace_joint(self, model, args):
@@ -47,6 +47,22 @@ class ReferenceBackend(Backend):
     def regions(self, gm):
         found = fp8conf.tag_fp8_regions(gm, strict=False)
         return [Region(r.id, r.nodes, r.complete, r.complete) for r in found]
+
+    def split_stage(self, gm, *, strict=True):
+        from fp8conf.graphpp import split_stage
+
+        split = split_stage(gm, strict=strict)
+        return StageSplit(
+            split.forward,
+            split.backward_input,
+            split.backward_weight,
+            split.num_outputs,
+            split.saved_for_input,
+            split.saved_for_weight,
+            split.input_grads,
+            split.param_grads,
+            split.output_layout,
+        )
 
     def quantization_signature(self, model, *, strict=True):
         return fp8conf.QuantizationSignature.from_model(model, strict=strict).to_json()

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance.graphs import tagged_groups
-from conformance.harness import call_backend, check, fresh_copy, traced
+from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, fresh_copy, traced
 from conformance.strategies import model_specs, runnable_recipes
 
 runnable = runnable_recipes()
@@ -21,21 +21,6 @@ compile_budget = settings(max_examples=max(2, settings.default.max_examples // 4
 # Inductor may fuse and reorder float32 arithmetic around the FP8 casts; one flipped FP8
 # rounding moves a gradient by well under this bound, a wrong result by far more.
 _TOLERANCE = 1e-2
-
-
-def _grad_outputs(spec, seed, device="cpu"):
-    import torch
-
-    generator = torch.Generator(device).manual_seed(seed)
-    return (torch.randn(spec.batch, spec.layers[-1].width, device=device, generator=generator),)
-
-
-def _fresh_args(spec, seed, device="cpu"):
-    import torch
-
-    generator = torch.Generator(device).manual_seed(seed)
-    x = torch.randn(spec.batch, spec.in_features, device=device, generator=generator)
-    return (x.requires_grad_(spec.input_requires_grad),)
 
 
 def _compare(property_id, spec, label, expected, seen):

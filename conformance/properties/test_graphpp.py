@@ -1,0 +1,300 @@
+"""BND: GraphPP cuts a stage's joint graph into forward, dI and dW without cutting FP8 apart.
+
+Every property draws a stage (a model whose input may or may not need a gradient: the first
+stage of a pipeline has none) and lets the suite run torch's joint-graph CSE first or not.
+After CSE, a tensorwise ``Float8Linear`` quantizes the output gradient once for both backward
+matmuls: the shared FP8 tensor the split must carry from dI to dW as an FP8 placeholder.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import rewrites
+from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, live_nodes, tagged_groups
+from conformance.harness import call_backend, check, fail, fresh_args, fresh_copy, grad_outputs, strict_error, traced
+from conformance.stages import run_split
+from conformance.strategies import model_specs, runnable_recipes
+from conformance.types import StageSplit
+
+stages = model_specs()
+runnable_stages = model_specs(recipes=runnable_recipes())
+PASSES = ("forward", "backward")
+
+
+def _split(property_id, backend, spec, data):
+    """The drawn stage graph (CSE'd or not) and the backend's split of it."""
+    import torch
+    from fp8conf.errors import FP8ValidationError
+
+    gm, _ = fresh_copy(traced(property_id, backend, spec))
+    if data.draw(st.booleans(), label="joint-graph CSE before the split"):
+        cse = rewrites.eliminate_common_subexpressions(gm)
+        try:
+            # CSE may merge the FP8 compute of two modules that multiply the same operands (a
+            # layer and its nested adapter); strict validation rightly rejects that graph as a
+            # stage, and the property then runs on the graph as traced.
+            return cse, _checked(property_id, backend, spec, backend.split_stage(cse, strict=True))
+        except FP8ValidationError:
+            pass
+        except Exception as exc:
+            fail(property_id, f"backend {backend.name!r}: split_stage() of the CSE'd stage raised {type(exc).__name__}: {exc}", spec)
+    split = call_backend(property_id, backend, "split_stage", gm, strict=True, expect=StageSplit)
+    return gm, _checked(property_id, backend, spec, split)
+
+
+def _checked(property_id, backend, spec, split):
+    import torch
+
+    if not isinstance(split, StageSplit):
+        fail(property_id, f"backend {backend.name!r}: split_stage() returned {type(split).__qualname__}, expected conformance.StageSplit", spec)
+    for name, part in split.parts.items():
+        if not isinstance(part, torch.fx.GraphModule):
+            fail(property_id, f"backend {backend.name!r}: split_stage().{name} is a {type(part).__qualname__}, expected torch.fx.GraphModule", spec)
+    return split
+
+
+def _pass_of(backend, node) -> str:
+    return "backward" if backend.is_backward(node) else "forward"
+
+
+def _by_pass(backend, gm, select) -> dict[str, list]:
+    """The live nodes of the stage graph that ``select`` picks, by pass."""
+    live = live_nodes(gm)
+    found = {p: [] for p in PASSES}
+    for node in gm.graph.nodes:
+        if node in live and select(node):
+            found[_pass_of(backend, node)].append(node)
+    return found
+
+
+def _in_parts(split, select) -> dict[str, list]:
+    """What ``select`` picks in the callables, the forward callable against the forward pass
+    and dI plus dW against the backward pass."""
+    pick = lambda part: [n for n in part.graph.nodes if select(n)]
+    return {"forward": pick(split.forward), "backward": pick(split.backward_input) + pick(split.backward_weight)}
+
+
+@pytest.mark.fp8_property("BND-001")
+@given(spec=runnable_stages, data=st.data())
+def test_BND_001_forward_then_dI_then_dW_reproduce_the_joint_step_bitwise(fp8_backend, spec, data):
+    import torch
+
+    case = traced("BND-001", fp8_backend, spec)
+    gm, split = _split("BND-001", fp8_backend, spec, data)
+    args, grads = fresh_args(spec, 0), grad_outputs(spec, 100)
+    expected_out, expected_grads = call_backend("BND-001", fp8_backend, "run_joint", case.gm, case.model, args, grads)
+    seen_out, seen_grads = call_backend(
+        "BND-001", fp8_backend, "run_joint", gm, case.model, args, grads, fn=lambda primals, tangents: run_split(split, primals, tangents)
+    )
+    check(
+        seen_grads.keys() == expected_grads.keys(),
+        "BND-001",
+        f"the split step returns gradients of {sorted(seen_grads)}, the joint graph of {sorted(expected_grads)}",
+        spec,
+    )
+    pairs = [(f"output {i}", e, s) for i, (e, s) in enumerate(zip(expected_out, seen_out))]
+    pairs += [(f"gradient of {k}", expected_grads[k], seen_grads[k]) for k in sorted(expected_grads)]
+    for name, expected, seen in pairs:
+        check(
+            expected.shape == seen.shape and torch.equal(expected, seen),
+            "BND-001",
+            f"{name}: forward -> backward_input -> backward_weight differs from the unsplit joint graph "
+            f"(max abs difference {(expected.float() - seen.float()).abs().max().item() if expected.shape == seen.shape else 'n/a: shapes differ'}); "
+            "on CPU the split must compute the same ops on the same values",
+            spec,
+        )
+
+
+@pytest.mark.fp8_property("BND-002")
+@given(spec=stages, data=st.data())
+def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backend, spec, data):
+    gm, split = _split("BND-002", fp8_backend, spec, data)
+    joint = _by_pass(fp8_backend, gm, is_fp8_compute)
+    parts = _in_parts(split, is_fp8_compute)
+    for pass_name in PASSES:
+        where = "the forward callable" if pass_name == "forward" else "backward_input and backward_weight together"
+        check(
+            len(parts[pass_name]) == len(joint[pass_name]),
+            "BND-002",
+            f"the stage's {pass_name} pass has {len(joint[pass_name])} FP8 compute node(s), {where} hold "
+            f"{len(parts[pass_name])}: FP8 compute was {'duplicated' if len(parts[pass_name]) > len(joint[pass_name]) else 'dropped'} by the split",
+            spec,
+        )
+
+
+@pytest.mark.fp8_property("BND-003")
+@given(spec=stages, data=st.data())
+def test_BND_003_no_tensor_is_quantized_twice_and_fp8_crosses_as_fp8(fp8_backend, spec, data):
+    gm, split = _split("BND-003", fp8_backend, spec, data)
+    joint = _by_pass(fp8_backend, gm, is_fp8_cast)
+    parts = _in_parts(split, is_fp8_cast)
+    for pass_name in PASSES:
+        extra = collections.Counter(str(n.target) for n in parts[pass_name]) - collections.Counter(str(n.target) for n in joint[pass_name])
+        check(
+            len(parts[pass_name]) == len(joint[pass_name]),
+            "BND-003",
+            f"the stage's {pass_name} pass quantizes {len(joint[pass_name])} time(s), its callables "
+            f"{len(parts[pass_name])} time(s) (extra casts: {dict(extra) or 'none'}): a value made in dI "
+            "must reach dW as the FP8 tensor itself, not be quantized again from high precision",
+            spec,
+        )
+    # What dW receives from dI keeps its dtype: an FP8 value crosses as an FP8 placeholder.
+    carried = list(split.backward_weight.graph.find_nodes(op="placeholder"))[len(split.saved_for_weight) :]
+    made_in_input = {n.name: n for n in split.backward_input.graph.nodes}
+    for placeholder in carried:
+        source = made_in_input.get(placeholder.name)
+        if source is None or "val" not in source.meta or "val" not in placeholder.meta:
+            continue
+        source_dtype, placeholder_dtype = getattr(source.meta["val"], "dtype", None), getattr(placeholder.meta["val"], "dtype", None)
+        check(
+            source_dtype == placeholder_dtype,
+            "BND-003",
+            f"'{placeholder.name}' is {source_dtype} in backward_input but crosses into backward_weight as {placeholder_dtype}",
+            spec,
+        )
+
+
+@pytest.mark.fp8_property("BND-004")
+@given(spec=model_specs(emulate=st.just(False)), data=st.data())
+def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend, spec, data):
+    gm, split = _split("BND-004", fp8_backend, spec, data)
+    call_backend("BND-004", fp8_backend, "regions", gm, expect=list)
+    joint_tagged = _by_pass(fp8_backend, gm, lambda n, tagged=_tagged_nodes(gm): n in tagged and is_fp8_compute(n))
+    part_tagged = {p: [] for p in PASSES}
+    for name, part in split.parts.items():
+        call_backend("BND-004", fp8_backend, "regions", part, expect=list)
+        groups = tagged_groups(part)
+        for region_id, nodes in groups.items():
+            reason = incompleteness(nodes, fp8_backend.is_backward)
+            check(reason is None, "BND-004", f"in {name}, tagged region {region_id!r} is incomplete: {reason}", spec)
+        tagged = _tagged_nodes(part)
+        computes = fp8_compute_nodes(part)
+        part_tagged["forward" if name == "forward" else "backward"] += [n for n in computes if n in tagged]
+        for node in computes:
+            region = _grown_region(fp8_backend, node)
+            starts_at_placeholder = any(i.op == "placeholder" for i in _fp8_sources(node))
+            complete = incompleteness(region, fp8_backend.is_backward) is None
+            check(
+                not (starts_at_placeholder and complete) or node in tagged,
+                "BND-004",
+                f"in {name}, FP8 compute '{node.name}' takes an FP8 operand straight from a placeholder (a value "
+                "carried across the cut) and its region is otherwise complete, yet it is not tagged: an FP8 "
+                "placeholder is a complete region boundary",
+                spec,
+            )
+    for pass_name in PASSES:
+        check(
+            len(part_tagged[pass_name]) >= len(joint_tagged[pass_name]),
+            "BND-004",
+            f"{len(joint_tagged[pass_name])} FP8 compute node(s) of the {pass_name} pass are tagged in the stage graph, "
+            f"only {len(part_tagged[pass_name])} in its callables: the split left complete regions untagged",
+            spec,
+        )
+
+
+def _tagged_nodes(gm) -> set:
+    groups = tagged_groups(gm)
+    return set().union(*groups.values()) if groups else set()
+
+
+def _grown_region(backend, compute) -> set:
+    """The suite's own region of ``compute``: it and the ``call_function`` nodes it depends on
+    through nodes of the same provenance and pass."""
+    provenance, backward = backend.provenance(compute), backend.is_backward(compute)
+    region, stack = {compute}, [compute]
+    while stack:
+        for parent in stack.pop().all_input_nodes:
+            if (
+                parent not in region
+                and parent.op == "call_function"
+                and backend.provenance(parent) == provenance
+                and backend.is_backward(parent) == backward
+            ):
+                region.add(parent)
+                stack.append(parent)
+    return region
+
+
+def _fp8_sources(node):
+    """Where the FP8 matrix operands of ``node`` come from, looking through views and layout ops
+    (single-input nodes that keep an FP8 dtype)."""
+    found = []
+    for operand in node.args[:2]:
+        while operand.op == "call_function" and len(operand.all_input_nodes) == 1 and not is_fp8_cast(operand):
+            operand = operand.all_input_nodes[0]
+        found.append(operand)
+    return found
+
+
+@pytest.mark.fp8_property("BND-005")
+@given(spec=stages, data=st.data())
+def test_BND_005_provenance_survives_the_split(fp8_backend, spec, data):
+    gm, split = _split("BND-005", fp8_backend, spec, data)
+    fp8_node = lambda n: is_fp8_cast(n) or is_fp8_compute(n)
+    joint = _by_pass(fp8_backend, gm, fp8_node)
+    parts = _in_parts(split, fp8_node)
+    for pass_name in PASSES:
+        expected = collections.Counter(fp8_backend.provenance(n) for n in joint[pass_name])
+        seen = collections.Counter(fp8_backend.provenance(n) for n in parts[pass_name])
+        check(
+            expected == seen,
+            "BND-005",
+            f"provenance of the FP8 casts and compute of the {pass_name} pass before the split: "
+            f"{_show(expected)}; in the callables: {_show(seen)}",
+            spec,
+        )
+    joint_by_name = {n.name: n for n in gm.graph.nodes if n.op == "call_function"}
+    for name, part in split.parts.items():
+        for node in part.graph.nodes:
+            origin = joint_by_name.get(node.name)
+            if node.op != "call_function" or origin is None or origin.target != node.target:
+                continue
+            check(
+                fp8_backend.provenance(node) == fp8_backend.provenance(origin),
+                "BND-005",
+                f"in {name}, node '{node.name}' has provenance {fp8_backend.provenance(node)}, "
+                f"in the stage graph {fp8_backend.provenance(origin)}",
+                spec,
+            )
+
+
+def _show(counter) -> str:
+    return "; ".join(f"{n}x {'none' if p is None else p.module_fqn}" for p, n in sorted(counter.items(), key=lambda kv: str(kv[0]))) or "nothing"
+
+
+@pytest.mark.fp8_property("BND-006")
+@given(spec=model_specs(emulate=st.just(False)), data=st.data())
+def test_BND_006_strict_validation_runs_before_the_split_and_not_falsely_after(fp8_backend, spec, data):
+    from fp8conf.errors import FP8ValidationError
+
+    _, split = _split("BND-006", fp8_backend, spec, data)
+    for name, part in split.parts.items():
+        error = strict_error("BND-006", fp8_backend, part)
+        check(
+            error is None,
+            "BND-006",
+            f"strict validation of the {name} callable of a valid stage raised {type(error).__name__}: {error}. "
+            "A callable must not be failed for FP8 compute that lives in a sibling callable",
+            spec,
+        )
+    broken, _ = fresh_copy(traced("BND-006", fp8_backend, spec))
+    compute = data.draw(st.sampled_from(fp8_compute_nodes(broken)), label="FP8 compute node losing its provenance")
+    rewrites.rebuild_without_meta(broken, compute)
+    try:
+        fp8_backend.split_stage(broken, strict=True)
+    except FP8ValidationError:
+        return
+    except Exception as exc:
+        fail("BND-006", f"split_stage(strict=True) of a stage whose '{compute.name}' lost its provenance raised "
+             f"{type(exc).__name__}, not an FP8ValidationError: {exc}", spec)
+    fail(
+        "BND-006",
+        f"split_stage(strict=True) cut a stage graph whose FP8 compute '{compute.name}' lost its provenance: "
+        "strict validation must run on the whole stage before the cut",
+        spec,
+    )
