@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from conformance.spec import PROPERTIES
-from mutants import backends, e8m0, regions  # tests/ is on sys.path (tests/conftest.py)
+from mutants import backends, e8m0, graphpp, regions  # tests/ is on sys.path (tests/conftest.py)
 
-MUTANTS = backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS
+MUTANTS = backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,8 @@
 """BND: GraphPP cuts a stage's joint graph into forward, dI and dW without cutting FP8 apart.
 
 Every property draws a stage (a model whose input may or may not need a gradient: the first
-stage of a pipeline has none) and lets the suite run torch's joint-graph CSE first or not.
+stage of a pipeline has none) and checks the split of its graph as traced and after torch's
+joint-graph CSE.
 After CSE, a tensorwise ``Float8Linear`` quantizes the output gradient once for both backward
 matmuls: the shared FP8 tensor the split must carry from dI to dW as an FP8 placeholder.
 """
@@ -26,25 +27,23 @@ runnable_stages = model_specs(recipes=runnable_recipes())
 PASSES = ("forward", "backward")
 
 
-def _split(property_id, backend, spec, data):
-    """The drawn stage graph (CSE'd or not) and the backend's split of it."""
-    import torch
+def _splits(property_id, backend, spec):
+    """The drawn stage graph as traced and after torch's joint-graph CSE, each with the backend's
+    split of it: ``[(label, stage graph, split)]``."""
     from fp8conf.errors import FP8ValidationError
 
     gm, _ = fresh_copy(traced(property_id, backend, spec))
-    if data.draw(st.booleans(), label="joint-graph CSE before the split"):
-        cse = rewrites.eliminate_common_subexpressions(gm)
-        try:
-            # CSE may merge the FP8 compute of two modules that multiply the same operands (a
-            # layer and its nested adapter); strict validation rightly rejects that graph as a
-            # stage, and the property then runs on the graph as traced.
-            return cse, _checked(property_id, backend, spec, backend.split_stage(cse, strict=True))
-        except FP8ValidationError:
-            pass
-        except Exception as exc:
-            fail(property_id, f"backend {backend.name!r}: split_stage() of the CSE'd stage raised {type(exc).__name__}: {exc}", spec)
-    split = call_backend(property_id, backend, "split_stage", gm, strict=True, expect=StageSplit)
-    return gm, _checked(property_id, backend, spec, split)
+    found = [("as traced", gm, _checked(property_id, backend, spec, call_backend(property_id, backend, "split_stage", gm, strict=True)))]
+    cse = rewrites.eliminate_common_subexpressions(fresh_copy(traced(property_id, backend, spec))[0])
+    try:
+        found.append(("after CSE", cse, _checked(property_id, backend, spec, backend.split_stage(cse, strict=True))))
+    except FP8ValidationError:
+        # CSE may merge the FP8 compute of two modules that multiply the same operands (a layer
+        # and its nested adapter); strict validation rightly rejects that graph as a stage.
+        pass
+    except Exception as exc:
+        fail(property_id, f"backend {backend.name!r}: split_stage() of the CSE'd stage raised {type(exc).__name__}: {exc}", spec)
+    return found
 
 
 def _checked(property_id, backend, spec, split):
@@ -80,21 +79,26 @@ def _in_parts(split, select) -> dict[str, list]:
 
 
 @pytest.mark.fp8_property("BND-001")
-@given(spec=runnable_stages, data=st.data())
-def test_BND_001_forward_then_dI_then_dW_reproduce_the_joint_step_bitwise(fp8_backend, spec, data):
+@given(spec=runnable_stages)
+def test_BND_001_forward_then_dI_then_dW_reproduce_the_joint_step_bitwise(fp8_backend, spec):
+    case = traced("BND-001", fp8_backend, spec)
+    args, grads = fresh_args(spec, 0), grad_outputs(spec, 100)
+    expected = call_backend("BND-001", fp8_backend, "run_joint", case.gm, case.model, args, grads)
+    for label, gm, split in _splits("BND-001", fp8_backend, spec):
+        _check_split_step(fp8_backend, spec, case, label, gm, split, args, grads, expected)
+
+
+def _check_split_step(fp8_backend, spec, case, label, gm, split, args, grads, expected):
     import torch
 
-    case = traced("BND-001", fp8_backend, spec)
-    gm, split = _split("BND-001", fp8_backend, spec, data)
-    args, grads = fresh_args(spec, 0), grad_outputs(spec, 100)
-    expected_out, expected_grads = call_backend("BND-001", fp8_backend, "run_joint", case.gm, case.model, args, grads)
+    expected_out, expected_grads = expected
     seen_out, seen_grads = call_backend(
         "BND-001", fp8_backend, "run_joint", gm, case.model, args, grads, fn=lambda primals, tangents: run_split(split, primals, tangents)
     )
     check(
         seen_grads.keys() == expected_grads.keys(),
         "BND-001",
-        f"the split step returns gradients of {sorted(seen_grads)}, the joint graph of {sorted(expected_grads)}",
+        f"{label}: the split step returns gradients of {sorted(seen_grads)}, the joint graph of {sorted(expected_grads)}",
         spec,
     )
     pairs = [(f"output {i}", e, s) for i, (e, s) in enumerate(zip(expected_out, seen_out))]
@@ -103,7 +107,7 @@ def test_BND_001_forward_then_dI_then_dW_reproduce_the_joint_step_bitwise(fp8_ba
         check(
             expected.shape == seen.shape and torch.equal(expected, seen),
             "BND-001",
-            f"{name}: forward -> backward_input -> backward_weight differs from the unsplit joint graph "
+            f"{label}, {name}: forward -> backward_input -> backward_weight differs from the unsplit joint graph "
             f"(max abs difference {(expected.float() - seen.float()).abs().max().item() if expected.shape == seen.shape else 'n/a: shapes differ'}); "
             "on CPU the split must compute the same ops on the same values",
             spec,
@@ -111,9 +115,13 @@ def test_BND_001_forward_then_dI_then_dW_reproduce_the_joint_step_bitwise(fp8_ba
 
 
 @pytest.mark.fp8_property("BND-002")
-@given(spec=stages, data=st.data())
-def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backend, spec, data):
-    gm, split = _split("BND-002", fp8_backend, spec, data)
+@given(spec=stages)
+def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backend, spec):
+    for label, gm, split in _splits("BND-002", fp8_backend, spec):
+        _check_compute_placed_once(fp8_backend, spec, label, gm, split)
+
+
+def _check_compute_placed_once(fp8_backend, spec, label, gm, split):
     joint = _by_pass(fp8_backend, gm, is_fp8_compute)
     parts = _in_parts(split, is_fp8_compute)
     for pass_name in PASSES:
@@ -121,16 +129,20 @@ def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backen
         check(
             len(parts[pass_name]) == len(joint[pass_name]),
             "BND-002",
-            f"the stage's {pass_name} pass has {len(joint[pass_name])} FP8 compute node(s), {where} hold "
+            f"{label}: the stage's {pass_name} pass has {len(joint[pass_name])} FP8 compute node(s), {where} hold "
             f"{len(parts[pass_name])}: FP8 compute was {'duplicated' if len(parts[pass_name]) > len(joint[pass_name]) else 'dropped'} by the split",
             spec,
         )
 
 
 @pytest.mark.fp8_property("BND-003")
-@given(spec=stages, data=st.data())
-def test_BND_003_no_tensor_is_quantized_twice_and_fp8_crosses_as_fp8(fp8_backend, spec, data):
-    gm, split = _split("BND-003", fp8_backend, spec, data)
+@given(spec=stages)
+def test_BND_003_no_tensor_is_quantized_twice_and_fp8_crosses_as_fp8(fp8_backend, spec):
+    for label, gm, split in _splits("BND-003", fp8_backend, spec):
+        _check_quantized_once(fp8_backend, spec, label, gm, split)
+
+
+def _check_quantized_once(fp8_backend, spec, label, gm, split):
     joint = _by_pass(fp8_backend, gm, is_fp8_cast)
     parts = _in_parts(split, is_fp8_cast)
     for pass_name in PASSES:
@@ -138,7 +150,7 @@ def test_BND_003_no_tensor_is_quantized_twice_and_fp8_crosses_as_fp8(fp8_backend
         check(
             len(parts[pass_name]) == len(joint[pass_name]),
             "BND-003",
-            f"the stage's {pass_name} pass quantizes {len(joint[pass_name])} time(s), its callables "
+            f"{label}: the stage's {pass_name} pass quantizes {len(joint[pass_name])} time(s), its callables "
             f"{len(parts[pass_name])} time(s) (extra casts: {dict(extra) or 'none'}): a value made in dI "
             "must reach dW as the FP8 tensor itself, not be quantized again from high precision",
             spec,
@@ -154,15 +166,19 @@ def test_BND_003_no_tensor_is_quantized_twice_and_fp8_crosses_as_fp8(fp8_backend
         check(
             source_dtype == placeholder_dtype,
             "BND-003",
-            f"'{placeholder.name}' is {source_dtype} in backward_input but crosses into backward_weight as {placeholder_dtype}",
+            f"{label}: '{placeholder.name}' is {source_dtype} in backward_input but crosses into backward_weight as {placeholder_dtype}",
             spec,
         )
 
 
 @pytest.mark.fp8_property("BND-004")
-@given(spec=model_specs(emulate=st.just(False)), data=st.data())
-def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend, spec, data):
-    gm, split = _split("BND-004", fp8_backend, spec, data)
+@given(spec=model_specs(emulate=st.just(False)))
+def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend, spec):
+    for label, gm, split in _splits("BND-004", fp8_backend, spec):
+        _check_regions_after_split(fp8_backend, spec, label, gm, split)
+
+
+def _check_regions_after_split(fp8_backend, spec, label, gm, split):
     call_backend("BND-004", fp8_backend, "regions", gm, expect=list)
     joint_tagged = _by_pass(fp8_backend, gm, lambda n, tagged=_tagged_nodes(gm): n in tagged and is_fp8_compute(n))
     part_tagged = {p: [] for p in PASSES}
@@ -171,7 +187,7 @@ def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend
         groups = tagged_groups(part)
         for region_id, nodes in groups.items():
             reason = incompleteness(nodes, fp8_backend.is_backward)
-            check(reason is None, "BND-004", f"in {name}, tagged region {region_id!r} is incomplete: {reason}", spec)
+            check(reason is None, "BND-004", f"{label}, in {name}: tagged region {region_id!r} is incomplete: {reason}", spec)
         tagged = _tagged_nodes(part)
         computes = fp8_compute_nodes(part)
         part_tagged["forward" if name == "forward" else "backward"] += [n for n in computes if n in tagged]
@@ -182,7 +198,7 @@ def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend
             check(
                 not (starts_at_placeholder and complete) or node in tagged,
                 "BND-004",
-                f"in {name}, FP8 compute '{node.name}' takes an FP8 operand straight from a placeholder (a value "
+                f"{label}, in {name}: FP8 compute '{node.name}' takes an FP8 operand straight from a placeholder (a value "
                 "carried across the cut) and its region is otherwise complete, yet it is not tagged: an FP8 "
                 "placeholder is a complete region boundary",
                 spec,
@@ -191,7 +207,7 @@ def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend
         check(
             len(part_tagged[pass_name]) >= len(joint_tagged[pass_name]),
             "BND-004",
-            f"{len(joint_tagged[pass_name])} FP8 compute node(s) of the {pass_name} pass are tagged in the stage graph, "
+            f"{label}: {len(joint_tagged[pass_name])} FP8 compute node(s) of the {pass_name} pass are tagged in the stage graph, "
             f"only {len(part_tagged[pass_name])} in its callables: the split left complete regions untagged",
             spec,
         )
@@ -232,9 +248,13 @@ def _fp8_sources(node):
 
 
 @pytest.mark.fp8_property("BND-005")
-@given(spec=stages, data=st.data())
-def test_BND_005_provenance_survives_the_split(fp8_backend, spec, data):
-    gm, split = _split("BND-005", fp8_backend, spec, data)
+@given(spec=stages)
+def test_BND_005_provenance_survives_the_split(fp8_backend, spec):
+    for label, gm, split in _splits("BND-005", fp8_backend, spec):
+        _check_provenance_kept(fp8_backend, spec, label, gm, split)
+
+
+def _check_provenance_kept(fp8_backend, spec, label, gm, split):
     fp8_node = lambda n: is_fp8_cast(n) or is_fp8_compute(n)
     joint = _by_pass(fp8_backend, gm, fp8_node)
     parts = _in_parts(split, fp8_node)
@@ -244,7 +264,7 @@ def test_BND_005_provenance_survives_the_split(fp8_backend, spec, data):
         check(
             expected == seen,
             "BND-005",
-            f"provenance of the FP8 casts and compute of the {pass_name} pass before the split: "
+            f"{label}: provenance of the FP8 casts and compute of the {pass_name} pass before the split: "
             f"{_show(expected)}; in the callables: {_show(seen)}",
             spec,
         )
@@ -257,7 +277,7 @@ def test_BND_005_provenance_survives_the_split(fp8_backend, spec, data):
             check(
                 fp8_backend.provenance(node) == fp8_backend.provenance(origin),
                 "BND-005",
-                f"in {name}, node '{node.name}' has provenance {fp8_backend.provenance(node)}, "
+                f"{label}, in {name}: node '{node.name}' has provenance {fp8_backend.provenance(node)}, "
                 f"in the stage graph {fp8_backend.provenance(origin)}",
                 spec,
             )
@@ -272,16 +292,16 @@ def _show(counter) -> str:
 def test_BND_006_strict_validation_runs_before_the_split_and_not_falsely_after(fp8_backend, spec, data):
     from fp8conf.errors import FP8ValidationError
 
-    _, split = _split("BND-006", fp8_backend, spec, data)
-    for name, part in split.parts.items():
-        error = strict_error("BND-006", fp8_backend, part)
-        check(
-            error is None,
-            "BND-006",
-            f"strict validation of the {name} callable of a valid stage raised {type(error).__name__}: {error}. "
-            "A callable must not be failed for FP8 compute that lives in a sibling callable",
-            spec,
-        )
+    for label, _, split in _splits("BND-006", fp8_backend, spec):
+        for name, part in split.parts.items():
+            error = strict_error("BND-006", fp8_backend, part)
+            check(
+                error is None,
+                "BND-006",
+                f"{label}: strict validation of the {name} callable of a valid stage raised {type(error).__name__}: {error}. "
+                "A callable must not be failed for FP8 compute that lives in a sibling callable",
+                spec,
+            )
     broken, _ = fresh_copy(traced("BND-006", fp8_backend, spec))
     compute = data.draw(st.sampled_from(fp8_compute_nodes(broken)), label="FP8 compute node losing its provenance")
     rewrites.rebuild_without_meta(broken, compute)
