@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one go: the GPU-marked tests of fp8conf and the conformance
-# suite on CUDA (NUM-004 included), then a summary. Runs from the repository root on a machine
+# Everything that needs a GPU, in one go: the GPU-marked tests of fp8conf, the conformance
+# suite on CUDA (NUM-004 included), and, where 2 GPUs exist, the GraphPP pipeline over NCCL. Runs from the repository root on a machine
 # with CUDA, torch and torchao installed (fp8conf itself need not be installed).
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -19,3 +19,12 @@ python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
     --fp8-backend=conformance.backends.reference:ReferenceBackend --hypothesis-profile=ci \
     --fp8-report="$OUT/conformance-gpu.json" -n 8 conformance/properties \
     2>&1 | tee "$OUT/conformance-gpu.log" | tail -n 45
+if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+    export NCCL_NVLS_ENABLE=0
+    for mode in "" "--compile regional"; do
+        python3 -m fp8conf.pipeline --backend nccl $mode 2>&1 | tee -a "$OUT/pipeline-nccl.log" | grep "pipeline over"
+    done
+    python3 -m fp8conf.pipeline --backend gloo 2>&1 | tee -a "$OUT/pipeline-nccl.log" | grep "pipeline over"
+else
+    echo "one GPU: the NCCL pipeline needs 2 (nvidia-h200-x2)"
+fi

@@ -73,8 +73,12 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphM
     """torch's own joint-graph CSE (what graph trainers run before partitioning). On a
     tensorwise ``Float8Linear`` it merges the two identical casts of the output gradient into one
     FP8 tensor shared by the input-gradient and weight-gradient matmuls. Node meta is kept."""
+    import copy
+
     from torch._functorch.compile_utils import fx_graph_cse
 
-    new = torch.fx.GraphModule(gm, fx_graph_cse(gm.graph))
+    graph = fx_graph_cse(gm.graph)
+    graph._codegen = copy.deepcopy(gm.graph._codegen)  # keeps the (primals, tangents) convention
+    new = torch.fx.GraphModule(gm, graph)
     new.meta.update(gm.meta)
     return new

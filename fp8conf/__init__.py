@@ -1,7 +1,9 @@
 """fp8conf: reference passes that keep FP8 intact through graph tracing, rewriting and compilation.
 
 The pipeline, one module per stage: :func:`trace_joint` (trace + provenance) ->
-:func:`validate_fp8_graph` -> :func:`identify_fp8_regions` / :func:`tag_fp8_regions`.
+:func:`validate_fp8_graph` -> :func:`identify_fp8_regions` / :func:`tag_fp8_regions` ->
+:func:`compile_joint` or :func:`split_stage` (GraphPP; :mod:`fp8conf.pipeline` runs the split
+callables as pipeline stages) -> :class:`QuantizationSignature` (precompile fingerprints).
 """
 
 from fp8conf.compile import CompiledJoint, compile_joint
@@ -19,6 +21,7 @@ from fp8conf.errors import (
     RegionCompileError,
     UnsupportedLoweringError,
 )
+from fp8conf.errors import FP8GraphSplitError
 from fp8conf.errors import ArtifactError, FingerprintMismatchError
 from fp8conf.fingerprint import QuantizationSignature
 from fp8conf.precompile import (
@@ -30,6 +33,7 @@ from fp8conf.precompile import (
     read_header,
     save_artifact,
 )
+from fp8conf.graphpp import StageSplit, compile_split, split_stage
 from fp8conf.provenance import PROVENANCE_META_KEY, CallRecord, Provenance, get_provenance, node_passes
 from fp8conf.quantized import QuantizationConfig, find_quantized_modules
 from fp8conf.regions import Region, identify_fp8_regions, tag_fp8_regions
@@ -53,6 +57,7 @@ __all__ = [
     "NoQuantizedModulesError",
     "IncompleteRegionError",
     "RegionCompileError",
+    "FP8GraphSplitError",
     "CompiledJoint",
     "compile_joint",
     "PROVENANCE_META_KEY",
@@ -87,4 +92,7 @@ __all__ = [
     "read_header",
     "precompile_model",
     "load_for_model",
+    "StageSplit",
+    "split_stage",
+    "compile_split",
 ]

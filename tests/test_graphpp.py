@@ -1,0 +1,127 @@
+"""GraphPP: the split's API, its bad-input errors, and real 2-process pipelines over gloo."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+import fp8conf
+from conformance import rewrites
+from fp8conf.examples import build_stack
+from fp8conf.graphpp import SPLIT_META_KEY, compile_split, split_stage
+from fp8conf.pipeline import launch, zero_bubble_schedule
+
+
+def _stage(recipe="tensorwise", *, first=False, cse=False):
+    model = build_stack(32, 2, recipe)
+    x = torch.randn(16, 32, requires_grad=not first)
+    gm = fp8conf.trace_joint(model, (x,))
+    return model, x, (rewrites.eliminate_common_subexpressions(gm) if cse else gm)
+
+
+def _same(a, b):
+    (out_a, grads_a), (out_b, grads_b) = a, b
+    return all(torch.equal(x, y) for x, y in zip(out_a, out_b)) and grads_a.keys() == grads_b.keys() and all(
+        torch.equal(grads_a[k], grads_b[k]) for k in grads_a
+    )
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+@pytest.mark.parametrize("first", [False, True], ids=["middle-stage", "first-stage"])
+def test_split_reproduces_the_joint_step_bitwise(recipe, first):
+    model, x, gm = _stage(recipe, first=first, cse=True)
+    split = split_stage(gm)
+    grad = torch.randn(16, 32)
+    assert _same(fp8conf.run_joint(gm, model, (x,), (grad,)), fp8conf.run_joint(gm, model, (x,), (grad,), fn=split.run))
+    assert split.input_grads == (() if first else ("input.0",))
+
+
+def test_regionally_compiled_callables_match_the_joint_step():
+    model, x, gm = _stage("tensorwise", cse=True)
+    split = split_stage(gm)
+    compiled = compile_split(split, mode="regional")
+    grad = torch.randn(16, 32)
+    expected = fp8conf.run_joint(gm, model, (x,), (grad,))
+    seen = fp8conf.run_joint(gm, model, (x,), (grad,), fn=lambda p, t: split.run(p, t, compiled))
+    for key in expected[1]:
+        torch.testing.assert_close(seen[1][key], expected[1][key], rtol=1e-2, atol=1e-2)
+
+
+def test_first_stage_backward_input_is_empty_and_carries_the_output_gradient():
+    _, _, gm = _stage(first=True)
+    split = split_stage(gm)
+    assert not [n for n in split.backward_input.graph.nodes if n.op == "call_function"]
+    assert split.input_grads == ()
+
+
+def test_shared_quantization_crosses_into_backward_weight_as_fp8_placeholders():
+    _, _, gm = _stage("tensorwise", cse=True)
+    split = split_stage(gm)
+    fp8_placeholders = [
+        p for p in split.backward_weight.graph.find_nodes(op="placeholder") if fp8conf.roles.is_fp8_dtype(getattr(p.meta["val"], "dtype", None))
+    ]
+    assert len(fp8_placeholders) == 4  # the output gradient of each of the 4 linears, cast once in dI
+    regions = fp8conf.identify_fp8_regions(split.backward_weight)
+    assert len(regions) == 4 and all(r.complete for r in regions)
+    casts = lambda g: sum(1 for n in g.graph.nodes if fp8conf.classify_node(n) is fp8conf.OpRole.CAST)
+    assert casts(split.backward_input) + casts(split.backward_weight) == sum(
+        1 for n in gm.graph.nodes if fp8conf.classify_node(n) is fp8conf.OpRole.CAST and fp8conf.node_passes(gm.graph)[n] == "backward"
+    )
+
+
+def test_callables_validate_strictly_only_with_their_siblings_counted():
+    _, _, gm = _stage()
+    split = split_stage(gm)
+    for part in split.parts.values():
+        fp8conf.validate_fp8_graph(part, strict=True)
+    alone = split.backward_weight
+    alone.meta.pop(SPLIT_META_KEY)
+    with pytest.raises(fp8conf.UnsupportedLoweringError, match="forward pass"):
+        fp8conf.validate_fp8_graph(alone, strict=True)
+
+
+def test_strict_validation_runs_on_the_whole_stage_before_the_cut():
+    _, _, gm = _stage()
+    compute = next(n for n in gm.graph.nodes if fp8conf.is_fp8_compute(n))
+    rewrites.rebuild_without_meta(gm, compute)
+    with pytest.raises(fp8conf.MissingProvenanceError):
+        split_stage(gm)
+
+
+def test_a_stage_without_parameter_gradients_is_refused_with_a_clear_error():
+    class NoParams(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    gm = fp8conf.trace_joint(NoParams(), (torch.randn(4, 4, requires_grad=True),))
+    with pytest.raises(fp8conf.NoQuantizedModulesError):
+        split_stage(gm)  # strict: no FP8 at all is a validation error first
+    with pytest.warns(fp8conf.FP8ValidationWarning), pytest.raises(fp8conf.FP8GraphSplitError, match="no parameter gradient"):
+        split_stage(gm, strict=False)
+
+
+def test_a_graph_without_descriptors_is_refused_not_guessed():
+    _, _, gm = _stage()
+    for node in gm.graph.find_nodes(op="placeholder"):
+        node.meta.pop("desc")
+    with pytest.raises(fp8conf.FP8GraphSplitError, match="descriptors"):
+        split_stage(gm)
+
+
+def test_zero_bubble_schedule_runs_input_gradients_before_deferred_weight_gradients():
+    order = zero_bubble_schedule(4)
+    assert collections.Counter(a for a, _ in order) == {"F": 4, "I": 4, "W": 4}
+    position = {step: i for i, step in enumerate(order)}
+    for mb in range(4):
+        assert position[("F", mb)] < position[("I", mb)] < position[("W", mb)]
+    assert position[("I", 1)] < position[("W", 0)]  # dW waits behind the next dI
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("compile", [None, "regional"], ids=["eager", "regional"])
+def test_two_process_gloo_pipeline_matches_the_unsplit_step_bitwise(compile):
+    check = launch(backend="gloo", world=2, microbatches=4, compile=compile)
+    assert check.bitwise_equal, check.summary()
+    assert check.parameters == 18 and check.microbatches == 4
