@@ -139,7 +139,8 @@ def split_stage(gm: torch.fx.GraphModule, *, strict: bool = True) -> StageSplit:
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     backward = {n for n in gm.graph.nodes if n.op == "call_function" and passes[n] == "backward"}
     forward = {n for n in gm.graph.nodes if n.op in ("call_function", "get_attr") and n not in backward}
-    _check_forward_closed(forward, tangents, backward)
+    tangent_set = set(tangents)
+    _check_forward_closed(forward, tangent_set, backward)
 
     d_i = _ancestors([v for _, v in input_grads], backward)
     d_w = _ancestors([v for _, v in param_grads], backward) - d_i
@@ -149,19 +150,21 @@ def split_stage(gm: torch.fx.GraphModule, *, strict: bool = True) -> StageSplit:
     forward |= pulled
     d_i -= pulled
     d_w -= pulled
-    saved = sorted({i for n in d_i | d_w for i in n.all_input_nodes if i in forward or i in primals}, key=order.__getitem__)
-    saved += sorted({v for _, v in input_grads + param_grads if v in forward or v in primals} - set(saved), key=order.__getitem__)
+    inputs_of_forward = forward | set(primals)
+    saved = sorted({i for n in d_i | d_w for i in n.all_input_nodes if i in inputs_of_forward}, key=order.__getitem__)
+    saved += sorted({v for _, v in input_grads + param_grads if v in inputs_of_forward} - set(saved), key=order.__getitem__)
     saved_index = {n: i for i, n in enumerate(saved)}
     # Values dW needs from dI are carried, not recomputed (tangents too: the output gradient
     # arrives at dI).
     d_w |= _recomputed_in_weight(d_i, d_w)
     carried = sorted(
-        {i for n in d_w for i in n.all_input_nodes if (i in d_i and i not in d_w) or i in tangents}
-        | {v for _, v in param_grads if (v in d_i and v not in d_w) or v in tangents},
+        {i for n in d_w for i in n.all_input_nodes if (i in d_i and i not in d_w) or i in tangent_set}
+        | {v for _, v in param_grads if (v in d_i and v not in d_w) or v in tangent_set},
         key=order.__getitem__,
     )
-    saved_i = [n for n in saved if _used_by(n, d_i, {v for _, v in input_grads})]
-    saved_w = [n for n in saved if _used_by(n, d_w, {v for _, v in param_grads})]
+    returned_i, returned_w = {v for _, v in input_grads}, {v for _, v in param_grads}
+    saved_i = [n for n in saved if _used_by(n, d_i, returned_i)]
+    saved_w = [n for n in saved if _used_by(n, d_w, returned_w)]
 
     parts = {
         "forward": _extract(gm, primals, forward, [v for _, v in outputs] + saved, order),
@@ -287,10 +290,10 @@ def _extract(gm, inputs, nodes, outputs, order) -> torch.fx.GraphModule:
     graph.output(tuple(env[v] for v in outputs))
     # Python code for the callable is generated on its first call, not here (torch's lazy
     # graph module): the split itself stays a graph operation.
-    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
     with _use_lazy_graph_module(True):
-        part = torch.fx.GraphModule(gm, graph)
+        part = _make_graph_module(gm, graph)
     part.meta.update({k: v for k, v in gm.meta.items()})
     return part
 
