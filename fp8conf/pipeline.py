@@ -274,7 +274,9 @@ def main(argv=None) -> int:
     check = launch(backend=args.backend, world=args.stages, dim=args.dim, blocks=args.blocks, tokens=args.tokens,
                    microbatches=args.microbatches, recipe=args.recipe, compile=args.compile)
     print(check.summary())
-    return 0 if check.bitwise_equal else 1
+    # Eager stages must match bitwise; Inductor's kernels may round float32 differently from
+    # eager ones inside a compiled region (seen on CUDA: 2e-6).
+    return 0 if check.bitwise_equal or (args.compile and check.max_abs_diff <= 1e-4) else 1
 
 
 if __name__ == "__main__":
