@@ -39,6 +39,7 @@ from conformance.models import LayerSpec, ModelSpec, apply_layer, build_model
 from conformance.strategies import FLOAT8_RECIPES, model_specs
 
 __all__ = [
+    "ARTIFACT_SPEC",
     "QUANTIZATION_KINDS",
     "UNRELATED_KINDS",
     "CONFIG_FIELDS",
@@ -51,6 +52,18 @@ __all__ = [
     "json_diff",
     "fingerprints_in_subprocess",
 ]
+
+#: The one model FPR-004 compiles and saves per session: a converted layer with bias, a plain
+#: layer, and an emulated layer with a nested quantized adapter.
+ARTIFACT_SPEC = ModelSpec(
+    in_features=16,
+    layers=(
+        LayerSpec(width=16, recipe="tensorwise", bias=True, activation="relu"),
+        LayerSpec(width=16, recipe=None, activation="none"),
+        LayerSpec(width=32, recipe="rowwise", emulate=True, adapter=True, activation="none"),
+    ),
+    input_requires_grad=False,
+)
 
 #: Every kind of quantization input the suite changes.
 QUANTIZATION_KINDS = ("recipe", "emulate", "quantized_set", "config_field", "strict", "torchao_version", "torch_version")

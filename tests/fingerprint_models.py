@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.fingerprints import ARTIFACT_SPEC
+from conformance.models import build_model
 
-#: The artifact model: a converted layer with bias, a plain layer, an emulated layer with a nested
-#: quantized adapter (the same model FPR-004 saves, so Inductor's cache serves both).
-SPEC_A = ModelSpec(
-    in_features=16,
-    layers=(
-        LayerSpec(width=16, recipe="tensorwise", bias=True, activation="relu"),
-        LayerSpec(width=16, recipe=None, activation="none"),
-        LayerSpec(width=32, recipe="rowwise", emulate=True, adapter=True, activation="none"),
-    ),
-    input_requires_grad=False,
-)
+#: The artifact model FPR-004 saves (so Inductor's cache serves both).
+SPEC_A = ARTIFACT_SPEC
 #: SPEC_A with layers.0 on the rowwise recipe and layers.2 no longer emulated.
 SPEC_B = dataclasses.replace(
     SPEC_A,

@@ -17,30 +17,11 @@ from hypothesis import settings
 
 import conformance
 from conformance import plugin
+import fake_backends  # tests/fake_backends.py (tests/ is on sys.path)
 
 pytest_plugins = ["pytester"]
 
-FAKE_BACKENDS = """
-    import conformance
-
-    class _Trivial(conformance.Backend):
-        def trace_joint(self, model, args):
-            raise NotImplementedError
-
-        def run_joint(self, gm, model, args, grad_outputs):
-            raise NotImplementedError
-
-        def provenance(self, node):
-            return None
-
-        def is_backward(self, node):
-            return False
-
-    class Fake(_Trivial):
-        name = "fake"
-        version = "1.2"
-        capabilities = frozenset({"provenance"})
-
+FAKE_BACKENDS = fake_backends.BASE + """
     class NotABackend:
         pass
 

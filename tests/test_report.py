@@ -19,30 +19,11 @@ from hypothesis import settings
 
 from conformance import spec as spec_module
 from conformance.spec import SPEC_VERSION
+import fake_backends  # tests/fake_backends.py (tests/ is on sys.path)
 
 pytest_plugins = ["pytester"]
 
-FAKE_BACKENDS = """
-    import time
-    import conformance
-
-    class Fake(conformance.Backend):
-        name = "fake"
-        version = "1.2"
-        capabilities = frozenset({"provenance"})
-
-        def trace_joint(self, model, args):
-            raise NotImplementedError
-
-        def run_joint(self, gm, model, args, grad_outputs):
-            raise NotImplementedError
-
-        def provenance(self, node):
-            return None
-
-        def is_backward(self, node):
-            return False
-
+FAKE_BACKENDS = fake_backends.BASE + """
     class Newer(Fake):
         spec_version = "1.1"
 

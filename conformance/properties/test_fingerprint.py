@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.fingerprints import (
+    ARTIFACT_SPEC,
     QUANTIZATION_KINDS,
     UNRELATED_KINDS,
     Variant,
@@ -142,19 +143,6 @@ def test_FPR_003_settings_unrelated_to_quantization_leave_the_signature_alone(fp
 
 
 # --- FPR-004 --------------------------------------------------------------------------------------
-
-#: The one model FPR-004 compiles and saves per session: a converted layer with bias, a plain
-#: layer, and an emulated layer with a nested quantized adapter.
-ARTIFACT_SPEC = ModelSpec(
-    in_features=16,
-    layers=(
-        LayerSpec(width=16, recipe="tensorwise", bias=True, activation="relu"),
-        LayerSpec(width=16, recipe=None, activation="none"),
-        LayerSpec(width=32, recipe="rowwise", emulate=True, adapter=True, activation="none"),
-    ),
-    input_requires_grad=False,
-)
-
 
 @functools.lru_cache(maxsize=None)
 def _saved_artifact(backend) -> str:
