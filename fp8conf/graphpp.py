@@ -42,6 +42,7 @@ import torch.utils._pytree as pytree
 from fp8conf import errors
 from fp8conf.provenance import get_provenance, node_passes
 from fp8conf.roles import is_fp8_compute
+from fp8conf.trace import trace_info
 from fp8conf.validate import validate_fp8_graph
 
 __all__ = ["SPLIT_META_KEY", "SplitPart", "StageSplit", "split_stage", "compile_split"]
@@ -70,7 +71,6 @@ class StageSplit:
     backward_input: torch.fx.GraphModule
     backward_weight: torch.fx.GraphModule
     num_outputs: int
-    num_saved: int
     saved_for_input: tuple[int, ...]
     saved_for_weight: tuple[int, ...]
     input_grads: tuple[str, ...]
@@ -143,20 +143,17 @@ def split_stage(gm: torch.fx.GraphModule, *, strict: bool = True) -> StageSplit:
     _check_forward_closed(forward, tangent_set, backward)
 
     d_i = _ancestors([v for _, v in input_grads], backward)
-    d_w = _ancestors([v for _, v in param_grads], backward) - d_i
-    d_i |= _size_queries_carried_as_sizes(d_i, d_w) | _getitems_of(d_i, d_w)
-    d_w -= d_i
-    pulled = _getitems_of(forward, d_i | d_w)  # a multi-output forward op crosses as its items
+    needed_w = _ancestors([v for _, v in param_grads], backward)
+    d_i |= _size_queries_carried_as_sizes(d_i, needed_w - d_i) | _getitems_of(d_i, needed_w - d_i)
+    pulled = _getitems_of(forward, d_i | needed_w)  # a multi-output forward op crosses as its items
     forward |= pulled
     d_i -= pulled
-    d_w -= pulled
+    d_w = _weight_nodes(d_i, needed_w - pulled)
     inputs_of_forward = forward | set(primals)
     saved = sorted({i for n in d_i | d_w for i in n.all_input_nodes if i in inputs_of_forward}, key=order.__getitem__)
     saved += sorted({v for _, v in input_grads + param_grads if v in inputs_of_forward} - set(saved), key=order.__getitem__)
     saved_index = {n: i for i, n in enumerate(saved)}
-    # Values dW needs from dI are carried, not recomputed (tangents too: the output gradient
-    # arrives at dI).
-    d_w |= _recomputed_in_weight(d_i, d_w)
+    # dW receives from dI what it needs (tangents too: the output gradient arrives at dI).
     carried = sorted(
         {i for n in d_w for i in n.all_input_nodes if (i in d_i and i not in d_w) or i in tangent_set}
         | {v for _, v in param_grads if (v in d_i and v not in d_w) or v in tangent_set},
@@ -177,7 +174,6 @@ def split_stage(gm: torch.fx.GraphModule, *, strict: bool = True) -> StageSplit:
         backward_input=parts["backward_input"],
         backward_weight=parts["backward_weight"],
         num_outputs=len(outputs),
-        num_saved=len(saved),
         saved_for_input=tuple(saved_index[n] for n in saved_i),
         saved_for_weight=tuple(saved_index[n] for n in saved_w),
         input_grads=tuple(k for k, _ in input_grads),
@@ -187,7 +183,7 @@ def split_stage(gm: torch.fx.GraphModule, *, strict: bool = True) -> StageSplit:
 
 
 def _model_name(gm) -> str:
-    info = gm.meta.get("fp8conf_trace")
+    info = trace_info(gm)
     return info.model_name if info is not None else "the graph"
 
 
@@ -265,10 +261,11 @@ def _used_by(node, part, returned) -> bool:
     return node in returned or any(u in part for u in node.users)
 
 
-def _recomputed_in_weight(d_i, d_w) -> set:
-    """Nodes of dI that dW computes again instead of receiving their value: none. (Recomputing a
-    cast or an FP8 matmul in dW would quantize a tensor twice, or run FP8 compute twice.)"""
-    return set()
+def _weight_nodes(d_i, needed) -> set:
+    """dW: the backward nodes the parameter gradients need that dI does not compute already.
+    What dI computes is carried to dW, never computed again: recomputing a cast or an FP8 matmul
+    there would quantize a tensor twice, or run FP8 compute twice."""
+    return needed - d_i
 
 
 def _getitems_of(producers, consumers) -> set:

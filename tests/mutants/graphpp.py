@@ -1,7 +1,7 @@
 """Mutant backends for BND: the reference with one defect each in the GraphPP split.
 
-Three of them change which dI nodes dW computes again instead of receiving their value; they
-swap fp8conf's own step for that choice while their split runs (no torch code is patched).
+Three of them make dW compute again some nodes of dI instead of receiving their values: they
+swap fp8conf's own step that picks dW's nodes while their split runs (no torch code is patched).
 """
 
 from __future__ import annotations
@@ -93,7 +93,11 @@ class _Recomputing(ReferenceBackend):
     recompute = staticmethod(lambda d_i, d_w: set())
 
     def split_stage(self, gm, *, strict=True):
-        with mock.patch.object(graphpp, "_recomputed_in_weight", self.recompute):
+        def weight_nodes(d_i, needed):
+            d_w = needed - d_i
+            return d_w | self.recompute(d_i, d_w)
+
+        with mock.patch.object(graphpp, "_weight_nodes", weight_nodes):
             return super().split_stage(gm, strict=strict)
 
 
@@ -134,6 +138,22 @@ class ProvenanceLostInSplit(ReferenceBackend):
         return split
 
 
+class ProvenanceSwappedInSplit(ReferenceBackend):
+    """Hands the provenance of backward_weight's FP8 matmuls round by one: each module's count
+    stays the same, but nodes name the wrong module."""
+
+    name = "mutant-provenance-swapped-in-split"
+    KILLED_BY = "BND-005"
+
+    def split_stage(self, gm, *, strict=True):
+        split = super().split_stage(gm, strict=strict)
+        computes = [n for n in split.backward_weight.graph.nodes if is_fp8_compute(n) and PROVENANCE_META_KEY in n.meta]
+        provenances = [n.meta[PROVENANCE_META_KEY] for n in computes]
+        for node, provenance in zip(computes, provenances[1:] + provenances[:1]):
+            node.meta[PROVENANCE_META_KEY] = provenance
+        return split
+
+
 class PlaceholderBoundaryIncomplete(ReferenceBackend):
     """Treats an FP8 placeholder as a broken chain: regions starting there are never tagged."""
 
@@ -166,6 +186,16 @@ class CallablesRevalidatedStrictly(ReferenceBackend):
             with _meta_replaced(part, alone):
                 validate_fp8_graph(part, strict=True)
         return split
+
+
+class SplitSkipsStrictValidation(ReferenceBackend):
+    """Cuts the stage without validating it strictly first."""
+
+    name = "mutant-split-skips-strict-validation"
+    KILLED_BY = "BND-006"
+
+    def split_stage(self, gm, *, strict=True):
+        return super().split_stage(gm, strict=False)
 
 
 @contextlib.contextmanager
@@ -201,7 +231,9 @@ MUTANTS = [
     CastDuplicatedAcrossCut,
     ComputeDuplicated,
     ProvenanceLostInSplit,
+    ProvenanceSwappedInSplit,
     PlaceholderBoundaryIncomplete,
     CallablesRevalidatedStrictly,
+    SplitSkipsStrictValidation,
     ParamGradsOutOfOrder,
 ]
