@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 
 import pytest
 import torch
@@ -14,10 +15,17 @@ from fp8conf.graphpp import SPLIT_META_KEY, compile_split, split_stage
 from fp8conf.pipeline import launch, zero_bubble_schedule
 
 
-def _stage(recipe="tensorwise", *, first=False, cse=False):
+@functools.lru_cache(maxsize=None)
+def _traced(recipe, first):
     model = build_stack(32, 2, recipe)
     x = torch.randn(16, 32, requires_grad=not first)
-    gm = fp8conf.trace_joint(model, (x,))
+    return model, x, fp8conf.trace_joint(model, (x,))
+
+
+def _stage(recipe="tensorwise", *, first=False, cse=False):
+    """A 2-block stage traced once per (recipe, first); each call gets its own graph to change."""
+    model, x, gm = _traced(recipe, first)
+    gm = fp8conf.copy_graph_module(gm)
     return model, x, (rewrites.eliminate_common_subexpressions(gm) if cse else gm)
 
 

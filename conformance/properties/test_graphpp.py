@@ -34,7 +34,7 @@ def _splits(property_id, backend, spec):
 
     gm, _ = fresh_copy(traced(property_id, backend, spec))
     found = [("as traced", gm, _checked(property_id, backend, spec, call_backend(property_id, backend, "split_stage", gm, strict=True)))]
-    cse = rewrites.eliminate_common_subexpressions(fresh_copy(traced(property_id, backend, spec))[0])
+    cse = rewrites.eliminate_common_subexpressions(gm)  # a new graph; gm stays as traced
     try:
         found.append(("after CSE", cse, _checked(property_id, backend, spec, backend.split_stage(cse, strict=True))))
     except FP8ValidationError:
@@ -74,6 +74,12 @@ def _by_pass(backend, gm, select) -> dict[str, list]:
         if node in live and select(node):
             found[_pass_of(backend, node)].append(node)
     return found
+
+
+def _per_pass(backend, gm, split, select) -> list[tuple[str, list, list]]:
+    """``(pass, picked in the stage graph, picked in its callables)`` for each pass."""
+    joint, parts = _by_pass(backend, gm, select), _in_parts(split, select)
+    return [(pass_name, joint[pass_name], parts[pass_name]) for pass_name in PASSES]
 
 
 def _in_parts(split, select) -> dict[str, list]:
@@ -126,15 +132,13 @@ def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backen
 
 
 def _check_compute_placed_once(fp8_backend, spec, label, gm, split):
-    joint = _by_pass(fp8_backend, gm, is_fp8_compute)
-    parts = _in_parts(split, is_fp8_compute)
-    for pass_name in PASSES:
+    for pass_name, joint, parts in _per_pass(fp8_backend, gm, split, is_fp8_compute):
         where = "the forward callable" if pass_name == "forward" else "backward_input and backward_weight together"
         check(
-            len(parts[pass_name]) == len(joint[pass_name]),
+            len(parts) == len(joint),
             "BND-002",
-            f"{label}: the stage's {pass_name} pass has {len(joint[pass_name])} FP8 compute node(s), {where} hold "
-            f"{len(parts[pass_name])}: FP8 compute was {'duplicated' if len(parts[pass_name]) > len(joint[pass_name]) else 'dropped'} by the split",
+            f"{label}: the stage's {pass_name} pass has {len(joint)} FP8 compute node(s), {where} hold "
+            f"{len(parts)}: FP8 compute was {'duplicated' if len(parts) > len(joint) else 'dropped'} by the split",
             spec,
         )
 
@@ -146,15 +150,13 @@ def test_BND_003_no_tensor_is_quantized_twice_and_fp8_crosses_as_fp8(fp8_backend
 
 
 def _check_quantized_once(fp8_backend, spec, label, gm, split):
-    joint = _by_pass(fp8_backend, gm, is_fp8_cast)
-    parts = _in_parts(split, is_fp8_cast)
-    for pass_name in PASSES:
-        extra = collections.Counter(str(n.target) for n in parts[pass_name]) - collections.Counter(str(n.target) for n in joint[pass_name])
+    for pass_name, joint, parts in _per_pass(fp8_backend, gm, split, is_fp8_cast):
+        extra = collections.Counter(str(n.target) for n in parts) - collections.Counter(str(n.target) for n in joint)
         check(
-            len(parts[pass_name]) == len(joint[pass_name]),
+            len(parts) == len(joint),
             "BND-003",
-            f"{label}: the stage's {pass_name} pass quantizes {len(joint[pass_name])} time(s), its callables "
-            f"{len(parts[pass_name])} time(s) (extra casts: {dict(extra) or 'none'}): a value made in dI "
+            f"{label}: the stage's {pass_name} pass quantizes {len(joint)} time(s), its callables "
+            f"{len(parts)} time(s) (extra casts: {dict(extra) or 'none'}): a value made in dI "
             "must reach dW as the FP8 tensor itself, not be quantized again from high precision",
             spec,
         )
@@ -217,11 +219,9 @@ def test_BND_005_provenance_survives_the_split(fp8_backend, spec):
 
 def _check_provenance_kept(fp8_backend, spec, label, gm, split):
     fp8_node = lambda n: is_fp8_cast(n) or is_fp8_compute(n)
-    joint = _by_pass(fp8_backend, gm, fp8_node)
-    parts = _in_parts(split, fp8_node)
-    for pass_name in PASSES:
-        expected = collections.Counter(fp8_backend.provenance(n) for n in joint[pass_name])
-        seen = collections.Counter(fp8_backend.provenance(n) for n in parts[pass_name])
+    for pass_name, joint, parts in _per_pass(fp8_backend, gm, split, fp8_node):
+        expected = collections.Counter(fp8_backend.provenance(n) for n in joint)
+        seen = collections.Counter(fp8_backend.provenance(n) for n in parts)
         check(
             expected == seen,
             "BND-005",
