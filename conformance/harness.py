@@ -20,7 +20,7 @@ from conformance.graphs import Oracle, copy_graph_module, trace_with_oracle
 from conformance.models import ModelSpec, build_model
 from conformance.spec import get_property
 
-__all__ = ["TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "fresh_copy", "fresh_args", "grad_outputs"]
+__all__ = ["compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "fresh_copy", "fresh_args", "grad_outputs"]
 
 
 def fail(property_id: str, message: str, spec: ModelSpec | None = None) -> None:
@@ -60,6 +60,14 @@ def strict_error(property_id: str, backend, gm):
     return None
 
 
+def compile_settings():
+    """Hypothesis settings for a property that compiles with Inductor in every example (seconds to
+    tens of seconds each on CPU): one in twelve of the profile's examples, at least two."""
+    from hypothesis import settings
+
+    return settings(max_examples=max(2, settings.default.max_examples // 12))
+
+
 @dataclasses.dataclass
 class TracedCase:
     spec: ModelSpec
@@ -69,7 +77,7 @@ class TracedCase:
     oracle: Oracle
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)
 def _trace(backend, spec: ModelSpec) -> TracedCase:
     model, args = build_model(spec)
     gm, oracle = trace_with_oracle(backend, model, args, list(spec.quantized_modules()), backend.is_backward)

@@ -126,11 +126,11 @@ _SHRINK_PHASES = (hypothesis.Phase.shrink, hypothesis.Phase.explain)
 
 _PROFILES: dict[str, dict[str, Any]] = {
     "dev": {"max_examples": 10},
-    "ci": {"derandomize": True, "max_examples": 6, "database": None, "print_blob": True},
+    "ci": {"derandomize": True, "max_examples": 25, "database": None, "print_blob": True},
     "thorough": {"max_examples": 200},
     # For proving that a mutant backend is caught: a failure is enough, a minimal one is not
     # needed, so shrinking (minutes on traced models) is skipped.
-    "mutants": {"derandomize": True, "max_examples": 12, "database": None, "phases": _NO_SHRINK},
+    "mutants": {"derandomize": True, "max_examples": 25, "database": None, "phases": _NO_SHRINK},
 }
 
 
@@ -228,6 +228,16 @@ def fp8_backend(request: pytest.FixtureRequest) -> Backend:
     if run is None:
         pytest.skip("no --fp8-backend given")
     return run.backend
+
+
+@pytest.fixture(scope="session")
+def warm_inductor() -> None:
+    """Inductor's one-time start in a process (its imports, the C++ toolchain probe, the first
+    build) paid once, before the first compile property's Hypothesis loop, so that the first
+    example is not charged for it. It compiles a plain function, not the backend's graph."""
+    import torch
+
+    torch.compile(lambda x: torch.relu(x) * 2, backend="inductor", fullgraph=True)(torch.ones(8))
 
 
 # -- backend loading -----------------------------------------------------------------------------

@@ -8,15 +8,30 @@ MX layers (``MXLinear``, recipes ``mxfp8`` / ``mxfp8_emulated``) are opt-in: pas
 ``kinds=ALL_KINDS``. Half the models are then drawn exactly as without MX; the other half start at
 width 32 or 64, keep widths of 32 or 64 up to their forced quantized layer, which is MX, and may
 make any later quantized layer whose in features allow it MX too. MX layers take no nested adapter.
+
+**One shared corpus under a derandomized profile.** Tracing a model is most of a structural
+property's cost, and traced graphs are cached per model (``conformance.harness.traced``). Under a
+derandomized profile (``ci``, ``mutants``) :func:`model_specs` therefore does not draw afresh per
+property: Hypothesis draws one corpus of :data:`CORPUS_SIZE` models from the most general strategy
+with a fixed seed, and each property samples the first ``max_examples`` models of it that its
+constraints admit (drawing more from its own strategy only when the corpus has too few). Every
+property still sees that many distinct models, and a model drawn by several properties is traced
+once. Under ``dev`` and ``thorough`` each property draws its own models.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import functools
+from typing import Callable
+
+import hypothesis
 from hypothesis import strategies as st
 
-from conformance.models import ACTIVATIONS, LayerSpec, ModelSpec
+from conformance.models import ACTIVATIONS, MX_RECIPES, LayerSpec, ModelSpec
 
-__all__ = ["FLOAT8_RECIPES", "ALL_KINDS", "layer_specs", "model_specs", "runnable_recipes"]
+__all__ = ["FLOAT8_RECIPES", "ALL_KINDS", "CORPUS_SIZE", "Constraints", "corpus", "features", "layer_specs", "model_specs", "runnable_recipes"]
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 WIDTHS = (16, 32, 48)
@@ -47,12 +62,13 @@ def runnable_recipes(device: str = "cpu") -> tuple[str, ...]:
 
 @st.composite
 def layer_specs(
-    draw, in_width: int, *, recipes=FLOAT8_RECIPES, emulate=st.booleans(), quantized=None, reuse=True, nesting=True,
+    draw, in_width: int, *, recipes=FLOAT8_RECIPES, emulate: bool | None = None, quantized=None, reuse=True, nesting=True,
     kinds=(FLOAT8_KIND,), widths=WIDTHS,
 ):
     """One layer taking ``in_width`` features. With the default ``kinds`` the draws are exactly those
     of a float8-only suite; a quantized layer becomes MX when ``kinds`` allows it and ``in_width``
-    is a multiple of 32 (drawn when both kinds are allowed)."""
+    is a multiple of 32 (drawn when both kinds are allowed). ``emulate`` None draws it."""
+    draw_emulate = st.booleans() if emulate is None else st.just(emulate)
     quantize = quantized or (quantized is None and draw(st.booleans()))
     mx = (
         bool(quantize)
@@ -61,7 +77,7 @@ def layer_specs(
         and (FLOAT8_KIND not in kinds or draw(st.sampled_from(kinds), label="kind") == MX_KIND)
     )
     if mx:
-        recipe = "mxfp8_emulated" if draw(emulate) else "mxfp8"
+        recipe = "mxfp8_emulated" if draw(draw_emulate) else "mxfp8"
     else:
         recipe = draw(st.sampled_from(recipes)) if quantize else None
     square = draw(st.booleans())
@@ -69,7 +85,7 @@ def layer_specs(
     return LayerSpec(
         width=width,
         recipe=recipe,
-        emulate=(recipe == "mxfp8_emulated") if mx else (draw(emulate) if recipe else False),
+        emulate=(recipe == "mxfp8_emulated") if mx else (draw(draw_emulate) if recipe else False),
         bias=draw(st.booleans()),
         activation=draw(st.sampled_from(ACTIVATIONS)),
         residual=width == in_width and draw(st.booleans()),
@@ -78,42 +94,71 @@ def layer_specs(
     )
 
 
-@st.composite
-def model_specs(
-    draw,
-    *,
-    max_layers: int = 3,
-    recipes=FLOAT8_RECIPES,
-    emulate=st.booleans(),
-    reuse: bool = True,
-    nesting: bool = True,
-    require_reuse: bool = False,
-    require_nesting: bool = False,
-    kinds=(FLOAT8_KIND,),
-):
-    """A model with at least one quantized layer (the first drawn quantized layer is forced).
+@dataclasses.dataclass(frozen=True)
+class Constraints:
+    """What a property asks of its models (the arguments of :func:`model_specs`).
 
-    ``kinds=ALL_KINDS`` draws MX models too (see the module docstring); ``require_nesting`` keeps
-    the forced layer float8, since MX layers take no adapter."""
+    ``max_layers``: at most this many layers; ``recipes``: the float8 recipes allowed;
+    ``emulate``: every quantized layer emulated (True) or real (False), None for either;
+    ``reuse`` / ``nesting``: whether layers may be called twice / carry a nested quantized adapter;
+    ``require_reuse`` / ``require_nesting``: some quantized layer is called twice / nests an
+    adapter (one layer both, when both are required); ``kinds``: the quantized module kinds.
+    """
+
+    max_layers: int = 3
+    recipes: tuple[str, ...] = FLOAT8_RECIPES
+    emulate: bool | None = None
+    reuse: bool = True
+    nesting: bool = True
+    require_reuse: bool = False
+    require_nesting: bool = False
+    kinds: tuple[str, ...] = (FLOAT8_KIND,)
+
+    def admits(self, spec: ModelSpec) -> bool:
+        """Whether :func:`model_specs` under these constraints could draw ``spec``."""
+        quantized = [layer for layer in spec.layers if layer.recipe]
+        mx = [layer for layer in quantized if layer.recipe in MX_RECIPES]
+        float8 = [layer for layer in quantized if layer.recipe not in MX_RECIPES]
+
+        def required(layer: LayerSpec) -> bool:
+            return (layer.calls > 1 or not self.require_reuse) and (layer.adapter or not self.require_nesting)
+
+        return (
+            bool(quantized)
+            and len(spec.layers) <= self.max_layers
+            and (MX_KIND in self.kinds or not mx)
+            and (FLOAT8_KIND in self.kinds or not float8)
+            and all(layer.recipe in self.recipes for layer in float8)
+            and (self.emulate is None or all(layer.emulate == self.emulate for layer in quantized))
+            and (self.reuse or all(layer.calls == 1 for layer in spec.layers))
+            and (self.nesting or not any(layer.adapter for layer in spec.layers))
+            and any(required(layer) for layer in quantized)
+        )
+
+
+@st.composite
+def _drawn_specs(draw, c: Constraints):
+    """A model with at least one quantized layer (the first drawn quantized layer is forced)."""
+    kinds = c.kinds
     with_mx = MX_KIND in kinds and (FLOAT8_KIND not in kinds or draw(st.booleans(), label="with MX layers"))
     in_features = draw(st.sampled_from(MX_WIDTHS if with_mx else WIDTHS))
-    n = draw(st.integers(1, max_layers))
+    n = draw(st.integers(1, c.max_layers))
     forced = draw(st.integers(0, n - 1))
     layers, width = [], in_features
     for i in range(n):
         layer_kinds = kinds if with_mx else (FLOAT8_KIND,)
         if with_mx and i == forced:
-            layer_kinds = (FLOAT8_KIND,) if require_nesting else (MX_KIND,)
+            layer_kinds = (FLOAT8_KIND,) if c.require_nesting else (MX_KIND,)
         widths = MX_WIDTHS if with_mx and (i < forced or FLOAT8_KIND not in kinds) else WIDTHS
         layer = draw(
             layer_specs(
-                width, recipes=recipes, emulate=emulate, quantized=True if i == forced else None, reuse=reuse, nesting=nesting,
-                kinds=layer_kinds, widths=widths,
+                width, recipes=c.recipes, emulate=c.emulate, quantized=True if i == forced else None, reuse=c.reuse,
+                nesting=c.nesting, kinds=layer_kinds, widths=widths,
             )
         )
-        if i == forced and require_reuse and layer.calls == 1:
+        if i == forced and c.require_reuse and layer.calls == 1:
             layer = LayerSpec(**{**layer.__dict__, "width": width, "calls": 2})
-        if i == forced and require_nesting:
+        if i == forced and c.require_nesting:
             layer = LayerSpec(**{**layer.__dict__, "adapter": True})
         layers.append(layer)
         width = layer.width
@@ -122,3 +167,96 @@ def model_specs(
         layers=tuple(layers),
         input_requires_grad=draw(st.booleans()),
     )
+
+
+#: Models Hypothesis draws, once per process, for the shared corpus of a derandomized run.
+CORPUS_SIZE = 256
+#: The corpus is drawn from the most general constraints: every kind, recipe and feature.
+_GENERAL = Constraints(kinds=ALL_KINDS)
+
+
+@functools.cache
+def _collect(c: Constraints, where: Callable[[ModelSpec], bool] | None, n: int) -> tuple[ModelSpec, ...]:
+    """Up to ``n`` distinct models drawn under ``c`` (and ``where``), the same ones in every process:
+    Hypothesis seeds a derandomized run from the test function, which is this one."""
+    strategy = _drawn_specs(c) if where is None else _drawn_specs(c).filter(where)
+    found: dict[ModelSpec, None] = {}
+
+    @hypothesis.settings(
+        database=None, derandomize=True, max_examples=n, deadline=None,
+        phases=(hypothesis.Phase.generate,), suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    @hypothesis.given(strategy)
+    def collect(spec):
+        found.setdefault(spec, None)
+
+    collect()
+    return tuple(found)
+
+
+def features(spec: ModelSpec) -> frozenset:
+    """What a model exercises, for ordering the corpus: the model's shape, every pair of
+    attributes of each quantized layer (recipe, emulation, adapter, reuse, whether its input needs
+    a gradient, bias, activation, residual), and each quantized layer's backward (its recipe and
+    emulation, and whether it computes an input gradient: which casts and matmuls it holds)."""
+    found = {("layers", len(spec.layers)), ("plain layer", any(layer.recipe is None for layer in spec.layers))}
+    found.add(("kinds", frozenset(layer.recipe in MX_RECIPES for layer in spec.layers if layer.recipe)))
+    found.add(("emulation", frozenset(layer.emulate for layer in spec.layers if layer.recipe)))
+    for i, layer in enumerate(spec.layers):
+        if layer.recipe:
+            attributes = [
+                ("recipe", layer.recipe), ("emulate", layer.emulate), ("adapter", layer.adapter),
+                ("calls", layer.calls), ("input grad", i > 0 or spec.input_requires_grad), ("bias", layer.bias),
+                ("activation", layer.activation), ("residual", layer.residual),
+            ]
+            found.update((a, b) for a in attributes for b in attributes if a < b)
+            found.add(("backward", *attributes[:2], attributes[4]))
+    return frozenset(found)
+
+
+#: How often the ordered corpus tries to show each feature before it stops preferring it.
+_COVERAGE = 3
+
+
+@functools.cache
+def _ordered_corpus() -> tuple[ModelSpec, ...]:
+    """The shared corpus, ordered so that every prefix shows each of the :func:`features`, up to
+    :data:`_COVERAGE` times, as often as a greedy choice can (ties and the rest in drawing order,
+    which starts from the simplest models): the first models a property takes are as varied as
+    the corpus allows."""
+    remaining = list(_collect(_GENERAL, None, CORPUS_SIZE))
+    seen: collections.Counter = collections.Counter()
+    ordered = []
+    while remaining:
+        gains = [sum(1 for f in features(s) if seen[f] < _COVERAGE) for s in remaining]
+        best = max(range(len(remaining)), key=gains.__getitem__)
+        if gains[best] == 0:
+            break
+        ordered.append(remaining.pop(best))
+        seen.update(features(ordered[-1]))
+    return tuple(ordered + remaining)
+
+
+def corpus(c: Constraints = _GENERAL, where: Callable[[ModelSpec], bool] | None = None, n: int = 25) -> tuple[ModelSpec, ...]:
+    """The first ``n`` models of the shared corpus that ``c`` and ``where`` admit, topped up with
+    models drawn under ``c`` itself when the corpus holds fewer."""
+    admitted = [s for s in _ordered_corpus() if c.admits(s) and (where is None or where(s))][:n]
+    if len(admitted) < n:
+        admitted += [s for s in _collect(c, where, n) if s not in admitted][: n - len(admitted)]
+    return tuple(admitted)
+
+
+def model_specs(*, where: Callable[[ModelSpec], bool] | None = None, **constraints) -> st.SearchStrategy[ModelSpec]:
+    """Models with at least one quantized layer, under :class:`Constraints` given by keyword, and
+    ``where`` (a predicate on the model) when given.
+
+    Under a derandomized Hypothesis profile the models come from the shared corpus (see the module
+    docstring), as many as the profile's ``max_examples``; otherwise they are drawn afresh.
+    ``kinds=ALL_KINDS`` draws MX models too; ``require_nesting`` keeps the forced layer float8,
+    since MX layers take no adapter.
+    """
+    c = Constraints(**constraints)
+    profile = hypothesis.settings.default
+    if profile.derandomize:
+        return st.deferred(lambda: st.sampled_from(corpus(c, where, profile.max_examples)))
+    return _drawn_specs(c) if where is None else _drawn_specs(c).filter(where)

@@ -80,7 +80,7 @@ def test_mx_draws_hold_mx_layers_about_half_the_time():
     seen = []
 
     @settings(max_examples=40, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(spec=model_specs(kinds=ALL_KINDS, emulate=st.just(False)))
+    @given(spec=model_specs(kinds=ALL_KINDS, emulate=False))
     def draw(spec):
         seen.append(any(kind == "mxfp8_linear" for kind, _, _ in spec.quantized_modules().values()))
 

@@ -361,7 +361,7 @@ PROFILE_PROBE = """
     ("env", "args", "expected"),
     [
         (None, [], "PROFILE dev 10 False"),
-        ("ci", [], "PROFILE ci 6 True"),
+        ("ci", [], "PROFILE ci 25 True"),
         ("ci", ["--hypothesis-profile=thorough"], "PROFILE thorough 200 False"),
     ],
 )

@@ -134,7 +134,7 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
 
     rows = report["properties"]
     # Every example Hypothesis ran (no shrinking for a passing test) and nothing else.
-    assert rows["PROV-001"]["examples"] == len(calls(suite, "PROV_001")) == 6
+    assert rows["PROV-001"]["examples"] == len(calls(suite, "PROV_001")) == 25
     assert rows["PROV-001"]["reproducer"] is None
     assert rows["PROV-003"]["examples"] == 1
     failing = rows["PROV-002"]
@@ -167,7 +167,7 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
         [
             "*fp8conf conformance*",
             "property *level *capability *status *tests *examples",
-            "PROV-001 *MUST *provenance *pass *1 *6",
+            "PROV-001 *MUST *provenance *pass *1 *25",
             "MUST score: 2/3 (backend fake 1.2)",
             "PROV-002 fail: test_props.py::test_PROV_002_fails",
             "  replay: pytest --fp8-backend=fakebackends:Fake 'test_props.py::test_PROV_002_fails' "
@@ -176,7 +176,7 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
     )
 
     markdown = (suite.path / "out" / "conf.md").read_text()
-    assert "| PROV-001 | MUST | provenance | pass | 1 | 6 |" in markdown
+    assert "| PROV-001 | MUST | provenance | pass | 1 | 25 |" in markdown
     assert f"report schema 1" in markdown and "device cpu" in markdown or "device cuda:" in markdown
     assert "## Failures" in markdown and "### PROV-002 (fail)" in markdown
     assert "```python\nx = 3\n```" in markdown

@@ -4,19 +4,17 @@ compilation compiles exactly the tagged regions."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given
 
 from conformance.graphs import tagged_groups
-from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, fresh_copy, traced
+from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, traced
 from conformance.strategies import model_specs, runnable_recipes
-
-runnable = runnable_recipes()
 from conformance.types import Compiled
 
-# A cold Inductor compile takes seconds to tens of seconds on CPU: compile properties draw a
-# quarter of the profile's examples (at least two).
-compile_budget = settings(max_examples=max(2, settings.default.max_examples // 4))
+runnable = runnable_recipes()
+
+# A cold Inductor compile takes seconds to tens of seconds on CPU: see harness.compile_budget.
+compile_budget = compile_settings()
 
 # Inductor may fuse and reorder float32 arithmetic around the FP8 casts; one flipped FP8
 # rounding moves a gradient by well under this bound, a wrong result by far more.
@@ -46,21 +44,21 @@ def _check_matches_eager(property_id, backend, spec, mode):
 @pytest.mark.fp8_property("NUM-001")
 @compile_budget
 @given(spec=model_specs(recipes=runnable))
-def test_NUM_001_full_compile_matches_eager(fp8_backend, spec):
+def test_NUM_001_full_compile_matches_eager(fp8_backend, warm_inductor, spec):
     _check_matches_eager("NUM-001", fp8_backend, spec, "full")
 
 
 @pytest.mark.fp8_property("NUM-002")
 @compile_budget
 @given(spec=model_specs(recipes=runnable))
-def test_NUM_002_regional_compile_matches_eager(fp8_backend, spec):
+def test_NUM_002_regional_compile_matches_eager(fp8_backend, warm_inductor, spec):
     _check_matches_eager("NUM-002", fp8_backend, spec, "regional")
 
 
 @pytest.mark.fp8_property("NUM-003")
 @compile_budget
-@given(spec=model_specs(emulate=st.just(False)))
-def test_NUM_003_exactly_the_tagged_regions_are_compiled(fp8_backend, spec):
+@given(spec=model_specs(emulate=False))
+def test_NUM_003_exactly_the_tagged_regions_are_compiled(fp8_backend, warm_inductor, spec):
     case = traced("NUM-003", fp8_backend, spec)
     probe, _ = fresh_copy(case)
     call_backend("NUM-003", fp8_backend, "regions", probe)
@@ -129,7 +127,7 @@ class _FP8CastCounter:
 @pytest.mark.fp8_property("NUM-004")
 @pytest.mark.sm89
 @compile_budget
-@given(spec=model_specs(emulate=st.just(False), nesting=False))
+@given(spec=model_specs(emulate=False, nesting=False))
 def test_NUM_004_cuda_graph_replays_match_eager(fp8_backend, spec):
     from conformance.graphs import trace_with_oracle
     from conformance.models import build_model

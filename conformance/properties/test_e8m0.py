@@ -11,15 +11,14 @@ import dataclasses
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.e8m0 import BLOCK, ELEMENT_STYLES, NAN_BYTE, OUT_DTYPES, E8M0Case, fit_scale_bytes, float8_allclose, reference
-from conformance.harness import fail
+from conformance.harness import compile_settings, fail
 
-# A cold Inductor compile takes seconds to tens of seconds on CPU, and opcheck traces the op
-# several ways: those properties draw a quarter of the profile's examples (at least two).
-compile_budget = settings(max_examples=max(2, settings.default.max_examples // 4))
+# A cold Inductor compile takes seconds to tens of seconds on CPU: see harness.compile_budget.
+compile_budget = compile_settings()
 
 #: The scale bytes around 1 (127) that real tensors mostly have.
 ORDINARY_BYTES = st.integers(112, 142)
@@ -294,7 +293,7 @@ def _op_nodes(graph, op) -> list:
 @pytest.mark.fp8_property("E8M0-004")
 @compile_budget
 @given(case=e8m0_cases(bytes_=ORDINARY_BYTES, max_tiles=2, max_blocks=2))
-def test_E8M0_004_compiles_fullgraph_as_one_opaque_node(fp8_backend, case):
+def test_E8M0_004_compiles_fullgraph_as_one_opaque_node(fp8_backend, warm_inductor, case):
     import torch
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._inductor.utils import run_and_get_code

@@ -11,22 +11,17 @@ from hypothesis import strategies as st
 from conformance import rewrites
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import call_backend, check, fail, fresh_copy, strict_error, traced
-from conformance.models import LayerSpec
-from conformance.strategies import FLOAT8_RECIPES, model_specs, runnable_recipes
+from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
 
 
 
-@st.composite
-def mixed_specs(draw):
-    """A non-emulated model followed by one emulated quantized layer."""
-    spec = draw(model_specs(emulate=st.just(False), max_layers=2))
-    width = spec.layers[-1].width
-    emulated = LayerSpec(width=width, recipe=draw(st.sampled_from(FLOAT8_RECIPES)), emulate=True, activation="none")
-    return dataclasses.replace(spec, layers=spec.layers + (emulated,))
+def real_and_emulated(spec) -> bool:
+    """The model holds both emulated and real (non-emulated) quantized layers."""
+    return {layer.emulate for layer in spec.layers if layer.recipe} == {True, False}
 
 
 @pytest.mark.fp8_property("EMU-001")
-@given(spec=model_specs(emulate=st.just(True)))
+@given(spec=model_specs(emulate=True))
 def test_EMU_001_emulated_modules_pass_strict_validation_without_fp8_compute(fp8_backend, spec):
     case = traced("EMU-001", fp8_backend, spec)
     computes = fp8_compute_nodes(case.gm)
@@ -36,7 +31,7 @@ def test_EMU_001_emulated_modules_pass_strict_validation_without_fp8_compute(fp8
 
 
 @pytest.mark.fp8_property("EMU-002")
-@given(spec=mixed_specs(), data=st.data())
+@given(spec=model_specs(kinds=ALL_KINDS, where=real_and_emulated), data=st.data())
 def test_EMU_002_an_emulated_module_never_excuses_another(fp8_backend, spec, data):
     case = traced("EMU-002", fp8_backend, spec)
     gm, oracle = fresh_copy(case)
@@ -64,7 +59,7 @@ _TOLERANCE = {"tensorwise": 1e-5, "rowwise": 3e-2, "rowwise_with_gw_hp": 3e-2}
 
 
 @pytest.mark.fp8_property("EMU-003")
-@given(spec=model_specs(recipes=runnable_recipes(), emulate=st.just(False), max_layers=1, reuse=False, nesting=False))
+@given(spec=model_specs(recipes=runnable_recipes(), emulate=False, max_layers=1, reuse=False, nesting=False))
 def test_EMU_003_emulated_and_real_models_agree(fp8_backend, spec):
     import torch
 

@@ -171,7 +171,7 @@ def _relative_error(a, b) -> float:
 
 
 @pytest.mark.fp8_property("FPR-004")
-def test_FPR_004_an_artifact_loads_and_runs_under_its_own_fingerprint(fp8_backend):
+def test_FPR_004_an_artifact_loads_and_runs_under_its_own_fingerprint(fp8_backend, warm_inductor):
     import torch
 
     path = _artifact(fp8_backend)

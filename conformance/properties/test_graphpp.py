@@ -19,11 +19,12 @@ from conformance import rewrites
 from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, live_nodes, tagged_groups
 from conformance.harness import call_backend, check, fail, fresh_args, fresh_copy, grad_outputs, strict_error, traced
 from conformance.stages import run_split
-from conformance.strategies import model_specs, runnable_recipes
+from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
 from conformance.types import StageSplit
 
-stages = model_specs()
-runnable_stages = model_specs(recipes=runnable_recipes())
+#: Float8Linear and MXLinear stages (about half the models hold MX layers).
+stages = model_specs(kinds=ALL_KINDS)
+runnable_stages = model_specs(kinds=ALL_KINDS, recipes=runnable_recipes())
 PASSES = ("forward", "backward")
 
 
@@ -177,7 +178,7 @@ def _check_quantized_once(fp8_backend, spec, label, gm, split):
 
 
 @pytest.mark.fp8_property("BND-004")
-@given(spec=model_specs(emulate=st.just(False)))
+@given(spec=model_specs(kinds=ALL_KINDS, emulate=False))
 def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend, spec):
     _each_split("BND-004", fp8_backend, spec, _check_regions_after_split)
 
@@ -249,7 +250,7 @@ def _show(counter) -> str:
 
 
 @pytest.mark.fp8_property("BND-006")
-@given(spec=model_specs(emulate=st.just(False)), data=st.data())
+@given(spec=model_specs(kinds=ALL_KINDS, emulate=False), data=st.data())
 def test_BND_006_strict_validation_runs_before_the_split_and_not_falsely_after(fp8_backend, spec, data):
     from fp8conf.errors import FP8ValidationError
 

@@ -32,7 +32,7 @@ def _fqn(property_id, backend, node):
 
 
 @pytest.mark.fp8_property("PROV-001")
-@given(spec=model_specs(emulate=st.just(False)))
+@given(spec=model_specs(emulate=False))
 def test_PROV_001_every_fp8_compute_node_names_its_module(fp8_backend, spec):
     case = traced("PROV-001", fp8_backend, spec)
     computes = fp8_compute_nodes(case.gm)
@@ -129,7 +129,7 @@ def test_PROV_004_no_node_carries_provenance_of_a_module_that_did_not_issue_it(f
 
 
 @pytest.mark.fp8_property("PROV-006")
-@given(spec=model_specs(require_reuse=True, require_nesting=True, emulate=st.just(False)))
+@given(spec=model_specs(require_reuse=True, require_nesting=True, emulate=False))
 def test_PROV_006_reused_modules_keep_their_fqn_nested_ones_the_innermost(fp8_backend, spec):
     case = traced("PROV-006", fp8_backend, spec)
     per_module = collections.Counter()

@@ -11,10 +11,19 @@ from hypothesis import strategies as st
 from conformance import rewrites
 from conformance.graphs import fp8_compute_nodes, incompleteness, non_convexity, tagged_groups
 from conformance.harness import call_backend, check, fail, fresh_copy, traced
-from conformance.strategies import model_specs
+from conformance.strategies import ALL_KINDS
+from conformance.strategies import model_specs as _model_specs
 from conformance.types import Region
 
-non_emulated = model_specs(emulate=st.just(False))
+#: Quantized module kinds drawn here: Float8Linear and MXLinear (about half the models hold MX layers).
+KINDS = ALL_KINDS
+
+
+def model_specs(**kwargs):
+    return _model_specs(kinds=KINDS, **kwargs)
+
+
+non_emulated = model_specs(emulate=False)
 
 
 def _regions(property_id, backend, gm) -> list[Region]:

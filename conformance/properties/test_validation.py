@@ -22,7 +22,7 @@ KINDS = ALL_KINDS
 def model_specs(**kwargs):
     return _model_specs(kinds=KINDS, **kwargs)
 
-non_emulated = model_specs(emulate=st.just(False))
+non_emulated = model_specs(emulate=False)
 
 
 

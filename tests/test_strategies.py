@@ -1,0 +1,125 @@
+"""The model strategies: constraints hold for every drawn model, and a derandomized run draws
+every property's models from one shared corpus, the same in every process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.models import LayerSpec, ModelSpec
+from conformance.strategies import ALL_KINDS, CORPUS_SIZE, FLOAT8_RECIPES, Constraints, corpus
+from conformance.strategies import _drawn_specs  # the strategy behind the corpus
+
+pytest_plugins = ["pytester"]
+
+constraints = st.builds(
+    Constraints,
+    max_layers=st.integers(1, 3),
+    recipes=st.sampled_from([FLOAT8_RECIPES, ("tensorwise",), ("rowwise", "rowwise_with_gw_hp")]),
+    emulate=st.sampled_from([None, True, False]),
+    reuse=st.booleans(),
+    nesting=st.booleans(),
+    require_reuse=st.booleans(),
+    require_nesting=st.booleans(),
+    kinds=st.sampled_from([("float8_linear",), ALL_KINDS]),
+).filter(lambda c: (c.reuse or not c.require_reuse) and (c.nesting or not c.require_nesting))
+
+
+@given(c=constraints, data=st.data())
+def test_every_drawn_model_is_admitted_by_its_constraints(c, data):
+    spec = data.draw(_drawn_specs(c), label="spec")
+    assert c.admits(spec), f"{c} does not admit the model it drew: {spec!r}"
+
+
+def _spec(*layers: LayerSpec, in_features: int = 32) -> ModelSpec:
+    return ModelSpec(in_features=in_features, layers=layers)
+
+
+REAL = LayerSpec(32, "tensorwise")
+
+
+@pytest.mark.parametrize(
+    "c, spec",
+    [
+        (Constraints(), _spec(LayerSpec(32, None))),  # no quantized layer
+        (Constraints(max_layers=1), _spec(REAL, REAL)),
+        (Constraints(recipes=("tensorwise",)), _spec(LayerSpec(32, "rowwise"))),
+        (Constraints(emulate=False), _spec(REAL, LayerSpec(32, "tensorwise", emulate=True))),
+        (Constraints(emulate=True), _spec(REAL)),
+        (Constraints(reuse=False), _spec(LayerSpec(32, None, calls=2), REAL)),
+        (Constraints(nesting=False), _spec(LayerSpec(32, "tensorwise", adapter=True))),
+        (Constraints(require_reuse=True), _spec(LayerSpec(32, None, calls=2), REAL)),
+        (Constraints(require_nesting=True), _spec(REAL)),
+        (Constraints(require_reuse=True, require_nesting=True), _spec(LayerSpec(32, "tensorwise", calls=2), LayerSpec(32, "tensorwise", adapter=True))),
+        (Constraints(), _spec(LayerSpec(32, "mxfp8"))),  # float8 kinds only
+        (Constraints(kinds=("mxfp8_linear",)), _spec(REAL)),
+    ],
+)
+def test_constraints_reject_models_they_cannot_draw(c, spec):
+    assert not c.admits(spec)
+
+
+def test_the_corpus_serves_distinct_admitted_models():
+    c = Constraints(kinds=ALL_KINDS, emulate=False, require_reuse=True, require_nesting=True)
+    got = corpus(c, n=25)
+    assert len(got) == len(set(got)) == 25
+    assert all(c.admits(spec) for spec in got)
+    general = corpus(Constraints(kinds=ALL_KINDS), n=CORPUS_SIZE)
+    assert len(set(general)) > 200, "the shared corpus should hold well over 200 distinct models"
+    assert {layer.recipe for spec in general for layer in spec.layers} >= set(FLOAT8_RECIPES) | {"mxfp8", "mxfp8_emulated", None}
+
+
+def test_properties_with_the_same_constraints_share_models_and_others_overlap():
+    everything, real = corpus(Constraints(kinds=ALL_KINDS)), corpus(Constraints(kinds=ALL_KINDS, emulate=False))
+    assert everything == corpus(Constraints(kinds=ALL_KINDS))
+    shared = set(everything) & set(real)
+    # Both take the first admitted models of one corpus: every real model among the first 25 is shared.
+    assert shared == {s for s in everything if Constraints(kinds=ALL_KINDS, emulate=False).admits(s)}
+    assert shared
+
+
+_PRINT_CORPUS = (
+    "from conformance.strategies import Constraints, ALL_KINDS, corpus\n"
+    "import json\n"
+    "print(json.dumps([repr(s) for s in corpus(Constraints(kinds=ALL_KINDS, emulate=False), n=25)]))\n"
+)
+
+
+def test_the_corpus_is_the_same_in_every_process():
+    runs = []
+    for seed in ("0", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", _PRINT_CORPUS], env=env, capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[0] == runs[1]
+    assert runs[0] == [repr(s) for s in corpus(Constraints(kinds=ALL_KINDS, emulate=False), n=25)]
+
+
+def test_a_derandomized_profile_draws_from_the_corpus_and_others_draw_afresh(pytester):
+    pytester.makepyfile(
+        """
+        from hypothesis import given, settings
+        from conformance.strategies import ALL_KINDS, Constraints, corpus, model_specs
+
+        seen = []
+
+        @given(spec=model_specs(kinds=ALL_KINDS))
+        def test_draw(spec):
+            seen.append(spec)
+
+        def test_check():
+            expected = set(corpus(Constraints(kinds=ALL_KINDS), n=settings.default.max_examples))
+            print("FROM-CORPUS", set(seen) <= expected, len(set(seen)))
+        """
+    )
+    ci = pytester.runpytest_subprocess("--hypothesis-profile=ci", "-s", "-p", "no:cacheprovider")
+    ci.stdout.fnmatch_lines(["*FROM-CORPUS True 25*"])
+    dev = pytester.runpytest_subprocess("--hypothesis-profile=thorough", "-s", "-p", "no:cacheprovider")
+    dev.stdout.fnmatch_lines(["*FROM-CORPUS False*"])
