@@ -31,8 +31,10 @@ lives in another (:func:`fp8conf.validate_fp8_graph` reads that record).
 from __future__ import annotations
 
 import collections
-import operator
+import contextlib
 import dataclasses
+import gc
+import operator
 from collections.abc import Callable, Sequence
 
 import torch
@@ -117,6 +119,26 @@ def split_stage(gm: torch.fx.GraphModule, *, strict: bool = True) -> StageSplit:
     Raises :class:`~fp8conf.errors.FP8GraphSplitError` when the graph cannot be cut correctly.
     """
     validate_fp8_graph(gm, strict=strict)
+    with _garbage_collection_paused():
+        return _split(gm)
+
+
+@contextlib.contextmanager
+def _garbage_collection_paused():
+    # The split makes a few objects per node, all of which live as long as the callables. Python's
+    # collector, triggered by those allocations, scans the whole heap (the stage graph and its
+    # fake tensors) without finding garbage, which doubled the split's time per node on 100k-node
+    # graphs (benchmarks/bench_passes.py). It is paused for the split and left as it was found.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _split(gm: torch.fx.GraphModule) -> StageSplit:
     from torch._functorch._aot_autograd import descriptors as d
 
     passes = node_passes(gm.graph)
