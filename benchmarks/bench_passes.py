@@ -103,7 +103,7 @@ def main():
             "bench_passes",
             f"CPU, torch {torch.__version__}, torchao {torchao.__version__}; tensorwise Float8Linear block stacks of "
             f"width {args.dim}; best of {args.repeat} per pass; trace = aot export with provenance annotations, "
-            "without propagation; split includes its strict validation.",
+            "without propagation; split includes its (non-strict) validation.",
             text,
         )
 

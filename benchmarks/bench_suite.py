@@ -1,0 +1,119 @@
+"""How long the README's two commands take: the main job and the test command.
+
+Runs each command as a user would, in a subprocess from the repository root, with and without
+``-n 2`` (pytest-xdist workers), first with an empty Inductor cache (cold: a fresh
+``TORCHINDUCTOR_CACHE_DIR``) and then again with the cache that run left (warm). Prints the wall
+time of each run, its pytest summary and, for the main job, the fewest examples any structural
+(trace-and-analyse) property ran, read from its report.
+
+    python benchmarks/bench_suite.py                          # everything (about an hour on 2 cores)
+    python benchmarks/bench_suite.py --jobs main --workers 2  # a part
+    python benchmarks/bench_suite.py --jsonl runs.jsonl       # keep each run as it finishes
+    python benchmarks/bench_suite.py --from-jsonl runs.jsonl --write
+
+The runs are measured one after another, never side by side: each would take both cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import results  # benchmarks/results.py, beside this script
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Capabilities whose properties trace a model and analyse its graph (no compilation).
+STRUCTURAL = ("provenance", "validation", "regions", "emulation", "graphpp")
+JOBS = ("main", "tests")
+
+
+def command(job: str, workers: int, report: Path) -> list[str]:
+    """The README's command for ``job``, with ``-n workers`` when more than one."""
+    xdist = ["-n", str(workers)] if workers > 1 else []
+    if job == "main":
+        return ["fp8conf", "check", "--report", str(report), *xdist]
+    return [sys.executable, "-m", "pytest", *xdist, "--hypothesis-profile=ci"]
+
+
+def run(job: str, workers: int, cache: str, cache_dir: Path, scratch: Path) -> dict:
+    report = scratch / f"{job}-{workers}-{cache}.json"
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir))
+    start = time.perf_counter()
+    proc = subprocess.run(command(job, workers, report), cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    summary = re.findall(r"(\d+ (?:passed|failed|errors?)\b[^\n]*?) in [\d.]+s", proc.stdout)
+    row = {"job": job, "workers": workers, "cache": cache, "wall_s": wall, "exit": proc.returncode,
+           "summary": summary[-1] if summary else proc.stdout.strip().splitlines()[-1:]}
+    if job == "main" and report.exists():
+        properties = json.loads(report.read_text())["properties"].values()
+        examples = [p["examples"] for p in properties if p["capability"] in STRUCTURAL]
+        row["structural_examples"] = min(examples) if examples else None
+        row["must"] = sum(p["status"] == "pass" for p in properties if p["level"] == "MUST")
+    return row
+
+
+def table(rows) -> str:
+    lines = [
+        "| command | workers | Inductor cache | wall s | min | result | examples per structural property (min) |",
+        "|---|---:|---|---:|---:|---|---:|",
+    ]
+    names = {"main": "`fp8conf check --report ...`", "tests": "`python -m pytest --hypothesis-profile=ci`"}
+    for r in rows:
+        result = r["summary"] if r["exit"] == 0 else f"{r['summary']} (exit {r['exit']})"
+        lines.append(
+            f"| {names[r['job']]} | {r['workers']} | {r['cache']} | {r['wall_s']:.0f} | {r['wall_s'] / 60:.1f} | "
+            f"{result} | {r.get('structural_examples', '')} |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", nargs="+", choices=JOBS, default=list(JOBS))
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="xdist workers (1: no -n)")
+    parser.add_argument("--no-warm", action="store_true", help="only the cold run of each")
+    parser.add_argument("--jsonl", help="append each run to this file as it finishes")
+    parser.add_argument("--from-jsonl", nargs="+", metavar="FILE", help="run nothing: tabulate runs saved by --jsonl")
+    parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+
+    rows = []
+    if args.from_jsonl:
+        for path in args.from_jsonl:
+            rows += [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-suite-") as scratch:
+            for job in args.jobs:
+                for workers in args.workers:
+                    cache_dir = Path(scratch) / f"inductor-{job}-{workers}"
+                    for cache in ("cold",) if args.no_warm else ("cold", "warm"):
+                        print(f"{job}, {workers} worker(s), {cache} cache ...", flush=True)
+                        rows.append(run(job, workers, cache, cache_dir, Path(scratch)))
+                        print(f"  {rows[-1]['wall_s']:.0f} s: {rows[-1]['summary']}", flush=True)
+                        if args.jsonl:
+                            with open(args.jsonl, "a") as f:
+                                f.write(json.dumps(rows[-1]) + "\n")
+    text = table(rows)
+    print(text)
+    if args.write:
+        import torch
+        import torchao
+
+        results.append(
+            "bench_suite",
+            f"CPU, {os.cpu_count()} cores, torch {torch.__version__}, torchao {torchao.__version__}, Python "
+            f"{sys.version.split()[0]}; Hypothesis profile `ci`; each command run in a subprocess from the "
+            "repository root, one at a time; cold: an empty Inductor cache, warm: the cache the cold run left.",
+            text,
+        )
+
+
+if __name__ == "__main__":
+    main()
