@@ -119,6 +119,10 @@ _HEALTH_CHECKS = (
     HealthCheck.data_too_large,
     HealthCheck.filter_too_much,
     HealthCheck.differing_executors,
+    # A derandomized profile draws the shared corpus of models (conformance.strategies) with
+    # Hypothesis, once per process, when a test first asks for it, possibly from inside its own
+    # @given: a one-time nesting, not the per-example kind this check is about.
+    *[check for check in (getattr(HealthCheck, "nested_given", None),) if check is not None],
 )
 _NO_SHRINK = (hypothesis.Phase.explicit, hypothesis.Phase.reuse, hypothesis.Phase.generate)
 #: Phases left out for a test under an expectation (explain needs shrink).

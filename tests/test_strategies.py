@@ -105,10 +105,15 @@ def test_the_corpus_is_the_same_in_every_process():
 def test_a_derandomized_profile_draws_from_the_corpus_and_others_draw_afresh(pytester):
     pytester.makepyfile(
         """
-        from hypothesis import given, settings
+        from hypothesis import given, settings, strategies as st
         from conformance.strategies import ALL_KINDS, Constraints, corpus, model_specs
 
         seen = []
+
+        # The first use in the process, from inside a test's body: the corpus is drawn then.
+        @given(data=st.data())
+        def test_draw_in_the_body(data):
+            data.draw(model_specs(max_layers=1, reuse=False, nesting=False, emulate=False))
 
         @given(spec=model_specs(kinds=ALL_KINDS))
         def test_draw(spec):
@@ -121,5 +126,7 @@ def test_a_derandomized_profile_draws_from_the_corpus_and_others_draw_afresh(pyt
     )
     ci = pytester.runpytest_subprocess("--hypothesis-profile=ci", "-s", "-p", "no:cacheprovider")
     ci.stdout.fnmatch_lines(["*FROM-CORPUS True 25*"])
+    ci.assert_outcomes(passed=3)
     dev = pytester.runpytest_subprocess("--hypothesis-profile=thorough", "-s", "-p", "no:cacheprovider")
     dev.stdout.fnmatch_lines(["*FROM-CORPUS False*"])
+    dev.assert_outcomes(passed=3)

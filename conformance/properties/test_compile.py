@@ -57,7 +57,7 @@ def test_NUM_002_regional_compile_matches_eager(fp8_backend, warm_inductor, spec
 
 @pytest.mark.fp8_property("NUM-003")
 @compile_budget
-@given(spec=model_specs(emulate=False))
+@given(spec=model_specs(recipes=runnable, emulate=False))
 def test_NUM_003_exactly_the_tagged_regions_are_compiled(fp8_backend, warm_inductor, spec):
     case = traced("NUM-003", fp8_backend, spec)
     probe, _ = fresh_copy(case)
