@@ -13,8 +13,9 @@ make any later quantized layer whose in features allow it MX too. MX layers take
 property's cost, and traced graphs are cached per model (``conformance.harness.traced``). Under a
 derandomized profile (``ci``, ``mutants``) :func:`model_specs` therefore does not draw afresh per
 property: Hypothesis draws one corpus of :data:`CORPUS_SIZE` models from the most general strategy
-with a fixed seed, and each property samples the first ``max_examples`` models of it that its
-constraints admit (drawing more from its own strategy only when the corpus has too few). Every
+with a fixed seed, ordered so that its first models vary every feature drawn (recipes,
+emulation, MX, reuse, nesting, input gradients, ...), and each property samples the first
+``max_examples`` models of it that its constraints admit (drawing more from its own strategy only when the corpus has too few). Every
 property still sees that many distinct models, and a model drawn by several properties is traced
 once. Under ``dev`` and ``thorough`` each property draws its own models.
 """
@@ -31,7 +32,7 @@ from hypothesis import strategies as st
 
 from conformance.models import ACTIVATIONS, MX_RECIPES, LayerSpec, ModelSpec
 
-__all__ = ["FLOAT8_RECIPES", "ALL_KINDS", "CORPUS_SIZE", "Constraints", "corpus", "features", "layer_specs", "model_specs", "runnable_recipes"]
+__all__ = ["FLOAT8_RECIPES", "ALL_KINDS", "CORPUS_SIZE", "Constraints", "corpus", "layer_specs", "model_specs", "runnable_recipes"]
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 WIDTHS = (16, 32, 48)
@@ -194,7 +195,7 @@ def _collect(c: Constraints, where: Callable[[ModelSpec], bool] | None, n: int) 
     return tuple(found)
 
 
-def features(spec: ModelSpec) -> frozenset:
+def _features(spec: ModelSpec) -> frozenset:
     """What a model exercises, for ordering the corpus: the model's shape, every pair of
     attributes of each quantized layer (recipe, emulation, adapter, reuse, whether its input needs
     a gradient, bias, activation, residual), and each quantized layer's backward (its recipe and
@@ -220,20 +221,21 @@ _COVERAGE = 3
 
 @functools.cache
 def _ordered_corpus() -> tuple[ModelSpec, ...]:
-    """The shared corpus, ordered so that every prefix shows each of the :func:`features`, up to
+    """The shared corpus, ordered so that every prefix shows each of the :func:`_features`, up to
     :data:`_COVERAGE` times, as often as a greedy choice can (ties and the rest in drawing order,
     which starts from the simplest models): the first models a property takes are as varied as
     the corpus allows."""
     remaining = list(_collect(_GENERAL, None, CORPUS_SIZE))
+    features = {spec: _features(spec) for spec in remaining}
     seen: collections.Counter = collections.Counter()
     ordered = []
     while remaining:
-        gains = [sum(1 for f in features(s) if seen[f] < _COVERAGE) for s in remaining]
+        gains = [sum(1 for f in features[s] if seen[f] < _COVERAGE) for s in remaining]
         best = max(range(len(remaining)), key=gains.__getitem__)
         if gains[best] == 0:
             break
         ordered.append(remaining.pop(best))
-        seen.update(features(ordered[-1]))
+        seen.update(features[ordered[-1]])
     return tuple(ordered + remaining)
 
 
