@@ -16,10 +16,8 @@ appends it with date, versions and device to ``benchmarks/RESULTS.md`` (``--writ
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
@@ -169,15 +167,13 @@ def main():
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--recipes", nargs="+", default=["tensorwise", "rowwise"])
     parser.add_argument("--variants", nargs="+", help="measure only these variants (labels as printed)")
-    parser.add_argument("--jsonl", help="append each measured row to this file as it is measured")
-    parser.add_argument("--from-jsonl", nargs="+", metavar="FILE", help="measure nothing: tabulate rows saved by --jsonl")
+    results.jsonl_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="tiny models: checks the script, measures nothing")
     parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     rows = []
     if args.from_jsonl:
-        for path in args.from_jsonl:
-            rows += [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        rows = results.read_jsonl(args.from_jsonl)
         environment = rows[0].get("environment", "") if rows else ""
     else:
         import torchao
@@ -188,9 +184,7 @@ def main():
         def sink(row):
             row["environment"] = environment
             rows.append(row)
-            if args.jsonl:
-                with open(args.jsonl, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            results.append_jsonl(args.jsonl, row)
 
         run(args, sink)
     text = table(rows)

@@ -79,15 +79,13 @@ def main():
     parser.add_argument("--jobs", nargs="+", choices=JOBS, default=list(JOBS))
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="xdist workers (1: no -n)")
     parser.add_argument("--no-warm", action="store_true", help="only the cold run of each")
-    parser.add_argument("--jsonl", help="append each run to this file as it finishes")
-    parser.add_argument("--from-jsonl", nargs="+", metavar="FILE", help="run nothing: tabulate runs saved by --jsonl")
+    results.jsonl_arguments(parser, "run")
     parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
 
     rows = []
     if args.from_jsonl:
-        for path in args.from_jsonl:
-            rows += [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        rows = results.read_jsonl(args.from_jsonl)
     else:
         with tempfile.TemporaryDirectory(prefix="bench-suite-") as scratch:
             for job in args.jobs:
@@ -97,9 +95,7 @@ def main():
                         print(f"{job}, {workers} worker(s), {cache} cache ...", flush=True)
                         rows.append(run(job, workers, cache, cache_dir, Path(scratch)))
                         print(f"  {rows[-1]['wall_s']:.0f} s: {rows[-1]['summary']}", flush=True)
-                        if args.jsonl:
-                            with open(args.jsonl, "a") as f:
-                                f.write(json.dumps(rows[-1]) + "\n")
+                        results.append_jsonl(args.jsonl, rows[-1])
     text = table(rows)
     print(text)
     if args.write:
