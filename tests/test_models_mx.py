@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import fp8conf
 from conformance.models import LayerSpec, ModelSpec, build_model

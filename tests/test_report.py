@@ -177,7 +177,7 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
 
     markdown = (suite.path / "out" / "conf.md").read_text()
     assert "| PROV-001 | MUST | provenance | pass | 1 | 25 |" in markdown
-    assert f"report schema 1" in markdown and "device cpu" in markdown or "device cuda:" in markdown
+    assert "report schema 1" in markdown and "device cpu" in markdown or "device cuda:" in markdown
     assert "## Failures" in markdown and "### PROV-002 (fail)" in markdown
     assert "```python\nx = 3\n```" in markdown
     assert found["command"] in markdown

@@ -3,7 +3,6 @@ every property's models from one shared corpus, the same in every process."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess

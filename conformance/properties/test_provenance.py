@@ -6,7 +6,6 @@ import collections
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import call_backend, check, fail, fresh_copy, traced
