@@ -18,7 +18,7 @@ import pytest
 
 from conformance.graphs import Oracle, copy_graph_module, trace_with_oracle
 from conformance.models import ModelSpec, build_model
-from conformance.spec import get_property
+from conformance.api.spec import get_property
 
 __all__ = ["compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "fresh_copy", "fresh_args", "grad_outputs"]
 

@@ -8,7 +8,7 @@ point of the group ``fp8conf.backends``) or ``--fp8-backend=package.module:Class
 
 * loads and instantiates the backend once per session (fixture ``fp8_backend``);
 * collects ``conformance/properties/`` of the installed package when no test path is given;
-* checks every ``@pytest.mark.fp8_property(ID)`` against :mod:`conformance.spec` and skips a
+* checks every ``@pytest.mark.fp8_property(ID)`` against :mod:`conformance.api.spec` and skips a
   test as ``not_supported`` when the backend does not claim the property's capability;
 * skips ``gpu`` / ``sm89`` / ``sm90`` / ``sm100`` tests the local device cannot run;
 * skips a property newer than the spec version checked (``--fp8-spec-version``, default the
@@ -50,8 +50,8 @@ from hypothesis.errors import InvalidArgument
 import conformance
 from conformance import expectations as expectations_file
 from conformance import replay, watchdog
-from conformance.adapter import Backend
-from conformance.spec import PROPERTIES, SPEC_VERSION, get_property
+from conformance.api.backend import Backend
+from conformance.api.spec import PROPERTIES, SPEC_VERSION, get_property
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -106,7 +106,7 @@ _GPU_MARKERS: dict[str, tuple[int, int] | None] = {
     "sm100": (10, 0),
 }
 _MARKERS = (
-    "fp8_property(id): the test checks spec property `id` of conformance.spec; it is skipped "
+    "fp8_property(id): the test checks spec property `id` of conformance.api.spec; it is skipped "
     "as not_supported when the backend does not claim the property's capability",
     "gpu: needs a CUDA device",
     "sm89: needs a CUDA device of compute capability 8.9 or newer",
@@ -309,7 +309,7 @@ def _cited_ids(item: pytest.Item) -> list[str]:
         except KeyError:
             raise _CitationError(
                 f"{item.nodeid} cites unknown spec property {property_id!r} "
-                "(not in conformance.spec.PROPERTIES)"
+                "(not in conformance.api.spec.PROPERTIES)"
             ) from None
         if property_id not in ids:
             ids.append(property_id)

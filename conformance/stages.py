@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from conformance.types import StageSplit
+from conformance.api.types import StageSplit
 
 __all__ = ["run_split", "SplitConventionError"]
 

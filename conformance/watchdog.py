@@ -46,7 +46,7 @@ def current_method() -> str | None:
 
 
 def _api_methods() -> tuple[str, ...]:
-    from conformance.adapter import Backend
+    from conformance.api.backend import Backend
 
     return tuple(
         name for name, value in vars(Backend).items() if callable(value) and not name.startswith("_")

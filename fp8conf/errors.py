@@ -8,6 +8,8 @@ plugin can name these types without loading torch.
 
 from __future__ import annotations
 
+from conformance.api import errors as contract
+
 __all__ = [
     "FP8Error",
     "FP8ConfigError",
@@ -38,7 +40,7 @@ class FP8TraceError(FP8Error, TypeError):
     """The model or its example inputs cannot be traced into a joint graph."""
 
 
-class FP8ValidationError(FP8Error):
+class FP8ValidationError(FP8Error, contract.ValidationFailure):
     """A joint graph breaks an FP8 rule.
 
     Attributes:
@@ -117,7 +119,7 @@ class FP8ValidationWarning(UserWarning):
     """A validation finding reported in non-strict mode."""
 
 
-class FingerprintMismatchError(FP8Error):
+class FingerprintMismatchError(FP8Error, contract.FingerprintMismatch):
     """A precompiled artifact was built for another FP8 configuration than the one loading it.
 
     The artifact is never used. Attributes:

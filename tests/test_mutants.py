@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.spec import PROPERTIES
+from conformance.api.spec import PROPERTIES
 from mutants import backends, e8m0, graphpp, regions  # tests/ is on sys.path (tests/conftest.py)
 
 MUTANTS = backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import settings
 
 from conformance import spec as spec_module
-from conformance.spec import SPEC_VERSION
+from conformance.api.spec import SPEC_VERSION
 import fake_backends  # tests/fake_backends.py (tests/ is on sys.path)
 
 pytest_plugins = ["pytester"]

@@ -16,8 +16,8 @@ import pytest
 
 import conformance
 from conformance.backends.reference import ReferenceBackend
-from conformance.spec import PROPERTIES, SPEC_VERSION
-from conformance.types import CAPABILITIES
+from conformance.api.spec import PROPERTIES, SPEC_VERSION
+from conformance.api.types import CAPABILITIES
 
 PROPERTIES_DIR = Path(conformance.__file__).resolve().parent / "properties"
 SPEC_MD = Path(conformance.__file__).resolve().parent / "SPEC.md"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import fp8conf
-from conformance.adapter import Backend
-from conformance.types import Compiled, Finding, Provenance, Region, StageSplit, ValidationReport
+from conformance.api.backend import Backend
+from conformance.api.types import Compiled, Finding, Provenance, Region, StageSplit, ValidationReport
 
 __all__ = ["ReferenceBackend"]
 

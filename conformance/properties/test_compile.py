@@ -9,7 +9,7 @@ from hypothesis import given
 from conformance.graphs import tagged_groups
 from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, traced
 from conformance.strategies import model_specs, runnable_recipes
-from conformance.types import Compiled
+from conformance.api.types import Compiled
 
 runnable = runnable_recipes()
 

@@ -20,7 +20,7 @@ from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, i
 from conformance.harness import call_backend, check, fail, fresh_args, fresh_copy, grad_outputs, strict_error, traced
 from conformance.stages import run_split
 from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
-from conformance.types import StageSplit
+from conformance.api.types import StageSplit
 
 #: Float8Linear and MXLinear stages (about half the models hold MX layers).
 stages = model_specs(kinds=ALL_KINDS)

@@ -11,7 +11,7 @@ from conformance.graphs import fp8_compute_nodes
 from conformance.harness import call_backend, check, fail, fresh_copy, traced
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
-from conformance.types import Provenance
+from conformance.api.types import Provenance
 
 #: Quantized module kinds drawn here: Float8Linear and MXLinear (about half the models hold MX layers).
 KINDS = ALL_KINDS

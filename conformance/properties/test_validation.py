@@ -13,7 +13,7 @@ from conformance.graphs import fp8_compute_nodes
 from conformance.harness import call_backend, check, fail, fresh_copy, strict_error, traced
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
-from conformance.types import ValidationReport
+from conformance.api.types import ValidationReport
 
 #: Quantized module kinds drawn here: Float8Linear and MXLinear (about half the models hold MX layers).
 KINDS = ALL_KINDS

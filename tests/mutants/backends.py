@@ -14,7 +14,7 @@ import fp8conf
 import fp8conf.provenance
 import fp8conf.validate
 from conformance.backends.reference import ReferenceBackend
-from conformance.types import Provenance
+from conformance.api.types import Provenance
 
 aten_scaled = ("aten._scaled_mm.default",)
 

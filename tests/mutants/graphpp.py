@@ -11,7 +11,7 @@ import dataclasses
 from unittest import mock
 
 from conformance.backends.reference import ReferenceBackend
-from conformance.types import Region
+from conformance.api.types import Region
 from fp8conf import graphpp
 from fp8conf.provenance import PROVENANCE_META_KEY, get_provenance
 from fp8conf.regions import identify_fp8_regions, tag_fp8_regions

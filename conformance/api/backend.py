@@ -18,7 +18,7 @@ Calling conventions:
   parameter FQN (``"0.proj.weight"``) to its gradient, plus ``"input.<i>"`` keys for positional
   inputs that require grad.
 * ``validate(gm, strict=...)`` raises a subclass of ``fp8conf.FP8ValidationError`` in strict
-  mode and returns a :class:`~conformance.types.ValidationReport` otherwise; it must never
+  mode and returns a :class:`~conformance.api.types.ValidationReport` otherwise; it must never
   change the graph.
 """
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any
 
-from conformance.spec import SPEC_VERSION
-from conformance.types import CAPABILITIES, Compiled, Provenance, Region, StageSplit, ValidationReport
+from conformance.api.spec import SPEC_VERSION
+from conformance.api.types import CAPABILITIES, Compiled, Provenance, Region, StageSplit, ValidationReport
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
     import torch

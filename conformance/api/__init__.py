@@ -1,0 +1,40 @@
+"""The contract a backend implements, importable without torch or fp8conf.
+
+Everything a backend author needs: :class:`Backend`, the neutral value types, the error protocol
+(:mod:`conformance.api.errors`), the spec registry and :data:`CAPABILITIES`. Nothing here imports
+torch, Hypothesis, pytest or fp8conf.
+"""
+
+from conformance.api.backend import Backend
+from conformance.api.errors import ContractError, FingerprintMismatch, SplitFailure, ValidationFailure
+from conformance.api.spec import PROPERTIES, SPEC_VERSION, Property, get_property
+from conformance.api.types import (
+    CAPABILITIES,
+    PASSES,
+    Compiled,
+    Finding,
+    Provenance,
+    Region,
+    StageSplit,
+    ValidationReport,
+)
+
+__all__ = [
+    "Backend",
+    "CAPABILITIES",
+    "PASSES",
+    "Provenance",
+    "Finding",
+    "ValidationReport",
+    "Region",
+    "Compiled",
+    "StageSplit",
+    "ContractError",
+    "ValidationFailure",
+    "SplitFailure",
+    "FingerprintMismatch",
+    "SPEC_VERSION",
+    "Property",
+    "PROPERTIES",
+    "get_property",
+]
