@@ -415,8 +415,8 @@ def test_hypothesis_profiles(suite, monkeypatch, env, args, expected):
 @pytest.mark.parametrize(
     ("env", "args", "message"),
     [
-        ("ci", [], "ERROR: FP8CONF_HYPOTHESIS_PROFILE=ci: fp8conf's Hypothesis profile 'ci' is now called 'fp8conf-ci'"),
-        (None, ["--hypothesis-profile=dev"], "ERROR: --hypothesis-profile=dev: * is now called 'fp8conf-dev'"),
+        ("ci", [], "ERROR: FP8CONF_HYPOTHESIS_PROFILE=ci: * profile 'ci' is now called 'fp8conf-ci'"),
+        (None, ["--hypothesis-profile=dev"], "ERROR: --hypothesis-profile=dev: * now called 'fp8conf-dev'"),
     ],
 )
 def test_old_profile_names_are_a_usage_error_for_the_helper(suite, monkeypatch, env, args, message):

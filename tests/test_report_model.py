@@ -109,7 +109,10 @@ def test_property_row_takes_the_strongest_status_and_its_reproducer():
     found = {"test": "t.py::b"}
     row = property_row(
         PROPERTIES["PROV-001"],
-        [_record("pass", 3), _record("fail", 2, reproducer=found), _record("skipped", 0, reason="gpu"), _record(None, 0)],
+        [
+            _record("pass", 3), _record("fail", 2, reproducer=found),
+            _record("skipped", 0, reason="gpu"), _record(None, 0),
+        ],
     )
     assert row["status"] == "fail"
     assert (row["tests"], row["examples"]) == (4, 5)
@@ -163,7 +166,9 @@ def _report(records):
 
 
 FAILURE = {
-    "test": "t.py::test_b", "message": "[PROV-002] MUST: ...", "command": "pytest --fp8-backend=m:Fake t.py::test_b",
+    "test": "t.py::test_b",
+    "message": "[PROV-002] MUST: ...",
+    "command": "pytest --fp8-backend=m:Fake t.py::test_b",
     "model": "x = 3\n", "failing_case": None, "reproduce_failure": "@reproduce_failure('6', b'AA==')",
 }
 

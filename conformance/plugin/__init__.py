@@ -41,7 +41,13 @@ from conformance.plugin.hooks import (
     warm_inductor,
 )
 from conformance.plugin.loading import ENTRY_POINT_GROUP, load_backend
-from conformance.plugin.profiles import DEFAULT_PROFILE, PROFILE_ENV, PROFILE_NAMES, load_profile, register_profiles
+from conformance.plugin.profiles import (
+    DEFAULT_PROFILE,
+    PROFILE_ENV,
+    PROFILE_NAMES,
+    load_profile,
+    register_profiles,
+)
 from conformance.plugin.report import PROPERTY_KEY, REPORT_SCHEMA_VERSION, STATUSES
 
 __all__ = [

@@ -102,10 +102,8 @@ def _renamed(name: str, where: str, config: pytest.Config, accept: bool) -> str:
         raise pytest.UsageError(
             f"{where}={name}: fp8conf's Hypothesis profile {name!r} is now called {new!r}"
         )
-    config.issue_config_time_warning(
-        pytest.PytestWarning(f"{where}={name}: fp8conf's profile {name!r} is now {new!r}; using {new!r}"),
-        stacklevel=2,
-    )
+    message = f"{where}={name}: fp8conf's profile {name!r} is now {new!r}; using {new!r}"
+    config.issue_config_time_warning(pytest.PytestWarning(message), stacklevel=2)
     return new
 
 
