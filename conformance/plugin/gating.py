@@ -12,8 +12,7 @@ import re
 
 import pytest
 
-from conformance.api.backend import Backend
-from conformance.api.spec import SPEC_VERSION, get_property
+from conformance.api import SPEC_VERSION, Backend, get_property
 
 __all__ = [
     "GPU_MARKERS",

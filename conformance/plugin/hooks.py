@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 import conformance
-from conformance.api.backend import Backend
-from conformance.api.spec import SPEC_VERSION
+from conformance.api import SPEC_VERSION, Backend
 from conformance.plugin import gating, profiles
 from conformance.plugin.loading import ENTRY_POINT_GROUP, load_backend
 

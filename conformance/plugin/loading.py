@@ -11,7 +11,7 @@ import importlib.metadata
 
 import pytest
 
-from conformance.api.backend import Backend
+from conformance.api import Backend
 
 __all__ = ["ENTRY_POINT_GROUP", "load_backend"]
 

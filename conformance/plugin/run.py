@@ -17,8 +17,7 @@ import pytest
 
 from conformance import expectations as expectations_file
 from conformance import watchdog
-from conformance.api.backend import Backend
-from conformance.api.spec import PROPERTIES, SPEC_VERSION
+from conformance.api import PROPERTIES, SPEC_VERSION, Backend
 from conformance.plugin import gating, instrumentation, render
 from conformance.plugin import report as report_model
 from conformance.plugin.report import EXPECTATION_KEY, PROPERTY_KEY, TestRecord
