@@ -39,7 +39,7 @@ def command(job: str, workers: int, report: Path) -> list[str]:
     xdist = ["-n", str(workers)] if workers > 1 else []
     if job == "main":
         return ["fp8conf", "check", "--report", str(report), *xdist]
-    return [sys.executable, "-m", "pytest", *xdist, "--hypothesis-profile=ci"]
+    return [sys.executable, "-m", "pytest", *xdist, "--hypothesis-profile=fp8conf-ci"]
 
 
 def run(job: str, workers: int, cache: str, cache_dir: Path, scratch: Path) -> dict:
@@ -64,7 +64,7 @@ def table(rows) -> str:
         "| command | workers | Inductor cache | wall s | min | result | examples per structural property (min) |",
         "|---|---:|---|---:|---:|---|---:|",
     ]
-    names = {"main": "`fp8conf check --report ...`", "tests": "`python -m pytest --hypothesis-profile=ci`"}
+    names = {"main": "`fp8conf check --report ...`", "tests": "`python -m pytest --hypothesis-profile=fp8conf-ci`"}
     for r in rows:
         result = r["summary"] if r["exit"] == 0 else f"{r['summary']} (exit {r['exit']})"
         lines.append(
@@ -105,7 +105,7 @@ def main():
         results.append(
             "bench_suite",
             f"CPU, {os.cpu_count()} cores, torch {torch.__version__}, torchao {torchao.__version__}, Python "
-            f"{sys.version.split()[0]}; Hypothesis profile `ci`; each command run in a subprocess from the "
+            f"{sys.version.split()[0]}; Hypothesis profile `fp8conf-ci`; each command run in a subprocess from the "
             "repository root, one at a time; cold: an empty Inductor cache, warm: the cache the cold run left.",
             text,
         )

@@ -22,9 +22,9 @@ else
     echo "one GPU: the NCCL pipeline needs 2 (nvidia-h200-x2)"
 fi
 python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
-    -m "gpu or sm89 or sm90 or sm100" tests/test_passes.py tests/test_e8m0_op.py tests/test_mx.py \
+    -m "fp8_gpu or fp8_sm89 or fp8_sm90 or fp8_sm100" tests/test_passes.py tests/test_e8m0_op.py tests/test_mx.py \
     2>&1 | tee "$OUT/gpu-tests.log" | tail -n 15
 python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
-    --fp8-backend=conformance.backends.reference:ReferenceBackend --hypothesis-profile=ci \
+    --fp8-backend=conformance.backends.reference:ReferenceBackend --hypothesis-profile=fp8conf-ci \
     --fp8-report="$OUT/conformance-gpu.json" -n 8 conformance/properties \
     2>&1 | tee "$OUT/conformance-gpu.log" | tail -n 45

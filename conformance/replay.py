@@ -8,7 +8,7 @@ Built on the process that ran the test (an xdist worker too) from the failure it
   with ``print_blob``, the ``@reproduce_failure`` decorator) and the seed it drew;
 * the backend, the node ID and the Hypothesis profile, for a command that replays the test:
   ``pytest --fp8-backend=NAME '<nodeid>' --hypothesis-profile=P --hypothesis-seed=S``. Under a
-  derandomized profile (``ci``, ``mutants``) the seed follows from the test and is left out.
+  derandomized profile (``fp8conf-ci``, ``fp8conf-mutants``) the seed follows from the test and is left out.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ make any later quantized layer whose in features allow it MX too. MX layers take
 
 **One shared corpus under a derandomized profile.** Tracing a model is most of a structural
 property's cost, and traced graphs are cached per model (``conformance.harness.traced``). Under a
-derandomized profile (``ci``, ``mutants``) :func:`model_specs` therefore does not draw afresh per
+derandomized profile (``fp8conf-ci``, ``fp8conf-mutants``) :func:`model_specs` therefore does not draw afresh per
 property: Hypothesis draws one corpus of :data:`CORPUS_SIZE` models from the most general strategy
 with a fixed seed, ordered so that its first models vary every feature drawn (recipes,
 emulation, MX, reuse, nesting, input gradients, ...), and each property samples the first

@@ -20,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="run the conformance suite against a backend")
     check.add_argument("--backend", default="reference", help="entry-point name or package.module:Class (default: reference)")
     check.add_argument("--report", default="fp8conf-report.json", help="JSON report path; a Markdown table is written beside it")
-    check.add_argument("--profile", default="ci", choices=("dev", "ci", "thorough"), help="Hypothesis profile (default: ci)")
+    check.add_argument("--profile", default="fp8conf-ci", choices=("fp8conf-dev", "fp8conf-ci", "fp8conf-thorough"), help="Hypothesis profile (default: fp8conf-ci)")
     check.add_argument("-n", "--workers", default=None, help="pytest-xdist workers (e.g. 2 or auto)")
     check.add_argument("--expectations", default=None, help="expected failures: JSON or TOML file mapping property or test IDs to {reason, link}")
     check.add_argument("--spec-version", default=None, help="spec version to check against (default: the backend's spec_version)")

@@ -1,5 +1,24 @@
 import sys
 from pathlib import Path
 
+import pytest
+
+from conformance import plugin
+
 # The mutant backends live in tests/mutants and are loaded by name (mutants.backends:Class).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+# The plugin stays out of runs without --fp8-backend, like this one: fp8conf's own tests ask it
+# for its profiles and its GPU gating. tryfirst: before Hypothesis loads --hypothesis-profile.
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("fp8_backend"):
+        return  # the plugin does all of it
+    plugin.register_profiles()
+    plugin.load_profile(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("fp8_backend"):
+        plugin.skip_unavailable_gpu_tests(items)

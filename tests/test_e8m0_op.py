@@ -1,6 +1,6 @@
 """Tests of ``fp8conf::scaled_mm_e8m0``: numerics against a float64 reference, the E8M0 edge bytes,
 opcheck, ``torch.compile`` on CPU Inductor, argument errors, cuBLAS's scale layout, and CUDA runs
-(marked ``gpu`` / ``sm100``; they skip without a device).
+(marked ``fp8_gpu`` / ``fp8_sm100``; they skip without a device).
 """
 
 from __future__ import annotations
@@ -351,7 +351,7 @@ def test_to_cublas_blocked_matches_torchao():
 # --- CUDA -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.gpu
+@pytest.mark.fp8_gpu
 @requires_cuda
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 @pytest.mark.parametrize("m, k, n", [(1, 32, 16), (130, 160, 48), (256, 512, 128), (7, 64, 9)])
@@ -363,7 +363,7 @@ def test_cuda_matches_reference(m, k, n, out_dtype):
     assert_matches_reference(out, *args)
 
 
-@pytest.mark.gpu
+@pytest.mark.fp8_gpu
 @requires_cuda
 def test_cuda_special_bytes():
     out = _single_block(448.0, a_byte=0, b_byte=127, out_dtype=torch.bfloat16, device="cuda")
@@ -375,7 +375,7 @@ def test_cuda_special_bytes():
     assert nan[3].all() and nan[:, 7].all() and int(nan.sum()) == 32 + 128 - 1
 
 
-@pytest.mark.gpu
+@pytest.mark.fp8_gpu
 @requires_cuda
 def test_cuda_below_sm100_uses_emulation():
     if torch.cuda.get_device_capability() >= (10, 0):
@@ -384,8 +384,8 @@ def test_cuda_below_sm100_uses_emulation():
     assert not uses_cublas(a, b, torch.bfloat16)
 
 
-@pytest.mark.gpu
-@pytest.mark.sm100
+@pytest.mark.fp8_gpu
+@pytest.mark.fp8_sm100
 @requires_sm100
 @pytest.mark.parametrize("m, k, n", [(1, 32, 16), (130, 160, 48), (256, 512, 128), (1025, 128, 96)])
 def test_sm100_cublas_matches_emulation(m, k, n):

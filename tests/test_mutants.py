@@ -34,7 +34,7 @@ def run_suite(backend: str, property_ids, tmp_path: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", f"--fp8-backend={backend}", f"--fp8-report={report}",
-         "--hypothesis-profile=mutants", "-k", selection, "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+         "--hypothesis-profile=fp8conf-mutants", "-k", selection, "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
     assert report.exists(), f"no report from {backend}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

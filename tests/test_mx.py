@@ -1,6 +1,6 @@
 """Tests of ``fp8conf.mx``: MX quantization, :class:`MXLinear` against ``nn.Linear``, the converter,
 ``torch.compile`` on CPU Inductor, and a record of how torchao's own emulated MXFP8 linear fares
-under CPU Inductor. CUDA tests are marked ``gpu`` and skip without a device.
+under CPU Inductor. CUDA tests are marked ``fp8_gpu`` and skip without a device.
 """
 
 from __future__ import annotations
@@ -402,7 +402,7 @@ def test_record_torchao_emulated_mxfp8_rceil_recipe_compiles_on_cpu_inductor():
 # --- CUDA -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.gpu
+@pytest.mark.fp8_gpu
 @requires_cuda
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_cuda_mxlinear_close_to_nn_linear(recipe):
@@ -416,7 +416,7 @@ def test_cuda_mxlinear_close_to_nn_linear(recipe):
         assert g.device.type == "cuda" and g.dtype == torch.bfloat16 and _rel(g, w) < 0.08
 
 
-@pytest.mark.gpu
+@pytest.mark.fp8_gpu
 @requires_cuda
 def test_cuda_recipes_agree():
     x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)

@@ -13,7 +13,7 @@ from conformance.models import LayerSpec, ModelSpec, build_model
 from conformance.strategies import runnable_recipes
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.sm89)]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.fp8_sm89)]
 
 
 def _spec(recipe, emulate, *, input_requires_grad=True):

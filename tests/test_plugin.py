@@ -1,4 +1,4 @@
-"""Tests of the conformance pytest plugin (conformance/plugin.py), run through pytester.
+"""Tests of the conformance pytest plugin (conformance/plugin/), run through pytester.
 
 The fake backends below are written into each pytester directory and never import torch, so
 these runs stay fast; they are selected with the ``package.module:Class`` form.
@@ -17,6 +17,7 @@ from hypothesis import settings
 
 import conformance
 from conformance import plugin
+from conformance.plugin import hooks
 import fake_backends  # tests/fake_backends.py (tests/ is on sys.path)
 
 pytest_plugins = ["pytester"]
@@ -187,11 +188,11 @@ def test_gpu_markers_skip_without_cuda(suite):
         test_gpu="""
         import pytest
 
-        @pytest.mark.gpu
+        @pytest.mark.fp8_gpu
         def test_gpu():
             pass
 
-        @pytest.mark.sm90
+        @pytest.mark.fp8_sm90
         def test_sm90():
             pass
         """
@@ -199,26 +200,53 @@ def test_gpu_markers_skip_without_cuda(suite):
     result = run(suite, FAKE, "-rs", "test_gpu.py")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(
-        ["SKIPPED*gpu: CUDA is not available", "SKIPPED*sm90: CUDA is not available"]
+        ["SKIPPED*fp8_gpu: CUDA is not available", "SKIPPED*fp8_sm90: CUDA is not available"]
     )
 
 
-
-def test_gpu_markers_skip_without_a_backend_too(suite):
-    if torch.cuda.is_available():
-        pytest.skip("needs a machine without CUDA")
+def test_gpu_markers_are_not_gated_without_a_backend(suite):
+    # Without --fp8-backend the plugin skips nothing: a project that wants the gating (fp8conf's
+    # own tests do) calls plugin.skip_unavailable_gpu_tests from its conftest.py.
     suite.makepyfile(
         test_plain_gpu="""
         import pytest
 
-        @pytest.mark.sm100
+        @pytest.mark.fp8_sm100
         def test_sm100():
-            assert False, "must not run without CUDA"
+            pass
         """
     )
     result = suite.runpytest_subprocess("-rs", "-p", "no:cacheprovider", "test_plain_gpu.py")
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["SKIPPED*sm100: CUDA is not available"])
+    result.assert_outcomes(passed=1)
+
+
+def test_gpu_gating_helper_for_a_project_without_a_backend(suite):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    suite.makeconftest(
+        """
+        from conformance import plugin
+
+        def pytest_collection_modifyitems(items):
+            plugin.skip_unavailable_gpu_tests(items)
+        """
+    )
+    suite.makepyfile(
+        test_plain_gpu="""
+        import pytest
+
+        @pytest.mark.fp8_sm100
+        def test_sm100():
+            assert False, "must not run without CUDA"
+
+        def test_cpu():
+            pass
+        """
+    )
+    result = suite.runpytest_subprocess("-rs", "-p", "no:cacheprovider", "test_plain_gpu.py")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*fp8_sm100: CUDA is not available"])
+
 
 REPORTED_TESTS = """
     import pytest
@@ -303,7 +331,7 @@ def test_report_files_and_summary(suite, xdist):
     assert summary["must_score"] == 0.5
     assert report["backend"]["name"] == "fake" and report["backend"]["version"] == "1.2"
     assert {"python", "torch", "torchao", "hypothesis_profile"} <= set(report["environment"])
-    assert report["environment"]["hypothesis_profile"] == "dev"
+    assert report["environment"]["hypothesis_profile"] == "fp8conf-dev"
     assert "VAL-002" in report["untested"]
 
     markdown = (suite.path / "out" / "conf.md").read_text()
@@ -331,7 +359,7 @@ def test_properties_dir_runs_only_without_paths(suite, monkeypatch, tmp_path_fac
     (props / "test_prop.py").write_text(
         "def test_prop(from_conftest, fp8_backend):\n    assert from_conftest == 42\n"
     )
-    monkeypatch.setattr(plugin, "PROPERTIES_DIR", props)
+    monkeypatch.setattr(hooks, "PROPERTIES_DIR", props)
     suite.makeini("[pytest]\ntestpaths = tests\n")
     suite.mkdir("tests")
     (suite.path / "tests" / "test_project.py").write_text("def test_project():\n    pass\n")
@@ -360,9 +388,12 @@ PROFILE_PROBE = """
 @pytest.mark.parametrize(
     ("env", "args", "expected"),
     [
-        (None, [], "PROFILE dev 10 False"),
-        ("ci", [], "PROFILE ci 25 True"),
-        ("ci", ["--hypothesis-profile=thorough"], "PROFILE thorough 200 False"),
+        (None, [], "PROFILE fp8conf-dev 10 False"),
+        ("fp8conf-ci", [], "PROFILE fp8conf-ci 25 True"),
+        ("fp8conf-ci", ["--hypothesis-profile=fp8conf-thorough"], "PROFILE fp8conf-thorough 200 False"),
+        # The old names, in a run with a backend: taken for the new ones, with a warning.
+        ("ci", [], "PROFILE fp8conf-ci 25 True"),
+        (None, ["--hypothesis-profile=thorough"], "PROFILE fp8conf-thorough 200 False"),
     ],
 )
 def test_hypothesis_profiles(suite, monkeypatch, env, args, expected):
@@ -371,6 +402,57 @@ def test_hypothesis_profiles(suite, monkeypatch, env, args, expected):
     else:
         monkeypatch.setenv(plugin.PROFILE_ENV, env)
     suite.makepyfile(test_probe=PROFILE_PROBE)
-    result = run(suite, "-s", *args, "test_probe.py")
+    result = run(suite, FAKE, "-s", *args, "test_probe.py")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"*{expected}*"])
+    renamed = env == "ci" or args == ["--hypothesis-profile=thorough"]
+    if renamed:
+        result.stdout.fnmatch_lines(["*fp8conf's profile * is now 'fp8conf-*'*"])
+    else:
+        result.stdout.no_fnmatch_line("*is now 'fp8conf-*")
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "message"),
+    [
+        ("ci", [], "ERROR: FP8CONF_HYPOTHESIS_PROFILE=ci: * profile 'ci' is now called 'fp8conf-ci'"),
+        (None, ["--hypothesis-profile=dev"], "ERROR: --hypothesis-profile=dev: * now called 'fp8conf-dev'"),
+    ],
+)
+def test_old_profile_names_are_a_usage_error_for_the_helper(suite, monkeypatch, env, args, message):
+    if env is not None:
+        monkeypatch.setenv(plugin.PROFILE_ENV, env)
+    suite.makeconftest(
+        """
+        import pytest
+        from conformance import plugin
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_configure(config):
+            plugin.register_profiles()
+            plugin.load_profile(config)
+        """
+    )
+    suite.makepyfile(test_probe=PROFILE_PROBE)
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", *args, "test_probe.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_profile_helpers_for_a_project_without_a_backend(suite, monkeypatch):
+    monkeypatch.setenv(plugin.PROFILE_ENV, "fp8conf-ci")
+    suite.makeconftest(
+        """
+        import pytest
+        from conformance import plugin
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_configure(config):
+            plugin.register_profiles()
+            plugin.load_profile(config)
+        """
+    )
+    suite.makepyfile(test_probe=PROFILE_PROBE)
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-s", "test_probe.py")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*PROFILE fp8conf-ci 25 True*"])

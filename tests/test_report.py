@@ -1,5 +1,5 @@
 """The conformance report, expectations, spec versions, reproducers and hang handling of the
-plugin (conformance/plugin.py), run through pytester with torch-free fake backends.
+plugin (conformance/plugin/), run through pytester with torch-free fake backends.
 
 In-process runs (``run``) are fast; runs with ``-n 2`` or a hang that must kill a process go
 through a subprocess. The failing fake properties mimic :func:`conformance.harness.fail`, whose
@@ -17,7 +17,7 @@ import time
 import pytest
 from hypothesis import settings
 
-from conformance import spec as spec_module
+from conformance.api import spec as spec_module
 from conformance.api.spec import SPEC_VERSION
 import fake_backends  # tests/fake_backends.py (tests/ is on sys.path)
 
@@ -117,7 +117,7 @@ def write_json(pytester: pytest.Pytester, name: str, data: dict) -> str:
 @pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist"])
 def test_report_header_fields_examples_and_reproducer(suite, xdist):
     suite.makepyfile(test_props=PROPERTY_TESTS)
-    args = [FAKE, "--fp8-report=out/conf.json", "--hypothesis-profile=ci", "test_props.py"]
+    args = [FAKE, "--fp8-report=out/conf.json", "--hypothesis-profile=fp8conf-ci", "test_props.py"]
     result = run(suite, "-n", "2", *args, subprocess=True) if xdist else run(suite, *args)
     result.assert_outcomes(passed=2, failed=1)
     report = read_report(suite)
@@ -127,7 +127,7 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
     assert report["spec_version"] == report["checked_spec_version"] == SPEC_VERSION
     assert report["backend"]["spec_version"] == SPEC_VERSION
     env = report["environment"]
-    assert env["hypothesis_profile"] == "ci"
+    assert env["hypothesis_profile"] == "fp8conf-ci"
     assert env["device"] == "cpu" or env["device"].startswith("cuda:")
     assert (env["compute_capability"] is None) == (env["device"] == "cpu")
     assert report["options"]["timeout_s"] == 300
@@ -145,12 +145,12 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
     assert found["test"] == "test_props.py::test_PROV_002_fails"
     assert found["message"] == "[PROV-002] MUST: provenance equals the config\nexpected x < 3, saw x=3"
     assert found["model"] == "x = 3\n"
-    # Profile ci is derandomized: the seed follows from the test, none in the command.
+    # Profile fp8conf-ci is derandomized: the seed follows from the test, none in the command.
     assert found["command"] == (
         "pytest --fp8-backend=fakebackends:Fake 'test_props.py::test_PROV_002_fails' "
-        "--hypothesis-profile=ci"
+        "--hypothesis-profile=fp8conf-ci"
     )
-    assert found["reproduce_failure"].startswith("@reproduce_failure(")  # ci prints the blob
+    assert found["reproduce_failure"].startswith("@reproduce_failure(")  # fp8conf-ci prints the blob
     assert "x=3" in found["failing_case"]
 
     result.stdout.fnmatch_lines(
@@ -158,7 +158,7 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
             "*fp8conf reproducer*",
             "Replay:",
             "  pytest --fp8-backend=fakebackends:Fake 'test_props.py::test_PROV_002_fails' "
-            "--hypothesis-profile=ci",
+            "--hypothesis-profile=fp8conf-ci",
             "Or decorate the test with:",
             "  @reproduce_failure(*",
         ]
@@ -171,7 +171,7 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
             "MUST score: 2/3 (backend fake 1.2)",
             "PROV-002 fail: test_props.py::test_PROV_002_fails",
             "  replay: pytest --fp8-backend=fakebackends:Fake 'test_props.py::test_PROV_002_fails' "
-            "--hypothesis-profile=ci",
+            "--hypothesis-profile=fp8conf-ci",
         ]
     )
 
@@ -185,13 +185,13 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
 
 def test_replay_command_carries_the_seed_and_replays(suite):
     suite.makepyfile(test_props=PROPERTY_TESTS)
-    result = run(suite, FAKE, "--fp8-report=out/conf.json", "--hypothesis-profile=dev", "test_props.py")
+    result = run(suite, FAKE, "--fp8-report=out/conf.json", "--hypothesis-profile=fp8conf-dev", "test_props.py")
     result.assert_outcomes(passed=2, failed=1)
     command = read_report(suite)["properties"]["PROV-002"]["reproducer"]["command"]
     words = shlex.split(command)
     assert words[:4] == [
         "pytest", "--fp8-backend=fakebackends:Fake", "test_props.py::test_PROV_002_fails",
-        "--hypothesis-profile=dev",
+        "--hypothesis-profile=fp8conf-dev",
     ]
     assert words[4].startswith("--hypothesis-seed=") and words[4].split("=")[1].isdigit()
     assert len(words) == 5
@@ -445,8 +445,8 @@ TIMEOUT_PROBE = """
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--hypothesis-profile=ci"], "300.0"),
-        (["--hypothesis-profile=thorough"], "300.0"),  # per example: not scaled
+        (["--hypothesis-profile=fp8conf-ci"], "300.0"),
+        (["--hypothesis-profile=fp8conf-thorough"], "300.0"),  # per example: not scaled
         (["--fp8-timeout=2.5"], "2.5"),
         (["--fp8-timeout=0"], "None"),
         (["--fp8-timeout=5", "-p", "no:timeout"], "None"),

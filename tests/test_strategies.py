@@ -101,7 +101,20 @@ def test_the_corpus_is_the_same_in_every_process():
     assert runs[0] == [repr(s) for s in corpus(Constraints(kinds=ALL_KINDS, emulate=False), n=25)]
 
 
+# fp8conf's profiles exist in a run without --fp8-backend only where a conftest asks for them.
+PROFILES_CONFTEST = """
+import pytest
+from conformance import plugin
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    plugin.register_profiles()
+    plugin.load_profile(config)
+"""
+
+
 def test_a_derandomized_profile_draws_from_the_corpus_and_others_draw_afresh(pytester):
+    pytester.makeconftest(PROFILES_CONFTEST)
     pytester.makepyfile(
         """
         from hypothesis import given, settings, strategies as st
@@ -123,9 +136,9 @@ def test_a_derandomized_profile_draws_from_the_corpus_and_others_draw_afresh(pyt
             print("FROM-CORPUS", set(seen) <= expected, len(set(seen)))
         """
     )
-    ci = pytester.runpytest_subprocess("--hypothesis-profile=ci", "-s", "-p", "no:cacheprovider")
+    ci = pytester.runpytest_subprocess("--hypothesis-profile=fp8conf-ci", "-s", "-p", "no:cacheprovider")
     ci.stdout.fnmatch_lines(["*FROM-CORPUS True 25*"])
     ci.assert_outcomes(passed=3)
-    dev = pytester.runpytest_subprocess("--hypothesis-profile=thorough", "-s", "-p", "no:cacheprovider")
+    dev = pytester.runpytest_subprocess("--hypothesis-profile=fp8conf-thorough", "-s", "-p", "no:cacheprovider")
     dev.stdout.fnmatch_lines(["*FROM-CORPUS False*"])
     dev.assert_outcomes(passed=3)

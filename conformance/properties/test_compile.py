@@ -125,7 +125,7 @@ class _FP8CastCounter:
 
 
 @pytest.mark.fp8_property("NUM-004")
-@pytest.mark.sm89
+@pytest.mark.fp8_sm89
 @compile_budget
 @given(spec=model_specs(emulate=False, nesting=False))
 def test_NUM_004_cuda_graph_replays_match_eager(fp8_backend, spec):

@@ -1,0 +1,74 @@
+"""The pytest plugin of the conformance suite (entry point ``pytest11: fp8conf``).
+
+Installed, it changes nothing in a pytest run without ``--fp8-backend``: it registers its
+``--fp8-*`` options and the names of its markers, loads no Hypothesis profile, gates no test and
+imports neither torch nor Hypothesis. With ``--fp8-backend=NAME`` (an entry point of the group
+``fp8conf.backends``) or ``--fp8-backend=package.module:Class`` it:
+
+* registers the Hypothesis profiles ``fp8conf-dev`` / ``fp8conf-ci`` / ``fp8conf-thorough``
+  and loads ``fp8conf-dev`` unless ``--hypothesis-profile`` or ``$FP8CONF_HYPOTHESIS_PROFILE``
+  picks another (:mod:`~conformance.plugin.profiles`);
+* loads and instantiates the backend once per session (fixture ``fp8_backend``;
+  :mod:`~conformance.plugin.loading`);
+* collects ``conformance/properties/`` of the installed package when no test path is given;
+* checks every ``@pytest.mark.fp8_property(ID)`` against :mod:`conformance.api.spec`, skips a
+  test as ``not_supported`` when the backend does not claim the property's capability or the
+  property is newer than the spec version checked, and skips ``fp8_gpu`` / ``fp8_sm89`` /
+  ``fp8_sm90`` / ``fp8_sm100`` tests the local device cannot run
+  (:mod:`~conformance.plugin.gating`);
+* marks the tests under an entry of ``--fp8-expectations`` xfail, not strict, and runs their
+  Hypothesis tests without shrinking (:mod:`conformance.expectations`);
+* bounds every example by ``--fp8-timeout`` (:mod:`conformance.watchdog`), counts the examples
+  Hypothesis ran and adds to every failure the command that replays it
+  (:mod:`~conformance.plugin.instrumentation`, :mod:`conformance.replay`);
+* prints a per-property summary and, with ``--fp8-report=PATH``, writes it as JSON at PATH and
+  as Markdown beside it (:mod:`~conformance.plugin.report`, :mod:`~conformance.plugin.render`).
+
+A project that wants fp8conf's profiles or GPU gating without a backend (fp8conf's own tests
+do) calls :func:`register_profiles`, :func:`load_profile` and :func:`skip_unavailable_gpu_tests`
+from its ``conftest.py``.
+"""
+
+from conformance.plugin.gating import GPU_MARKERS, add_markers, skip_unavailable_gpu_tests
+# pytest looks for hooks and fixtures on the module the entry point names: this one.
+from conformance.plugin.hooks import (
+    DEFAULT_TIMEOUT,
+    PROPERTIES_DIR,
+    fp8_backend,
+    pytest_addoption,
+    pytest_configure,
+    pytest_load_initial_conftests,
+    warm_inductor,
+)
+from conformance.plugin.loading import ENTRY_POINT_GROUP, load_backend
+from conformance.plugin.profiles import (
+    DEFAULT_PROFILE,
+    PROFILE_ENV,
+    PROFILE_NAMES,
+    load_profile,
+    register_profiles,
+)
+from conformance.plugin.report import PROPERTY_KEY, REPORT_SCHEMA_VERSION, STATUSES
+
+__all__ = [
+    "DEFAULT_PROFILE",
+    "DEFAULT_TIMEOUT",
+    "ENTRY_POINT_GROUP",
+    "GPU_MARKERS",
+    "PROFILE_ENV",
+    "PROFILE_NAMES",
+    "PROPERTIES_DIR",
+    "PROPERTY_KEY",
+    "REPORT_SCHEMA_VERSION",
+    "STATUSES",
+    "add_markers",
+    "fp8_backend",
+    "load_backend",
+    "load_profile",
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_load_initial_conftests",
+    "register_profiles",
+    "skip_unavailable_gpu_tests",
+    "warm_inductor",
+]

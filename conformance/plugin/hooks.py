@@ -1,0 +1,128 @@
+"""The plugin's always-registered hooks and fixtures.
+
+Installed everywhere, they change nothing until ``--fp8-backend`` is given: without it they
+register the ``--fp8-*`` options and the names of fp8conf's markers, and return. Hypothesis,
+torch and the rest of the run's machinery (:mod:`conformance.plugin.run`) are imported only
+for a run with a backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import conformance
+from conformance.api import SPEC_VERSION, Backend
+from conformance.plugin import gating, profiles
+from conformance.plugin.loading import ENTRY_POINT_GROUP, load_backend
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "PROPERTIES_DIR",
+    "fp8_backend",
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_load_initial_conftests",
+    "warm_inductor",
+]
+
+#: The suite's own property tests, collected when ``--fp8-backend`` comes without test paths.
+PROPERTIES_DIR = Path(conformance.__file__).resolve().parent / "properties"
+#: Default of ``--fp8-timeout``: seconds per example of a conformance test (a plain test is one
+#: example); the timer restarts at every Hypothesis example.
+DEFAULT_TIMEOUT = 300.0
+_RUN_KEY = pytest.StashKey[object]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("fp8conf", "fp8conf conformance suite")
+    group.addoption(
+        "--fp8-backend",
+        metavar="NAME|MODULE:CLASS",
+        help=f"check this backend: an entry point of group {ENTRY_POINT_GROUP!r} or "
+        "package.module:Class. Without test paths, runs the suite's own property tests. "
+        "Only with it does the plugin do anything (Hypothesis profiles fp8conf-dev/-ci/"
+        "-thorough, fp8_gpu/fp8_sm* gating, the report).",
+    )
+    group.addoption(
+        "--fp8-report",
+        metavar="PATH",
+        help="write the conformance report as JSON at PATH and as Markdown at PATH with "
+        "suffix .md (needs --fp8-backend)",
+    )
+    group.addoption(
+        "--fp8-expectations",
+        metavar="FILE",
+        help="JSON (or .toml) file mapping property IDs or test node IDs to {reason, link}: "
+        "those tests are expected to fail (xfail; one that passes is reported xpass) and are "
+        "not shrunk. An entry that matches no collected test is an error.",
+    )
+    group.addoption(
+        "--fp8-spec-version",
+        metavar="X.Y",
+        help="the spec version the backend is checked against: properties added later are "
+        "skipped as not_supported (reason not_in_spec_version). Default: the backend's "
+        f"spec_version (conformance.Backend's default: {SPEC_VERSION}).",
+    )
+    group.addoption(
+        "--fp8-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help="pytest-timeout of each conformance test, restarted at every Hypothesis example "
+        f"(default {DEFAULT_TIMEOUT:g}; 0 leaves pytest-timeout's own settings). A test with "
+        "an example that runs longer is reported 'error', naming the backend method in "
+        "progress.",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> None:
+    # Injecting the path into the command line here, before pytest decides its initial paths,
+    # makes it an ordinary argument: the conftest.py of the properties dir loads as an initial
+    # conftest, while the rootdir, already decided, stays the user's.
+    namespace = early_config.known_args_namespace
+    if getattr(namespace, "fp8_backend", None) and not namespace.file_or_dir:
+        args.append(str(PROPERTIES_DIR))
+        namespace.file_or_dir = [str(PROPERTIES_DIR)]
+
+
+# tryfirst: the profiles must exist before Hypothesis's own plugin loads --hypothesis-profile.
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    gating.add_markers(config)
+    spec = config.getoption("fp8_backend")
+    if not spec:
+        for option in ("report", "expectations", "spec_version"):
+            if config.getoption("fp8_" + option):
+                raise pytest.UsageError(f"--fp8-{option.replace('_', '-')} needs --fp8-backend")
+        return
+    profiles.register_profiles()
+    profiles.load_profile(config, accept_legacy_names=True)
+    from conformance.plugin.run import ConformanceRun
+
+    run = ConformanceRun(config, spec, load_backend(spec))
+    config.stash[_RUN_KEY] = run
+    config.pluginmanager.register(run, "fp8conf-run")
+
+
+@pytest.fixture(scope="session")
+def fp8_backend(request: pytest.FixtureRequest) -> Backend:
+    """The backend under test, one instance for the whole session."""
+    run = request.config.stash.get(_RUN_KEY, None)
+    if run is None:
+        pytest.skip("no --fp8-backend given")
+    return run.backend
+
+
+@pytest.fixture(scope="session")
+def warm_inductor() -> None:
+    """Inductor's one-time start in a process (its imports, the C++ toolchain probe, the first
+    build) paid once, before the first compile property's Hypothesis loop, so that the first
+    example is not charged for it. It compiles a plain function, not the backend's graph."""
+    import torch
+
+    torch.compile(lambda x: torch.relu(x) * 2, backend="inductor", fullgraph=True)(torch.ones(8))

@@ -1,0 +1,190 @@
+"""What a conformance test records while it runs, for the report: the examples Hypothesis ran,
+the reproducer of a failure, the per-example timer, and the device and versions.
+
+Per-test state lives on the pytest item's stash; what the report needs is added to the test
+report's ``user_properties`` where the test ran, so it reaches the controller under xdist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import importlib.util
+import platform
+import sys
+from typing import Any, Iterator
+
+import hypothesis
+import pytest
+from hypothesis import settings
+from hypothesis.statistics import collector
+
+from conformance import replay, watchdog
+from conformance.plugin.report import DEVICE_KEY, EXAMPLES_KEY, REPRODUCER_KEY, TIMEOUT_KEY
+
+__all__ = [
+    "annotate_report",
+    "device_info",
+    "environment",
+    "examples_from_statistics",
+    "hypothesis_instrumented",
+    "report_thread_timeout",
+    "version_if_importable",
+]
+
+_STATS_KEY = pytest.StashKey[dict]()
+_CALLS_KEY = pytest.StashKey[int]()
+#: Phases left out for a test under an expectation (explain needs shrink).
+_SHRINK_PHASES = (hypothesis.Phase.shrink, hypothesis.Phase.explain)
+
+
+@contextlib.contextmanager
+def hypothesis_instrumented(item: pytest.Item, *, expected_to_fail: bool) -> Iterator[None]:
+    """Around the call of a Hypothesis test: note its statistics and count its examples,
+    re-arm the per-example timer at each one and, for a test expected to fail, skip shrinking.
+
+    Enter it inside Hypothesis's own ``pytest_runtest_call`` wrapper, which installs its
+    statistics collector and may replace the test's settings first.
+    """
+    handle = getattr(item.obj, "hypothesis", None)
+    if handle is None:
+        yield
+        return
+    function = getattr(item.obj, "__func__", item.obj)
+    original_settings = getattr(function, "_hypothesis_internal_use_settings", None)
+    inner = handle.inner_test
+    previous_collector = collector.value
+    item.stash[_CALLS_KEY] = 0
+
+    def note_statistics(stats: dict[str, Any]) -> None:
+        item.stash[_STATS_KEY] = stats
+        if previous_collector is not None:
+            previous_collector(stats)
+
+    @functools.wraps(inner)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        item.stash[_CALLS_KEY] += 1
+        watchdog.rearm()  # the timeout bounds one example, not the whole search
+        return inner(*args, **kwargs)
+
+    handle.inner_test = counted
+    if expected_to_fail and original_settings is not None:
+        # An expected failure needs no minimal example: skip shrinking (minutes on models).
+        phases = [p for p in original_settings.phases if p not in _SHRINK_PHASES]
+        function._hypothesis_internal_use_settings = settings(parent=original_settings, phases=phases)
+    try:
+        with collector.with_value(note_statistics):
+            yield
+    finally:
+        handle.inner_test = inner
+        if original_settings is not None:
+            function._hypothesis_internal_use_settings = original_settings
+
+
+def examples_from_statistics(stats: dict[str, Any]) -> int:
+    """Test cases Hypothesis ran to a verdict, shrinking not included."""
+    total = 0
+    for key, phase in stats.items():
+        if key.endswith("-phase") and key != "shrink-phase" and isinstance(phase, dict):
+            total += sum(
+                case.get("status") in ("valid", "interesting") for case in phase.get("test-cases", ())
+            )
+    return total
+
+
+def _examples(item: pytest.Item, excinfo: pytest.ExceptionInfo | None) -> int:
+    stats = item.stash.get(_STATS_KEY, None)
+    if stats is not None:
+        return examples_from_statistics(stats)
+    calls = item.stash.get(_CALLS_KEY, None)
+    if calls is not None:  # a Hypothesis test cut short (a timeout): the calls made
+        return calls
+    # A plain test is one example when its body ran.
+    return 0 if excinfo is not None and excinfo.errisinstance(pytest.skip.Exception) else 1
+
+
+def annotate_report(
+    item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport, backend_spec: str,
+    *, send_device: bool,
+) -> bool:
+    """Add to ``report`` the examples run, a timeout, the reproducer of a failure (also as a
+    report section) and, when ``send_device``, the device; True when the device was added."""
+    extra = report.user_properties  # this report's own copy of item.user_properties
+    excinfo = call.excinfo
+    device_sent = False
+    if call.when == "call":
+        extra.append((EXAMPLES_KEY, _examples(item, excinfo)))
+        info = device_info() if send_device else None
+        if info is not None:
+            device_sent = True
+            extra.append((DEVICE_KEY, info))
+    if excinfo is not None and not excinfo.errisinstance(pytest.skip.Exception):
+        if excinfo.errisinstance(watchdog.BackendTimeout):
+            extra.append((TIMEOUT_KEY, str(excinfo.value)))
+        if report.failed or hasattr(report, "wasxfail"):
+            found = replay.reproducer(item, excinfo.value, backend_spec)
+            extra.append((REPRODUCER_KEY, found))
+            if report.failed:
+                report.sections.append(("fp8conf reproducer", replay.section_text(found)))
+    return device_sent
+
+
+def report_thread_timeout(item: pytest.Item, message: str, backend_spec: str) -> None:
+    """Under pytest-timeout's thread method an xdist worker is about to end: send the
+    controller a report of the timeout (pytest-xdist adds its own report of the crash)."""
+    found = replay.reproducer(item, watchdog.BackendTimeout(message), backend_spec)
+    report = pytest.TestReport(
+        item.nodeid,
+        item.location,
+        {name: 1 for name in item.keywords},
+        "failed",
+        f"conformance.watchdog.BackendTimeout: {message}",
+        "call",
+        user_properties=[*item.user_properties, (TIMEOUT_KEY, message), (REPRODUCER_KEY, found)],
+    )
+    item.ihook.pytest_runtest_logreport(report=report)
+
+
+def device_info() -> dict[str, Any] | None:
+    """The accelerator, read only when torch is already imported; None otherwise."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    if cuda is None:
+        return None
+    try:
+        if cuda.is_available():
+            index = cuda.current_device()
+            major, minor = cuda.get_device_capability(index)
+            name = cuda.get_device_name(index)
+            return {"device": f"cuda:{index} ({name})", "compute_capability": f"{major}.{minor}"}
+    except Exception:  # a broken driver must not break the report
+        pass
+    return {"device": "cpu", "compute_capability": None}
+
+
+def version_if_importable(module: str) -> str | None:
+    """``module``'s version without importing it (torch's import is seconds)."""
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        return getattr(loaded, "__version__", None)
+    if importlib.util.find_spec(module) is None:
+        return None
+    try:
+        return importlib.metadata.version(module)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment(device: dict[str, Any] | None) -> dict[str, Any]:
+    """The report's ``environment``: versions, the Hypothesis profile loaded, the device."""
+    device = device or device_info() or {"device": "cpu", "compute_capability": None}
+    return {
+        "python": platform.python_version(),
+        "torch": version_if_importable("torch"),
+        "torchao": version_if_importable("torchao"),
+        "pytest": pytest.__version__,
+        "hypothesis": hypothesis.__version__,
+        "hypothesis_profile": settings.get_current_profile_name(),
+        "device": device["device"],
+        "compute_capability": device["compute_capability"],
+    }

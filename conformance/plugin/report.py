@@ -1,0 +1,208 @@
+"""The report model: from the outcome of each test to per-property statuses and the MUST score.
+
+Outcomes arrive as pytest test reports (``pytest_runtest_logreport``, which pytest-xdist
+forwards from its workers); everything a report needs beyond its outcome (property IDs, example
+counts, reproducers, the device) travels in ``report.user_properties`` under the keys below, so
+the result is the same with and without ``-n``. :func:`record_outcome` folds one test report
+into a :class:`TestRecord`; :func:`build_report` turns the records into the JSON-ready report.
+Neither touches pytest's or Hypothesis's state: they work on plain data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any, Mapping
+
+from conformance.plugin.gating import NOT_IN_SPEC, NOT_SUPPORTED
+
+__all__ = [
+    "PROPERTY_KEY",
+    "REPORT_SCHEMA_VERSION",
+    "STATUSES",
+    "TestRecord",
+    "build_report",
+    "failing_rows",
+    "must_summary",
+    "property_row",
+    "outcome_status",
+    "record_outcome",
+]
+
+#: Statuses of a test and of a property, strongest first: a property takes the strongest
+#: status among its tests, so one failure fails it and a skipped GPU variant does not hide
+#: the passing CPU ones. ``xfail`` and ``xpass`` come from ``--fp8-expectations``; a property
+#: is ``xpass`` only when none of its expected failures still fails.
+STATUSES = ("fail", "error", "xfail", "xpass", "pass", "not_supported", "skipped")
+_RANK = {status: rank for rank, status in enumerate(STATUSES)}
+#: Version of the report's JSON layout: bumped when a field changes meaning or goes away.
+REPORT_SCHEMA_VERSION = 1
+
+#: Key of the ``user_properties`` entries that carry a test's property IDs.
+PROPERTY_KEY = "fp8_property"
+# Keys of further ``user_properties`` entries, added where the test ran (an xdist worker too).
+EXAMPLES_KEY = "fp8_examples"
+REPRODUCER_KEY = "fp8_reproducer"
+TIMEOUT_KEY = "fp8_timeout"
+EXPECTATION_KEY = "fp8_expectation"
+DEVICE_KEY = "fp8_device"
+
+
+@dataclasses.dataclass
+class TestRecord:
+    """What is known of one test (one node ID) across its setup, call and teardown reports."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    property_ids: tuple[str, ...]
+    status: str | None = None
+    examples: int = 0
+    reproducer: dict[str, Any] | None = None
+    reason: str | None = None
+    expectations: tuple[str, ...] = ()
+
+
+def skip_reason(report: Any) -> str:
+    """The reason of a skipped test report, without pytest's ``Skipped: `` prefix."""
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+    return reason.removeprefix("Skipped: ")
+
+
+def outcome_status(report: Any) -> str | None:
+    """This phase's contribution to the test's status; None for a passing setup/teardown.
+
+    A failure outside the call phase, a timeout (``--fp8-timeout``) and a test that crashed its
+    xdist worker are ``error``; an expected failure is ``xfail`` and a pass under an
+    expectation ``xpass``.
+    """
+    if hasattr(report, "wasxfail"):
+        if report.skipped:
+            return "xfail"
+        if report.passed:
+            return "xpass"
+    if report.failed:
+        timed_out = any(key == TIMEOUT_KEY for key, _ in report.user_properties)
+        return "fail" if report.when == "call" and not timed_out else "error"
+    if report.skipped:
+        reason = skip_reason(report)
+        return "not_supported" if reason.startswith((NOT_SUPPORTED, NOT_IN_SPEC)) else "skipped"
+    return "pass" if report.when == "call" else None
+
+
+def record_outcome(records: dict[str, TestRecord], report: Any) -> dict[str, Any] | None:
+    """Fold one test report into ``records`` (keyed by node ID); return the device information
+    the report carries, if any. Reports of tests that cite no property are ignored."""
+    ids = tuple(value for key, value in report.user_properties if key == PROPERTY_KEY)
+    record = records.get(report.nodeid)
+    if record is None:
+        if not ids:
+            return None
+        record = records[report.nodeid] = TestRecord(ids)
+    # else: also a report without user_properties, as pytest-xdist makes for a test that
+    # crashed its worker: the test's earlier setup report told its properties.
+    device = None
+    for key, value in report.user_properties:
+        if key == EXAMPLES_KEY:
+            record.examples += int(value)
+        elif key == REPRODUCER_KEY and record.reproducer is None:
+            record.reproducer = dict(value)
+        elif key == EXPECTATION_KEY and value not in record.expectations:
+            record.expectations += (value,)
+        elif key == DEVICE_KEY and device is None:
+            device = dict(value)
+    status = outcome_status(report)
+    if status is not None:
+        if status in ("not_supported", "skipped") and record.reason is None:
+            record.reason = skip_reason(report) or None
+        if record.status is None or _RANK[status] < _RANK[record.status]:
+            record.status = status
+    return device
+
+
+def property_row(
+    prop: Any, records: list[TestRecord], expectations: Mapping[str, Any] = {}
+) -> dict[str, Any]:
+    """The report row of ``prop`` (a :class:`conformance.api.spec.Property`) from its tests.
+
+    ``expectations`` maps expectation keys to entries with ``as_json()``.
+    """
+    statuses = [record.status or "skipped" for record in records]
+    status = min(statuses, key=_RANK.__getitem__)
+    deciding = [record for record in records if (record.status or "skipped") == status]
+    row: dict[str, Any] = {
+        "level": prop.level,
+        "capability": prop.capability,
+        "since": prop.since,
+        "title": prop.title,
+        "status": status,
+        "tests": len(records),
+        "examples": sum(record.examples for record in records),
+        "outcomes": dict(sorted(Counter(statuses).items())),
+        "reproducer": None,
+    }
+    if status in ("fail", "error", "xfail"):
+        row["reproducer"] = next((r.reproducer for r in deciding if r.reproducer), None)
+    if status in ("not_supported", "skipped"):
+        row["reason"] = next((r.reason for r in deciding if r.reason), None)
+    keys = sorted({key for record in records for key in record.expectations})
+    if keys:
+        row["expectations"] = {key: expectations[key].as_json() for key in keys if key in expectations}
+    return row
+
+
+def must_summary(rows: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """MUST properties passed out of those applicable, and the count of each status."""
+    # An expected failure is applicable and not passed; an xpass passed all its tests.
+    applicable = [
+        row for row in rows.values()
+        if row["level"] == "MUST" and row["status"] not in ("not_supported", "skipped")
+    ]
+    passed = sum(row["status"] in ("pass", "xpass") for row in applicable)
+    return {
+        "must_passed": passed,
+        "must_applicable": len(applicable),
+        "must_score": passed / len(applicable) if applicable else None,
+        "statuses": dict(Counter(row["status"] for row in rows.values())),
+    }
+
+
+def build_report(
+    records: Mapping[str, TestRecord],
+    properties: Mapping[str, Any],
+    *,
+    suite: dict[str, Any],
+    spec_version: str,
+    checked_spec_version: str,
+    backend: dict[str, Any],
+    environment: dict[str, Any],
+    options: dict[str, Any],
+    expectations: Mapping[str, Any] = {},
+) -> dict[str, Any]:
+    """The report of a run: its header fields as given, then the MUST summary, one row per
+    property of ``properties`` (the spec registry) that a test cites, and the untested ones."""
+    by_property: dict[str, list[TestRecord]] = {}
+    for _, record in sorted(records.items()):
+        for property_id in record.property_ids:
+            by_property.setdefault(property_id, []).append(record)
+    rows = {
+        property_id: property_row(prop, by_property[property_id], expectations)
+        for property_id, prop in properties.items()
+        if property_id in by_property
+    }
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "suite": suite,
+        "spec_version": spec_version,
+        "checked_spec_version": checked_spec_version,
+        "backend": backend,
+        "environment": environment,
+        "options": options,
+        "summary": must_summary(rows),
+        "properties": rows,
+        "untested": [pid for pid in properties if pid not in rows],
+    }
+
+
+def failing_rows(report: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The rows of ``report`` that carry a reproducer, in report order."""
+    return [(pid, row) for pid, row in report["properties"].items() if row.get("reproducer")]

@@ -1,0 +1,226 @@
+"""One conformance run: the hooks registered only when ``--fp8-backend`` is given.
+
+:class:`ConformanceRun` holds the backend and the per-session state and wires the concerns
+together: gating at collection (:mod:`~conformance.plugin.gating`), expectations
+(:mod:`conformance.expectations`), instrumentation of each test
+(:mod:`~conformance.plugin.instrumentation`), the report (:mod:`~conformance.plugin.report`)
+and its rendering (:mod:`~conformance.plugin.render`).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Generator
+
+import pytest
+
+from conformance import expectations as expectations_file
+from conformance import watchdog
+from conformance.api import PROPERTIES, SPEC_VERSION, Backend
+from conformance.plugin import gating, instrumentation, render
+from conformance.plugin import report as report_model
+from conformance.plugin.report import EXPECTATION_KEY, PROPERTY_KEY, TestRecord
+
+__all__ = ["ConformanceRun"]
+
+_CITED_KEY = pytest.StashKey[bool]()
+_EXPECTED_KEY = pytest.StashKey[bool]()
+
+
+def _load_expectations(config: pytest.Config) -> dict[str, expectations_file.Expectation]:
+    path = config.getoption("fp8_expectations")
+    if not path:
+        return {}
+    path = Path(config.invocation_params.dir, path).resolve()
+    # xdist hands the controller's options to its workers: they read the same file.
+    config.option.fp8_expectations = str(path)
+    try:
+        return expectations_file.load(path, PROPERTIES)
+    except expectations_file.ExpectationsError as exc:
+        raise pytest.UsageError(f"--fp8-expectations: {exc}") from None
+
+
+def _timeout(config: pytest.Config) -> float | None:
+    """Seconds per example of a conformance test; None: no timeout of ours."""
+    seconds = config.getoption("fp8_timeout")
+    if not seconds or not config.pluginmanager.hasplugin("timeout"):
+        return None  # 0, or pytest-timeout is not active (-p no:timeout)
+    return seconds
+
+
+class ConformanceRun:
+    """Per-session state and hooks; registered only when ``--fp8-backend`` is given."""
+
+    def __init__(self, config: pytest.Config, spec: str, backend: Backend) -> None:
+        self.config = config
+        self.spec = spec
+        # Tracked: a timeout names the adapter method in progress.
+        self.backend = watchdog.track(backend)
+        self.tests: dict[str, TestRecord] = {}
+        self.report_path: Path | None = None
+        self.spec_version = gating.checked_spec_version(config, backend)
+        self.expectations = _load_expectations(config)
+        seconds = config.getoption("fp8_timeout")
+        if seconds is not None and seconds < 0:
+            raise pytest.UsageError(f"--fp8-timeout must be 0 or more seconds, got {seconds:g}")
+        #: The accelerator: seen here, or reported by the first xdist worker that saw it.
+        self.device: dict[str, Any] | None = None
+        self._device_sent = False
+
+    @functools.cached_property
+    def timeout(self) -> float | None:
+        """``--fp8-timeout`` in seconds, or None when pytest-timeout's own settings apply."""
+        return _timeout(self.config)
+
+    @property
+    def _is_xdist_worker(self) -> bool:
+        return hasattr(self.config, "workerinput")
+
+    def pytest_report_header(self) -> str:
+        return (
+            f"fp8conf: backend {self.backend.name!r} {self.backend.version}, "
+            f"capabilities: {', '.join(sorted(self.backend.capabilities)) or 'none'}, "
+            f"spec {self.spec_version}"
+        )
+
+    # -- collection ------------------------------------------------------------------------
+    # A hook wrapper turns a bad citation into an ordinary collection error, which
+    # pytest-xdist reports cleanly from a worker, unlike an exception in a later hook.
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(
+        self, collector: pytest.Collector
+    ) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+        collected = yield
+        if collected.passed:
+            problems = []
+            for node in collected.result:
+                if isinstance(node, pytest.Item):
+                    try:
+                        gating.cited_ids(node)
+                    except gating.CitationError as exc:
+                        problems.append(str(exc))
+            if problems:
+                collected.outcome = "failed"
+                collected.longrepr = "\n".join(problems)
+                collected.result = []
+        return collected
+
+    # tryfirst: before -k / -m deselect, so expectations are matched against every collected test.
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        matched: set[str] = set()
+        may_run = []
+        for item in items:
+            ids = gating.cited_ids(item)
+            # user_properties travel with every report, also from xdist workers.
+            item.user_properties.extend((PROPERTY_KEY, property_id) for property_id in ids)
+            if ids:
+                item.stash[_CITED_KEY] = True
+                if self.timeout is not None and item.get_closest_marker("timeout") is None:
+                    item.add_marker(pytest.mark.timeout(self.timeout))
+            matched.update(self._mark_expected(item, ids))
+            reason = gating.skip_reason_for(ids, self.backend, self.spec_version)
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+            else:
+                may_run.append(item)
+        gating.skip_unavailable_gpu_tests(may_run)
+        unmatched = [key for key in self.expectations if key not in matched]
+        if unmatched:
+            self._unmatched_expectations(unmatched, items)
+
+    def _mark_expected(self, item: pytest.Item, ids: list[str]) -> set[str]:
+        expected = expectations_file.matching(self.expectations, item.nodeid, ids)
+        if expected:
+            item.user_properties.extend((EXPECTATION_KEY, entry.key) for entry in expected)
+            reason = "; ".join(entry.describe() for entry in expected)
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
+            item.stash[_EXPECTED_KEY] = True
+        return {entry.key for entry in expected}
+
+    def _unmatched_expectations(self, unmatched: list[str], items: list[pytest.Item]) -> None:
+        message = "--fp8-expectations: " + "; ".join(
+            f"entry {key!r} matches no collected test" for key in unmatched
+        )
+        if not self._is_xdist_worker:
+            raise pytest.UsageError(message)
+        # An exception here would crash the worker; a failed collect report with nothing left
+        # to run ends the session with the message as a collection error.
+        failed = pytest.CollectReport("fp8conf-expectations", "failed", message, [])
+        self.config.hook.pytest_collectreport(report=failed)
+        self.config.hook.pytest_deselected(items=list(items))
+        items[:] = []
+
+    # -- running ---------------------------------------------------------------------------
+    # trylast: inside Hypothesis's own wrapper, which installs its statistics collector and may
+    # replace the test's settings first.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        if not item.stash.get(_CITED_KEY, False):
+            return (yield)
+        expected = item.stash.get(_EXPECTED_KEY, False)
+        with instrumentation.hypothesis_instrumented(item, expected_to_fail=expected):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        made = yield
+        if item.stash.get(_CITED_KEY, False):
+            send_device = not self._device_sent
+            if instrumentation.annotate_report(item, call, made, self.spec, send_device=send_device):
+                self._device_sent = True
+        return made
+
+    # optionalhook: the hook exists only while pytest-timeout is active.
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool | None:
+        if not item.stash.get(_CITED_KEY, False):
+            return None  # pytest-timeout's own timer
+        on_thread_timeout = None
+        if self._is_xdist_worker:
+            on_thread_timeout = functools.partial(
+                instrumentation.report_thread_timeout, item, backend_spec=self.spec
+            )
+        return watchdog.set_timer(item, settings, self.backend.name, on_thread_timeout)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        device = report_model.record_outcome(self.tests, report)
+        if device is not None and self.device is None:
+            self.device = device
+
+    # -- the report ------------------------------------------------------------------------
+    def pytest_sessionfinish(self) -> None:
+        path = self.config.getoption("fp8_report")
+        if path and not self._is_xdist_worker:
+            self.report_path = self.config.invocation_params.dir / path
+            render.write_report(self.build_report(), self.report_path)
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self._is_xdist_worker:
+            render.print_summary(terminalreporter, self.build_report(), self.report_path)
+
+    def build_report(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data; see ``--fp8-report`` and the README."""
+        return report_model.build_report(
+            self.tests,
+            PROPERTIES,
+            suite={"name": "fp8conf", "version": instrumentation.version_if_importable("fp8conf")},
+            spec_version=SPEC_VERSION,
+            checked_spec_version=self.spec_version,
+            backend={
+                "name": self.backend.name,
+                "version": self.backend.version,
+                "spec": self.spec,
+                "spec_version": getattr(self.backend, "spec_version", SPEC_VERSION),
+                "capabilities": sorted(self.backend.capabilities),
+            },
+            environment=instrumentation.environment(self.device),
+            options={
+                "expectations": self.config.getoption("fp8_expectations") or None,
+                "timeout_s": self.timeout,
+            },
+            expectations=self.expectations,
+        )

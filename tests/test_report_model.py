@@ -1,0 +1,243 @@
+"""The report model (conformance/plugin/report.py) and its rendering (render.py) on plain data:
+no pytester, no pytest run; test reports are stand-ins with the attributes the model reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance.api.spec import PROPERTIES
+from conformance.plugin import render
+from conformance.plugin.report import (
+    DEVICE_KEY,
+    EXAMPLES_KEY,
+    EXPECTATION_KEY,
+    PROPERTY_KEY,
+    REPRODUCER_KEY,
+    TIMEOUT_KEY,
+    TestRecord,
+    build_report,
+    must_summary,
+    outcome_status,
+    property_row,
+    record_outcome,
+)
+
+
+def outcome(nodeid="t.py::test", when="call", result="passed", props=(), reason=None, extra=(), xfail=None):
+    report = SimpleNamespace(
+        nodeid=nodeid,
+        when=when,
+        passed=result == "passed",
+        failed=result == "failed",
+        skipped=result == "skipped",
+        longrepr=("t.py", 1, f"Skipped: {reason}") if reason is not None else None,
+        user_properties=[(PROPERTY_KEY, pid) for pid in props] + list(extra),
+    )
+    if xfail is not None:
+        report.wasxfail = xfail
+    return report
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status"),
+    [
+        ({}, "pass"),
+        ({"when": "setup"}, None),
+        ({"result": "failed"}, "fail"),
+        ({"result": "failed", "when": "setup"}, "error"),
+        ({"result": "failed", "extra": [(TIMEOUT_KEY, "ran too long")]}, "error"),
+        ({"result": "skipped", "reason": "no GPU"}, "skipped"),
+        ({"result": "skipped", "reason": "not_supported: backend 'x' does not claim"}, "not_supported"),
+        ({"result": "skipped", "reason": "not_in_spec_version: backend 'x' is checked"}, "not_supported"),
+        ({"result": "skipped", "xfail": "known bug"}, "xfail"),
+        ({"result": "passed", "xfail": "known bug"}, "xpass"),
+    ],
+)
+def test_outcome_status(kwargs, status):
+    assert outcome_status(outcome(**kwargs)) == status
+
+
+def test_record_outcome_keeps_the_strongest_status_and_sums_examples():
+    records: dict[str, TestRecord] = {}
+    ids = ("PROV-001",)
+    assert record_outcome(records, outcome(when="setup", props=ids)) is None
+    device = {"device": "cpu", "compute_capability": None}
+    seen = record_outcome(
+        records, outcome(result="failed", props=ids, extra=[(EXAMPLES_KEY, 7), (DEVICE_KEY, device)])
+    )
+    assert seen == device
+    record_outcome(records, outcome(when="teardown", props=ids, extra=[(EXAMPLES_KEY, 0)]))
+    record = records["t.py::test"]
+    assert (record.property_ids, record.status, record.examples) == (ids, "fail", 7)
+
+
+def test_record_outcome_ignores_uncited_tests_but_not_a_crash_report_of_a_cited_one():
+    records: dict[str, TestRecord] = {}
+    record_outcome(records, outcome(nodeid="t.py::plain"))
+    assert records == {}
+    record_outcome(records, outcome(when="setup", props=("PROV-001",)))
+    # pytest-xdist's report of a crashed worker carries no user_properties.
+    record_outcome(records, outcome(result="failed"))
+    assert records["t.py::test"].status == "fail"
+
+
+def test_record_outcome_notes_reason_reproducer_and_expectations():
+    records: dict[str, TestRecord] = {}
+    found = {"test": "t.py::test", "command": "pytest ..."}
+    record_outcome(
+        records,
+        outcome(
+            result="skipped", props=("PROV-001",), reason="not_supported: no",
+            extra=[(REPRODUCER_KEY, found), (EXPECTATION_KEY, "PROV-001"), (EXPECTATION_KEY, "PROV-001")],
+        ),
+    )
+    record = records["t.py::test"]
+    assert record.reason == "not_supported: no"
+    assert record.reproducer == found and record.reproducer is not found
+    assert record.expectations == ("PROV-001",)
+
+
+def _record(status, examples=1, reproducer=None, reason=None, expectations=()):
+    return TestRecord(("PROV-001",), status, examples, reproducer, reason, expectations)
+
+
+def test_property_row_takes_the_strongest_status_and_its_reproducer():
+    found = {"test": "t.py::b"}
+    row = property_row(
+        PROPERTIES["PROV-001"],
+        [
+            _record("pass", 3), _record("fail", 2, reproducer=found),
+            _record("skipped", 0, reason="gpu"), _record(None, 0),
+        ],
+    )
+    assert row["status"] == "fail"
+    assert (row["tests"], row["examples"]) == (4, 5)
+    assert row["outcomes"] == {"fail": 1, "pass": 1, "skipped": 2}
+    assert row["reproducer"] == found
+    assert "reason" not in row
+    assert (row["level"], row["capability"]) == ("MUST", "provenance")
+
+
+def test_property_row_of_a_skipped_property_gives_the_reason_and_expectations():
+    expectation = SimpleNamespace(as_json=lambda: {"reason": "bug", "link": None})
+    row = property_row(
+        PROPERTIES["PROV-001"],
+        [_record("skipped", 0, reason="fp8_gpu: CUDA is not available", expectations=("PROV-001",))],
+        {"PROV-001": expectation},
+    )
+    assert row["status"] == "skipped" and row["reproducer"] is None
+    assert row["reason"] == "fp8_gpu: CUDA is not available"
+    assert row["expectations"] == {"PROV-001": {"reason": "bug", "link": None}}
+
+
+def test_must_summary_counts_xpass_as_passed_and_xfail_as_applicable():
+    rows = {
+        "A": {"level": "MUST", "status": "pass"},
+        "B": {"level": "MUST", "status": "xpass"},
+        "C": {"level": "MUST", "status": "xfail"},
+        "D": {"level": "MUST", "status": "error"},
+        "E": {"level": "MUST", "status": "not_supported"},
+        "F": {"level": "MUST", "status": "skipped"},
+        "G": {"level": "SHOULD", "status": "fail"},
+    }
+    summary = must_summary(rows)
+    assert (summary["must_passed"], summary["must_applicable"], summary["must_score"]) == (2, 4, 0.5)
+    assert summary["statuses"]["not_supported"] == 1 and sum(summary["statuses"].values()) == 7
+    assert must_summary({"E": rows["E"]})["must_score"] is None
+
+
+def _report(records):
+    return build_report(
+        records,
+        PROPERTIES,
+        suite={"name": "fp8conf", "version": "0.1.0"},
+        spec_version="1.0",
+        checked_spec_version="1.0",
+        backend={"name": "fake", "version": "1.2", "spec": "m:Fake", "spec_version": "1.0",
+                 "capabilities": ["provenance"]},
+        environment={"python": "3.11", "torch": None, "torchao": None, "pytest": "9", "hypothesis": "6",
+                     "hypothesis_profile": "fp8conf-ci", "device": "cpu", "compute_capability": None},
+        options={"expectations": None, "timeout_s": 300.0},
+    )
+
+
+FAILURE = {
+    "test": "t.py::test_b",
+    "message": "[PROV-002] MUST: ...",
+    "command": "pytest --fp8-backend=m:Fake t.py::test_b",
+    "model": "x = 3\n", "failing_case": None, "reproduce_failure": "@reproduce_failure('6', b'AA==')",
+}
+
+
+@pytest.fixture
+def report():
+    return _report({
+        "t.py::test_b": TestRecord(("PROV-002",), "fail", 4, FAILURE),
+        "t.py::test_a": TestRecord(("PROV-001", "PROV-002"), "pass", 10),
+        "t.py::test_c": TestRecord(("VAL-001",), "not_supported", 0, reason="not_supported: no validation"),
+    })
+
+
+def test_build_report_rows_follow_the_registry_and_list_the_untested(report):
+    assert list(report) == [
+        "schema_version", "suite", "spec_version", "checked_spec_version", "backend", "environment",
+        "options", "summary", "properties", "untested",
+    ]
+    assert list(report["properties"]) == ["PROV-001", "PROV-002", "VAL-001"]
+    assert report["properties"]["PROV-002"]["tests"] == 2
+    assert report["untested"] == [pid for pid in PROPERTIES if pid not in report["properties"]]
+    assert (report["summary"]["must_passed"], report["summary"]["must_applicable"]) == (1, 2)
+    json.dumps(report)  # JSON-ready
+
+
+def test_markdown_has_the_table_the_notes_and_each_failure(report):
+    text = render.markdown(report)
+    assert "| PROV-002 | MUST | provenance | fail | 2 | 14 |" in text
+    assert "| VAL-001 | MUST | validation | not_supported | 1 | 0 |" in text
+    assert "**MUST score: 1/2 (backend fake 1.2)**" in text
+    assert "- VAL-001 not_supported: not_supported: no validation" in text
+    assert "### PROV-002 (fail)" in text and "```python\nx = 3\n```" in text
+    assert FAILURE["command"] in text and f"`{FAILURE['reproduce_failure']}`" in text
+    assert "Hypothesis profile `fp8conf-ci`" in text
+    assert "### PROV-001" not in text
+
+
+class RecordingTerminal:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def write_sep(self, sep, title):
+        self.lines.append(f"{sep * 3} {title} {sep * 3}")
+
+    def write_line(self, line):
+        self.lines.append(line)
+
+
+def test_print_summary_lists_rows_score_and_replay(report, tmp_path):
+    terminal = RecordingTerminal()
+    render.print_summary(terminal, report, tmp_path / "r.json")
+    assert terminal.lines[0] == "=== fp8conf conformance ==="
+    assert terminal.lines[1].split() == ["property", "level", "capability", "status", "tests", "examples"]
+    assert terminal.lines[3].split() == ["PROV-002", "MUST", "provenance", "fail", "2", "14"]
+    assert "MUST score: 1/2 (backend fake 1.2)" in terminal.lines
+    assert "PROV-002 fail: t.py::test_b" in terminal.lines
+    assert f"  replay: {FAILURE['command']}" in terminal.lines
+    assert terminal.lines[-1] == f"report: {tmp_path / 'r.json'} and {tmp_path / 'r.md'}"
+
+
+def test_print_summary_without_rows():
+    terminal = RecordingTerminal()
+    render.print_summary(terminal, _report({}), None)
+    assert terminal.lines[1:] == ["no fp8_property test ran", "MUST score: 0/0 (backend fake 1.2)"]
+
+
+def test_markdown_path_and_write_report(report, tmp_path):
+    assert render.markdown_path(Path("out/r.json")) == Path("out/r.md")
+    assert render.markdown_path(Path("out/r.md")) == Path("out/r.md.md")
+    render.write_report(report, tmp_path / "deep" / "r.json")
+    assert json.loads((tmp_path / "deep" / "r.json").read_text()) == report
+    assert (tmp_path / "deep" / "r.md").read_text() == render.markdown(report)
