@@ -24,8 +24,9 @@ gets an empty dI that only carries the tangents; that split is degenerate but co
 
 Strict validation runs on the whole stage graph before the cut. Each callable keeps the
 provenance of every node, gets its own copy of the trace information, and records how much FP8
-compute its siblings hold, so that validating one callable does not fail it for compute that
-lives in another (:func:`fp8conf.validate_fp8_graph` reads that record).
+compute its siblings hold under validation's own key (``SIBLING_COMPUTE_META_KEY``), so that
+validating one callable does not fail it for compute that lives in another. The calling
+convention of the stage is read from its :class:`~fp8conf.JointSignature`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from fp8conf import errors
 from fp8conf.graph.compile import compile_joint
 from fp8conf.graph.provenance import get_provenance, node_passes
 from fp8conf.graph.roles import is_fp8_compute
-from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY, joint_signature, trace_info
+from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY, JointSignature, joint_signature, trace_info
 from fp8conf.graph.validate import SIBLING_COMPUTE_META_KEY, validate_fp8_graph
 
 __all__ = ["SPLIT_META_KEY", "SplitPart", "StageSplit", "split_stage", "compile_split"]
@@ -139,7 +140,7 @@ def _garbage_collection_paused():
             gc.enable()
 
 
-def _split(gm: torch.fx.GraphModule) -> StageSplit:
+def _signature_of(gm) -> JointSignature:
     signature = joint_signature(gm)
     if signature is None:
         raise errors.FP8GraphSplitError(
@@ -147,6 +148,11 @@ def _split(gm: torch.fx.GraphModule) -> StageSplit:
             f"[{JOINT_SIGNATURE_META_KEY!r}], one entry per placeholder); trace the stage with fp8conf.trace_joint "
             "and keep gm.meta in rewrites"
         )
+    return signature
+
+
+def _split(gm: torch.fx.GraphModule) -> StageSplit:
+    signature = _signature_of(gm)
     passes = node_passes(gm.graph)
     placeholders = gm.graph.find_nodes(op="placeholder")
     tangents = [p for p, spec in zip(placeholders, signature.inputs) if spec.is_tangent]
