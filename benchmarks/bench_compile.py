@@ -23,8 +23,7 @@ import torch
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 import fp8conf
-from fp8conf.examples import build_stack
-from fp8conf.trace import joint_inputs, joint_results
+from fp8conf.tools.example_models import build_stack
 
 import results  # benchmarks/results.py, beside this script
 
@@ -64,10 +63,11 @@ def eager_step(model, x, grad):
 
 
 def joint_step(gm, model, x, grad, fn):
-    primals, tangents = joint_inputs(gm, model, (x,), (grad,))
+    signature = fp8conf.joint_signature(gm)
+    primals, tangents = signature.feed(model, (x,), (grad,))
 
     def step():
-        return joint_results(gm, fn(primals, tangents))
+        return signature.results(fn(primals, tangents))
 
     return step
 

@@ -1,6 +1,6 @@
 """How fp8conf's analysis passes scale with graph size, against the cost of tracing the graph.
 
-Traces block stacks (``fp8conf.examples``, tensorwise ``Float8Linear``, tiny widths so that the
+Traces block stacks (``fp8conf.tools.example_models``, tensorwise ``Float8Linear``, tiny widths so that the
 graph, not the arithmetic, is what grows) of 1 to 512 blocks into joint graphs of up to about
 100k nodes, then times on each: provenance propagation, strict validation, FP8 region
 identification and the GraphPP split. Prints time per node (microseconds) per pass, the ratio
@@ -21,12 +21,12 @@ from unittest import mock
 import torch
 
 import fp8conf
-import fp8conf.trace
-from fp8conf.examples import build_stack
-from fp8conf.graphpp import split_stage
-from fp8conf.provenance import propagate_provenance
-from fp8conf.regions import identify_fp8_regions
-from fp8conf.validate import validate_fp8_graph
+import fp8conf.graph.trace
+from fp8conf.tools.example_models import build_stack
+from fp8conf.graph.split import split_stage
+from fp8conf.graph.provenance import propagate_provenance
+from fp8conf.graph.regions import identify_fp8_regions
+from fp8conf.graph.validate import validate_fp8_graph
 
 import results  # benchmarks/results.py, beside this script
 
@@ -51,7 +51,7 @@ def measure(blocks: int, dim: int, repeat: int) -> dict:
     x = torch.randn(8, dim, requires_grad=True)
     # Trace without the propagation step, so it can be timed on its own afterwards.
     start = time.perf_counter()
-    with mock.patch.object(fp8conf.trace, "propagate_provenance", lambda gm, modules: gm):
+    with mock.patch.object(fp8conf.graph.trace, "propagate_provenance", lambda gm, modules: gm):
         gm = fp8conf.trace_joint(model, (x,))
     trace_s = time.perf_counter() - start
     modules = fp8conf.trace_info(gm).modules

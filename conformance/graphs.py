@@ -18,7 +18,7 @@ import dataclasses
 import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
-from fp8conf.trace import copy_graph_module  # noqa: F401  (re-exported for the harness)
+from fp8conf.graph.trace import copy_graph_module  # noqa: F401  (re-exported for the harness)
 
 __all__ = [
     "is_fp8_compute",

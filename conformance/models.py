@@ -204,7 +204,7 @@ def build_model(spec: ModelSpec, device: str = "cpu"):
         if layer.recipe is None:
             continue
         if layer.recipe in MX_RECIPES:
-            from fp8conf.mx import convert_to_mx_training
+            from fp8conf import convert_to_mx_training
 
             convert_to_mx_training(model, recipe=layer.recipe, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}")
             continue

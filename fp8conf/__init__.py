@@ -1,30 +1,44 @@
 """fp8conf: reference passes that keep FP8 intact through graph tracing, rewriting and compilation.
 
-The pipeline, one module per stage: :func:`trace_joint` (trace + provenance) ->
+The pipeline, one folder per layer and one module per stage (:mod:`fp8conf.graph`):
+:func:`trace_joint` (joint graph, :class:`JointSignature`, provenance) -> :func:`op_roles` ->
 :func:`validate_fp8_graph` -> :func:`identify_fp8_regions` / :func:`tag_fp8_regions` ->
 :func:`compile_joint` or :func:`split_stage` (GraphPP; :mod:`fp8conf.pipeline` runs the split
-callables as pipeline stages) -> :class:`QuantizationSignature` (precompile fingerprints).
+callables as pipeline stages). Then :mod:`fp8conf.artifacts` (:class:`QuantizationSignature`,
+fingerprint-checked precompiled artifacts) and :mod:`fp8conf.quantized` (module discovery,
+:class:`MXLinear` and its e8m0 op). Every error is an :class:`FP8Error` (:mod:`fp8conf.errors`).
 """
 
-from fp8conf.compile import CompiledJoint, compile_joint
-from fp8conf.config import INDUCTOR_MODES, FP8CompileConfig
 from fp8conf.errors import (
+    ArtifactError,
     ComputeCountError,
+    FingerprintMismatchError,
     FP8ConfigError,
     FP8Error,
+    FP8GraphSplitError,
+    FP8RegionError,
     FP8TraceError,
     FP8ValidationError,
     FP8ValidationWarning,
-    MissingProvenanceError,
     IncompleteRegionError,
+    MissingProvenanceError,
+    MXArgumentError,
+    MXConversionError,
     NoQuantizedModulesError,
     RegionCompileError,
     UnsupportedLoweringError,
 )
-from fp8conf.errors import FP8GraphSplitError
-from fp8conf.errors import ArtifactError, FingerprintMismatchError
-from fp8conf.fingerprint import QuantizationSignature
-from fp8conf.precompile import (
+from fp8conf.quantized.float8 import QuantizationConfig, find_quantized_modules
+from fp8conf.quantized.mx import MXLinear, convert_to_mx_training
+from fp8conf.graph.trace import JointSignature, TraceInfo, copy_graph_module, joint_signature, run_joint, trace_info, trace_joint
+from fp8conf.graph.provenance import PROVENANCE_META_KEY, CallRecord, Provenance, get_provenance, node_passes
+from fp8conf.graph.roles import OpRole, classify_node, is_fp8_compute, op_roles
+from fp8conf.graph.validate import Finding, ValidationReport, validate_fp8_graph
+from fp8conf.graph.regions import Region, identify_fp8_regions, tag_fp8_regions
+from fp8conf.graph.compile import CompiledJoint, compile_joint
+from fp8conf.graph.split import StageSplit, compile_split, split_stage
+from fp8conf.artifacts.signature import QuantizationSignature
+from fp8conf.artifacts.store import (
     PrecompiledJoint,
     load_artifact,
     load_for_model,
@@ -33,66 +47,74 @@ from fp8conf.precompile import (
     read_header,
     save_artifact,
 )
-from fp8conf.graphpp import StageSplit, compile_split, split_stage
-from fp8conf.provenance import PROVENANCE_META_KEY, CallRecord, Provenance, get_provenance, node_passes
-from fp8conf.quantized import QuantizationConfig, find_quantized_modules
-from fp8conf.regions import Region, identify_fp8_regions, tag_fp8_regions
-from fp8conf.roles import OpRole, classify_node, is_fp8_compute, op_roles
-from fp8conf.trace import TraceInfo, copy_graph_module, run_joint, trace_info, trace_joint
-from fp8conf.validate import Finding, ValidationReport, validate_fp8_graph
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "FP8CompileConfig",
-    "INDUCTOR_MODES",
+    # errors (fp8conf.errors)
     "FP8Error",
     "FP8ConfigError",
     "FP8TraceError",
     "FP8ValidationError",
-    "FP8ValidationWarning",
     "MissingProvenanceError",
     "UnsupportedLoweringError",
     "ComputeCountError",
     "NoQuantizedModulesError",
+    "FP8RegionError",
     "IncompleteRegionError",
     "RegionCompileError",
     "FP8GraphSplitError",
-    "CompiledJoint",
-    "compile_joint",
+    "ArtifactError",
+    "FingerprintMismatchError",
+    "MXArgumentError",
+    "MXConversionError",
+    "FP8ValidationWarning",
+    # quantized modules (fp8conf.quantized)
+    "QuantizationConfig",
+    "find_quantized_modules",
+    "MXLinear",
+    "convert_to_mx_training",
+    # trace (fp8conf.graph.trace)
+    "trace_joint",
+    "run_joint",
+    "JointSignature",
+    "joint_signature",
+    "TraceInfo",
+    "trace_info",
+    "copy_graph_module",
+    # provenance (fp8conf.graph.provenance)
     "PROVENANCE_META_KEY",
     "Provenance",
     "CallRecord",
     "get_provenance",
     "node_passes",
-    "QuantizationConfig",
-    "find_quantized_modules",
+    # roles (fp8conf.graph.roles)
     "OpRole",
     "classify_node",
     "is_fp8_compute",
     "op_roles",
-    "TraceInfo",
-    "trace_joint",
-    "trace_info",
-    "run_joint",
-    "copy_graph_module",
+    # validate (fp8conf.graph.validate)
+    "validate_fp8_graph",
+    "ValidationReport",
+    "Finding",
+    # regions (fp8conf.graph.regions)
     "Region",
     "identify_fp8_regions",
     "tag_fp8_regions",
-    "Finding",
-    "ValidationReport",
-    "validate_fp8_graph",
-    "FingerprintMismatchError",
-    "ArtifactError",
+    # compile (fp8conf.graph.compile)
+    "compile_joint",
+    "CompiledJoint",
+    # GraphPP split (fp8conf.graph.split)
+    "split_stage",
+    "StageSplit",
+    "compile_split",
+    # artifacts (fp8conf.artifacts)
     "QuantizationSignature",
-    "PrecompiledJoint",
     "precompile_joint",
+    "PrecompiledJoint",
     "save_artifact",
     "load_artifact",
     "read_header",
     "precompile_model",
     "load_for_model",
-    "StageSplit",
-    "split_stage",
-    "compile_split",
 ]

@@ -1,9 +1,25 @@
-"""Typed errors raised by fp8conf's passes.
+"""The one tree of errors fp8conf raises on purpose.
 
 Every error says *what* went wrong, *where* (module FQN, pass, node) and *what to do*. The
 location is also available as attributes so that tools (and the conformance suite) can check it
 without parsing the message. This module imports nothing from torch so that the conformance
 plugin can name these types without loading torch.
+
+The branches are siblings, so catching one never swallows another stage's failure::
+
+    FP8Error
+    |-- FP8ConfigError            a config or usage mistake (also a ValueError and a TypeError)
+    |-- FP8TraceError             the model or its inputs cannot be traced (also a TypeError)
+    |-- FP8ValidationError        a graph breaks an FP8 rule (conformance ValidationFailure)
+    |   |-- MissingProvenanceError, UnsupportedLoweringError, ComputeCountError,
+    |   `-- NoQuantizedModulesError
+    |-- FP8RegionError            an FP8 region that cannot be compiled as asked
+    |   `-- IncompleteRegionError, RegionCompileError
+    |-- FP8GraphSplitError        a stage graph GraphPP cannot cut (conformance SplitFailure)
+    |-- ArtifactError             a precompiled artifact that cannot be saved or loaded
+    |   `-- FingerprintMismatchError   built for another configuration (conformance FingerprintMismatch)
+    |-- MXArgumentError           an argument of an MX op or helper (also a ValueError)
+    `-- MXConversionError         a module that cannot become an MXLinear (also a ValueError)
 """
 
 from __future__ import annotations
@@ -19,12 +35,15 @@ __all__ = [
     "UnsupportedLoweringError",
     "ComputeCountError",
     "NoQuantizedModulesError",
+    "FP8RegionError",
     "IncompleteRegionError",
     "RegionCompileError",
     "FP8GraphSplitError",
-    "FP8ValidationWarning",
-    "FingerprintMismatchError",
     "ArtifactError",
+    "FingerprintMismatchError",
+    "MXArgumentError",
+    "MXConversionError",
+    "FP8ValidationWarning",
 ]
 
 
@@ -32,15 +51,31 @@ class FP8Error(Exception):
     """Root of every error fp8conf raises on purpose."""
 
 
-class FP8ConfigError(FP8Error, ValueError):
-    """An FP8 compilation config whose settings contradict each other."""
+class _Located:
+    """Where in a graph an error is: the attributes the conformance suite reads."""
+
+    property_id: str | None = None
+
+    def _locate(self, module_fqn, pass_name, node_name, property_id) -> None:
+        self.module_fqn = module_fqn
+        self.pass_name = pass_name
+        self.node_name = node_name
+        if property_id is not None:
+            self.property_id = property_id
+
+
+class FP8ConfigError(FP8Error, ValueError, TypeError):
+    """A configuration whose settings contradict each other, or an argument of the wrong kind or
+    value. It is both a ``ValueError`` and a ``TypeError``, the exceptions these mistakes raised
+    before they had a type of their own."""
 
 
 class FP8TraceError(FP8Error, TypeError):
-    """The model or its example inputs cannot be traced into a joint graph."""
+    """The model or its example inputs cannot be traced into a joint graph, or a graph lacks
+    what tracing records (its joint signature)."""
 
 
-class FP8ValidationError(FP8Error, contract.ValidationFailure):
+class FP8ValidationError(_Located, FP8Error, contract.ValidationFailure):
     """A joint graph breaks an FP8 rule.
 
     Attributes:
@@ -48,6 +83,7 @@ class FP8ValidationError(FP8Error, contract.ValidationFailure):
         pass_name: ``"forward"`` or ``"backward"`` (or ``None`` when the rule is graph-wide).
         node_name: name of the offending ``torch.fx`` node, or ``None``.
         property_id: the conformance property this rule implements (``"VAL-002"``).
+        findings: every finding of the run, so a caller catching the first error sees them all.
     """
 
     property_id = "VAL"
@@ -63,12 +99,7 @@ class FP8ValidationError(FP8Error, contract.ValidationFailure):
         findings: tuple = (),
     ):
         super().__init__(message)
-        self.module_fqn = module_fqn
-        self.pass_name = pass_name
-        self.node_name = node_name
-        if property_id is not None:
-            self.property_id = property_id
-        # Every finding of the run, so a caller catching the first error still sees them all.
+        self._locate(module_fqn, pass_name, node_name, property_id)
         self.findings = tuple(findings)
 
 
@@ -96,30 +127,57 @@ class NoQuantizedModulesError(FP8ValidationError):
     property_id = "VAL-001"
 
 
-class IncompleteRegionError(FP8ValidationError):
+class FP8RegionError(_Located, FP8Error):
+    """An FP8 region that cannot be compiled as asked. Attributes as
+    :class:`FP8ValidationError`'s: ``module_fqn``, ``pass_name``, ``node_name``, ``property_id``."""
+
+    property_id = "REG"
+
+    def __init__(self, message: str, *, module_fqn: str | None = None, pass_name: str | None = None,
+                 node_name: str | None = None, property_id: str | None = None):
+        super().__init__(message)
+        self._locate(module_fqn, pass_name, node_name, property_id)
+
+
+class IncompleteRegionError(FP8RegionError):
     """An FP8 region lacks part of its quantization chain, so it must not be compiled alone."""
 
     property_id = "REG-004"
 
 
-class RegionCompileError(FP8ValidationError):
+class RegionCompileError(FP8RegionError):
     """A tagged FP8 region that Inductor rejected, or that ended up running eagerly."""
 
     property_id = "NUM-003"
 
 
-class FP8GraphSplitError(FP8ValidationError):
+class FP8GraphSplitError(_Located, FP8Error, contract.SplitFailure):
     """A stage graph that GraphPP cannot cut into forward, backward-input and backward-weight
-    callables without changing what it computes."""
+    callables without changing what it computes. Attributes: ``node_name`` (the node at the cut,
+    or ``None``), ``pass_name`` (``"graphpp"``), ``module_fqn`` and ``property_id``."""
 
     property_id = "BND"
 
+    def __init__(self, message: str, *, module_fqn: str | None = None, pass_name: str | None = "graphpp",
+                 node_name: str | None = None, property_id: str | None = None):
+        super().__init__(message)
+        self._locate(module_fqn, pass_name, node_name, property_id)
 
-class FP8ValidationWarning(UserWarning):
-    """A validation finding reported in non-strict mode."""
+
+class ArtifactError(FP8Error):
+    """A precompiled artifact that cannot be saved or loaded: not an fp8conf artifact, truncated,
+    corrupt, of an unknown format, or rejected by torch's deserializer.
+
+    Attributes:
+        path: the artifact's path (or ``None``).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path
 
 
-class FingerprintMismatchError(FP8Error, contract.FingerprintMismatch):
+class FingerprintMismatchError(ArtifactError, contract.FingerprintMismatch):
     """A precompiled artifact was built for another FP8 configuration than the one loading it.
 
     The artifact is never used. Attributes:
@@ -139,22 +197,36 @@ class FingerprintMismatchError(FP8Error, contract.FingerprintMismatch):
         artifact_fingerprint: str | None = None,
         current_fingerprint: str | None = None,
     ):
-        super().__init__(message)
-        self.path = path
+        super().__init__(message, path=path)
         self.differences = tuple(differences)
         self.fields = tuple(d[0] for d in self.differences)
         self.artifact_fingerprint = artifact_fingerprint
         self.current_fingerprint = current_fingerprint
 
 
-class ArtifactError(FP8Error):
-    """A precompiled artifact that cannot be saved or loaded: not an fp8conf artifact, truncated,
-    corrupt, of an unknown format, or rejected by torch's deserializer.
+class MXArgumentError(FP8Error, ValueError):
+    """An argument of an MX op or helper that cannot be used.
 
     Attributes:
-        path: the artifact's path (or ``None``).
+        argument: the name of the offending argument (``"a"``, ``"b_scale"``, ``"out_dtype"``...).
     """
 
-    def __init__(self, message: str, *, path: str | None = None):
+    def __init__(self, argument: str, message: str):
         super().__init__(message)
-        self.path = path
+        self.argument = argument
+
+
+class MXConversionError(FP8Error, ValueError):
+    """A module of a model that cannot become an :class:`~fp8conf.MXLinear`.
+
+    Attributes:
+        module_fqn: fully qualified name of the module (``""`` for the root).
+    """
+
+    def __init__(self, message: str, *, module_fqn: str):
+        super().__init__(message)
+        self.module_fqn = module_fqn
+
+
+class FP8ValidationWarning(UserWarning):
+    """A validation finding reported in non-strict mode."""

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fp8conf.ops.e8m0 import (
+from fp8conf.quantized.ops.e8m0 import (
     MXArgumentError,
     e8m0_to_float32,
     scaled_mm_e8m0,
@@ -389,7 +389,7 @@ def test_cuda_below_sm100_uses_emulation():
 @requires_sm100
 @pytest.mark.parametrize("m, k, n", [(1, 32, 16), (130, 160, 48), (256, 512, 128), (1025, 128, 96)])
 def test_sm100_cublas_matches_emulation(m, k, n):
-    from fp8conf.ops.e8m0 import emulated_scaled_mm_e8m0
+    from fp8conf.quantized.ops.e8m0 import emulated_scaled_mm_e8m0
 
     args = make_operands(m, k, n, seed=13, byte_range=(100, 150), device="cuda")
     assert uses_cublas(args[0], args[1], torch.bfloat16)

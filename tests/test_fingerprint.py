@@ -1,4 +1,4 @@
-"""fp8conf.fingerprint and fp8conf.precompile: the quantization signature, artifacts, the CLI."""
+"""fp8conf.artifacts.signature and fp8conf.artifacts.store: the quantization signature, artifacts, the CLI."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import fp8conf
 from conformance.fingerprints import reordered
 from conformance.models import LayerSpec, ModelSpec, build_model
 from fp8conf import ArtifactError, FingerprintMismatchError, QuantizationSignature
-from fp8conf import precompile
-from fp8conf.fingerprint import ABSENT
+from fp8conf.artifacts import store
+from fp8conf.graph import compile as graph_compile
+from fp8conf.artifacts.signature import ABSENT
 from fingerprint_models import SPEC_A, SPEC_B
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,7 +176,7 @@ def test_diff_is_field_by_field():
 
 
 class _FakeMX(torch.nn.Linear):
-    """Stands in for fp8conf.mx.MXLinear: the attributes the signature reads."""
+    """Stands in for fp8conf.quantized.mx.MXLinear: the attributes the signature reads."""
 
     quant_kind = "mxfp8_linear"
     block_size = 32
@@ -260,8 +261,8 @@ def test_loading_under_another_fingerprint_names_the_fields_and_never_deserializ
     def never(*a, **k):
         raise AssertionError("the payload of a mismatched artifact was deserialized")
 
-    monkeypatch.setattr(precompile, "_load_standalone", never)
-    monkeypatch.setattr(precompile, "_load_pickled_graph", never)
+    monkeypatch.setattr(store, "_load_standalone", never)
+    monkeypatch.setattr(store, "_load_pickled_graph", never)
     with pytest.raises(FingerprintMismatchError) as info:
         fp8conf.load_for_model(path, build_model(SPEC_B)[0])
     exc = info.value
@@ -335,14 +336,14 @@ def test_graph_pickler_mechanism_and_auto_fallback(saved, tmp_path, monkeypatch)
     def broken(*a, **k):
         raise RuntimeError("inductor cannot compile this graph")
 
-    real_compile = precompile._standalone_compile
-    monkeypatch.setattr(precompile, "_standalone_compile", broken)
+    real_compile = graph_compile._standalone_compile
+    monkeypatch.setattr(graph_compile, "_standalone_compile", broken)
     with pytest.warns(UserWarning, match="standalone_compile failed"):
         header = fp8conf.save_artifact(tmp_path / "p.fp8", gm, signature)
     assert header.mechanism == "graph_pickler" and "inductor cannot compile" in header.note
     with pytest.raises(ArtifactError, match="standalone_compile"):
         fp8conf.save_artifact(tmp_path / "q.fp8", gm, signature, mechanism="standalone_compile")
-    monkeypatch.setattr(precompile, "_standalone_compile", real_compile)
+    monkeypatch.setattr(graph_compile, "_standalone_compile", real_compile)
     loaded = fp8conf.load_artifact(tmp_path / "p.fp8", signature)
     assert loaded.mechanism == "graph_pickler"
     out, got = loaded.run(model, args, grad_outputs)
@@ -355,7 +356,7 @@ def test_graph_pickler_mechanism_and_auto_fallback(saved, tmp_path, monkeypatch)
 def test_cli_diff_prints_a_readable_field_diff(saved):
     path = saved[0]
     proc = subprocess.run(
-        [sys.executable, "-m", "fp8conf.cli", "precompile", "diff", str(path), "--model", "fingerprint_models:model_b"],
+        [sys.executable, "-m", "fp8conf.tools.cli", "precompile", "diff", str(path), "--model", "fingerprint_models:model_b"],
         env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -369,7 +370,7 @@ def test_cli_diff_prints_a_readable_field_diff(saved):
 
 
 def test_cli_load_show_and_diff_in_process(saved, tmp_path, capsys):
-    from fp8conf.cli import main
+    from fp8conf.tools.cli import main
 
     path = saved[0]
     assert main(["precompile", "diff", str(path), "--model", "fingerprint_models:model_a"]) == 0
@@ -393,7 +394,7 @@ def test_cli_load_show_and_diff_in_process(saved, tmp_path, capsys):
 
 
 def test_cli_save_writes_an_artifact_that_loads(tmp_path, capsys):
-    from fp8conf.cli import main
+    from fp8conf.tools.cli import main
 
     out = tmp_path / "cli.fp8"
     assert main(["precompile", "save", "--model", "fingerprint_models:model_a", "--out", str(out), "--mechanism", "graph_pickler"]) == 0

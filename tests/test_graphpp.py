@@ -10,9 +10,12 @@ import torch
 
 import fp8conf
 from conformance import rewrites
-from fp8conf.examples import build_stack
-from fp8conf.graphpp import SPLIT_META_KEY, compile_split, split_stage
-from fp8conf.pipeline import launch, zero_bubble_schedule
+from fp8conf.tools.example_models import build_stack
+from fp8conf.graph.split import compile_split, split_stage
+from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY
+from fp8conf.graph.validate import SIBLING_COMPUTE_META_KEY
+from fp8conf.pipeline import zero_bubble_schedule
+from fp8conf.tools.pipeline_check import launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,7 +71,7 @@ def test_shared_quantization_crosses_into_backward_weight_as_fp8_placeholders():
     _, _, gm = _stage("tensorwise", cse=True)
     split = split_stage(gm)
     fp8_placeholders = [
-        p for p in split.backward_weight.graph.find_nodes(op="placeholder") if fp8conf.roles.is_fp8_dtype(getattr(p.meta["val"], "dtype", None))
+        p for p in split.backward_weight.graph.find_nodes(op="placeholder") if fp8conf.graph.roles.is_fp8_dtype(getattr(p.meta["val"], "dtype", None))
     ]
     assert len(fp8_placeholders) == 4  # the output gradient of each of the 4 linears, cast once in dI
     regions = fp8conf.identify_fp8_regions(split.backward_weight)
@@ -85,7 +88,9 @@ def test_callables_validate_strictly_only_with_their_siblings_counted():
     for part in split.parts.values():
         fp8conf.validate_fp8_graph(part, strict=True)
     alone = split.backward_weight
-    alone.meta.pop(SPLIT_META_KEY)
+    with pytest.raises(fp8conf.UnsupportedLoweringError, match="forward pass"):
+        fp8conf.validate_fp8_graph(alone, strict=True, sibling_compute={})
+    alone.meta.pop(SIBLING_COMPUTE_META_KEY)
     with pytest.raises(fp8conf.UnsupportedLoweringError, match="forward pass"):
         fp8conf.validate_fp8_graph(alone, strict=True)
 
@@ -110,11 +115,13 @@ def test_a_stage_without_parameter_gradients_is_refused_with_a_clear_error():
         split_stage(gm, strict=False)
 
 
-def test_a_graph_without_descriptors_is_refused_not_guessed():
+def test_a_graph_without_its_joint_signature_is_refused_not_guessed():
     _, _, gm = _stage()
     for node in gm.graph.find_nodes(op="placeholder"):
-        node.meta.pop("desc")
-    with pytest.raises(fp8conf.FP8GraphSplitError, match="descriptors"):
+        node.meta.pop("desc")  # descriptors are read once, when tracing
+    split_stage(gm)
+    gm.meta.pop(JOINT_SIGNATURE_META_KEY)
+    with pytest.raises(fp8conf.FP8GraphSplitError, match="joint signature"):
         split_stage(gm)
 
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 import fp8conf
 from conformance.models import LayerSpec, ModelSpec, build_model
 from conformance.strategies import ALL_KINDS, model_specs
-from fp8conf.mx import MXLinear
+from fp8conf.quantized.mx import MXLinear
 
 _fast = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 

@@ -1,4 +1,4 @@
-"""Tests of ``fp8conf.mx``: MX quantization, :class:`MXLinear` against ``nn.Linear``, the converter,
+"""Tests of ``fp8conf.quantized.mx``: MX quantization, :class:`MXLinear` against ``nn.Linear``, the converter,
 ``torch.compile`` on CPU Inductor, and a record of how torchao's own emulated MXFP8 linear fares
 under CPU Inductor. CUDA tests are marked ``fp8_gpu`` and skip without a device.
 """
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fp8conf.mx import (
+from fp8conf.quantized.mx import (
     RECIPES,
     SCALE_ROUNDINGS,
     MXArgumentError,

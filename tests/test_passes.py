@@ -132,7 +132,7 @@ def test_scaled_op_with_fp8_scale_but_float_operands_is_not_compute():
 def test_recipe_recognition_names_custom_configs():
     from torchao.float8 import Float8LinearConfig
 
-    from fp8conf.quantized import recognize_float8_recipe
+    from fp8conf.quantized.float8 import recognize_float8_recipe
 
     for recipe in RECIPES:
         config = Float8LinearConfig.from_recipe_name(recipe)
@@ -142,19 +142,68 @@ def test_recipe_recognition_names_custom_configs():
     assert recognize_float8_recipe(custom) == "custom"
 
 
-@pytest.mark.parametrize(
-    "kwargs, words",
-    [
-        (dict(strict=True, enabled=False), "enabled=True"),
-        (dict(inductor_mode="fast"), "inductor_mode"),
-        (dict(cudagraph=True), "cudagraph=True"),
-        (dict(enabled=False, strict=False, inductor_mode="regional"), "regional"),
-    ],
-)
-def test_incoherent_configs_are_rejected(kwargs, words):
-    with pytest.raises(fp8conf.FP8ConfigError, match=words):
-        fp8conf.FP8CompileConfig(**kwargs)
-    assert fp8conf.FP8CompileConfig(inductor_mode="regional", cudagraph=True).cudagraph
+def test_errors_are_one_tree_of_sibling_branches():
+    from conformance.api import errors as contract
+
+    branches = [
+        fp8conf.FP8ConfigError, fp8conf.FP8TraceError, fp8conf.FP8ValidationError, fp8conf.FP8RegionError,
+        fp8conf.FP8GraphSplitError, fp8conf.ArtifactError, fp8conf.MXArgumentError, fp8conf.MXConversionError,
+    ]
+    for branch in branches:
+        assert issubclass(branch, fp8conf.FP8Error)
+        assert [other for other in branches if other is not branch and issubclass(branch, other)] == [], branch
+    # Catching a stage's error never swallows a split or region failure.
+    for error in (fp8conf.FP8GraphSplitError, fp8conf.IncompleteRegionError, fp8conf.RegionCompileError):
+        assert not issubclass(error, fp8conf.FP8ValidationError) and not issubclass(error, contract.ValidationFailure)
+    assert issubclass(fp8conf.FP8ValidationError, contract.ValidationFailure)
+    assert issubclass(fp8conf.FP8GraphSplitError, contract.SplitFailure)
+    assert issubclass(fp8conf.FingerprintMismatchError, fp8conf.ArtifactError)
+    assert issubclass(fp8conf.FingerprintMismatchError, contract.FingerprintMismatch)
+    assert issubclass(fp8conf.FP8ConfigError, ValueError) and issubclass(fp8conf.FP8ConfigError, TypeError)
+    assert set(fp8conf.errors.__all__) <= set(fp8conf.__all__)
+    located = fp8conf.IncompleteRegionError("x", module_fqn="layers.0", pass_name="backward")
+    assert (located.module_fqn, located.pass_name, located.node_name, located.property_id) == ("layers.0", "backward", None, "REG-004")
+
+
+def test_the_joint_signature_is_computed_once_when_tracing(traced):
+    _, model, args, gm = traced("tensorwise", False)
+    signature = fp8conf.joint_signature(gm)
+    assert signature is gm.meta["fp8conf_joint_signature"]
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    assert len(signature.inputs) == len(placeholders)
+    params = {fqn for fqn, _ in model.named_parameters()}
+    assert {i.target for i in signature.inputs if i.kind == "param"} == params
+    assert [i.index for i in signature.inputs if i.kind == "input"] == [0]
+    assert [i.index for i in signature.inputs if i.kind == "tangent"] == [0]
+    assert [i.is_tangent for i in signature.inputs] == sorted(i.is_tangent for i in signature.inputs)  # primals first
+    outputs = [o for o in signature.outputs if o is not None]
+    assert [o.index for o in outputs if o.kind == "output"] == [0]
+    assert {o.target for o in outputs if o.kind == "param_grad"} == params
+    assert [o.target for o in outputs if o.kind == "input_grad"] == ["input.0"]
+    # Rewrites that keep gm.meta keep it; descriptors are not read again.
+    copy = fp8conf.copy_graph_module(gm)
+    for node in copy.graph.find_nodes(op="placeholder"):
+        node.meta.pop("desc")
+    grad = (torch.ones(16, 16),)
+    (out,), grads = fp8conf.run_joint(copy, model, args, grad)
+    (expected,), expected_grads = fp8conf.run_joint(gm, model, args, grad)
+    assert torch.equal(out, expected) and grads.keys() == expected_grads.keys() == params | {"input.0"}
+    copy.meta.pop("fp8conf_joint_signature")
+    with pytest.raises(fp8conf.FP8TraceError, match="joint signature"):
+        fp8conf.run_joint(copy, model, args, grad)
+
+
+def test_compile_joint_rejects_unknown_modes(traced):
+    _, _, _, gm = traced("tensorwise", False)
+    with pytest.raises(fp8conf.FP8ConfigError, match="'full', 'regional'"):
+        fp8conf.compile_joint(gm, mode="fast")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_compile_joint_refuses_cuda_graphs_without_cuda(traced):
+    _, _, _, gm = traced("tensorwise", False)
+    with pytest.raises(fp8conf.FP8ConfigError, match="CUDA"):
+        fp8conf.compile_joint(gm, mode="full", cudagraph=True)
 
 
 def test_bad_inputs_get_clear_errors():

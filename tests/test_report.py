@@ -487,7 +487,7 @@ def test_negative_timeout_is_a_usage_error(suite):
 
 
 def test_fp8conf_check_passes_the_new_options(monkeypatch):
-    from fp8conf import cli
+    from fp8conf.tools import cli
 
     seen = []
     monkeypatch.setattr(pytest, "main", lambda args: seen.append(args) or 0)

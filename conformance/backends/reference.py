@@ -49,7 +49,7 @@ class ReferenceBackend(Backend):
         return [Region(r.id, r.nodes, r.complete, r.complete) for r in found]
 
     def split_stage(self, gm, *, strict=True):
-        from fp8conf.graphpp import split_stage
+        from fp8conf.graph.split import split_stage
 
         split = split_stage(gm, strict=strict)
         return StageSplit(
@@ -82,13 +82,13 @@ class ReferenceBackend(Backend):
         return Compiled(compiled, compiled.compiled_nodes, compiled.eager_nodes)
 
     def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):
-        from fp8conf.ops.e8m0 import scaled_mm_e8m0
+        from fp8conf.quantized.ops.e8m0 import scaled_mm_e8m0
 
         return scaled_mm_e8m0(a, b, a_scale, b_scale, out_dtype)
 
     def e8m0_op(self):
         import torch
 
-        import fp8conf.ops  # noqa: F401  (registers the op)
+        import fp8conf.quantized.ops  # noqa: F401  (registers the op)
 
         return torch.ops.fp8conf.scaled_mm_e8m0.default

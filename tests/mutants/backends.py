@@ -11,8 +11,8 @@ import contextlib
 import dataclasses
 
 import fp8conf
-import fp8conf.provenance
-import fp8conf.validate
+import fp8conf.graph.provenance
+import fp8conf.graph.validate
 from conformance.backends.reference import ReferenceBackend
 from conformance.api.types import Provenance
 
@@ -112,7 +112,7 @@ class IgnoresInputGrad(ReferenceBackend):
     KILLED_BY = "VAL-001"
 
     def validate(self, gm, *, strict):
-        with _replaced(fp8conf.validate, "_expected", _always_needs_input_grad):
+        with _replaced(fp8conf.graph.validate, "_expected", _always_needs_input_grad):
             return super().validate(gm, strict=strict)
 
 
@@ -123,7 +123,7 @@ class NoLoweringCheck(ReferenceBackend):
     KILLED_BY = "VAL-002"
 
     def validate(self, gm, *, strict):
-        with _replaced(fp8conf.validate, "_check_calls", lambda *a: []):
+        with _replaced(fp8conf.graph.validate, "_check_calls", lambda *a: []):
             return super().validate(gm, strict=strict)
 
 
@@ -134,14 +134,14 @@ class MissingProvenancePasses(ReferenceBackend):
     KILLED_BY = "VAL-003"
 
     def validate(self, gm, *, strict):
-        with _replaced(fp8conf.validate, "is_fp8_compute", lambda n: fp8conf.is_fp8_compute(n) and fp8conf.get_provenance(n) is not None):
+        with _replaced(fp8conf.graph.validate, "is_fp8_compute", lambda n: fp8conf.is_fp8_compute(n) and fp8conf.get_provenance(n) is not None):
             return super().validate(gm, strict=strict)
 
 
 def _any_fp8_operand(node):
     if node.op != "call_function" or str(node.target) not in aten_scaled:
         return False
-    return any(fp8conf.roles.is_fp8_dtype(getattr(a.meta.get("val"), "dtype", None)) for a in node.all_input_nodes)
+    return any(fp8conf.graph.roles.is_fp8_dtype(getattr(a.meta.get("val"), "dtype", None)) for a in node.all_input_nodes)
 
 
 class AnyFP8OperandCounts(ReferenceBackend):
@@ -151,7 +151,7 @@ class AnyFP8OperandCounts(ReferenceBackend):
     KILLED_BY = "VAL-004"
 
     def validate(self, gm, *, strict):
-        with _replaced(fp8conf.validate, "is_fp8_compute", _any_fp8_operand):
+        with _replaced(fp8conf.graph.validate, "is_fp8_compute", _any_fp8_operand):
             return super().validate(gm, strict=strict)
 
 
@@ -174,12 +174,12 @@ class ExistenceOnlyCounts(ReferenceBackend):
     KILLED_BY = "VAL-007"
 
     def validate(self, gm, *, strict):
-        check_calls = fp8conf.validate._check_calls
+        check_calls = fp8conf.graph.validate._check_calls
 
         def existence_only(*args):
             return [f for f in check_calls(*args) if f.property_id != "VAL-007"]
 
-        with _replaced(fp8conf.validate, "_check_calls", existence_only):
+        with _replaced(fp8conf.graph.validate, "_check_calls", existence_only):
             return super().validate(gm, strict=strict)
 
 
@@ -193,7 +193,7 @@ class EmulatedNotExempt(ReferenceBackend):
         gm = super().trace_joint(model, args)
         info = fp8conf.trace_info(gm)
         modules = {fqn: dataclasses.replace(c, emulate=False) for fqn, c in info.modules.items()}
-        gm.meta[fp8conf.trace.TRACE_META_KEY] = dataclasses.replace(info, modules=modules)
+        gm.meta[fp8conf.graph.trace.TRACE_META_KEY] = dataclasses.replace(info, modules=modules)
         return gm
 
 
@@ -205,7 +205,7 @@ class OneEmulatedExemptsAll(ReferenceBackend):
 
     def validate(self, gm, *, strict):
         if any(c.emulate for c in fp8conf.trace_info(gm).modules.values()):
-            with _replaced(fp8conf.validate, "_check_calls", lambda *a: []):
+            with _replaced(fp8conf.graph.validate, "_check_calls", lambda *a: []):
                 return super().validate(gm, strict=strict)
         return super().validate(gm, strict=strict)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from conformance.backends.reference import ReferenceBackend
-from fp8conf.ops.e8m0 import E8M0_NAN_BYTE, MX_BLOCK_SIZE, _check_args, emulated_scaled_mm_e8m0, scaled_mm_e8m0
+from fp8conf.quantized.ops.e8m0 import E8M0_NAN_BYTE, MX_BLOCK_SIZE, _check_args, emulated_scaled_mm_e8m0, scaled_mm_e8m0
 
 BADFAKE_OP = "fp8conf_mutants::scaled_mm_e8m0_badfake"
 

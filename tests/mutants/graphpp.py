@@ -12,11 +12,11 @@ from unittest import mock
 
 from conformance.backends.reference import ReferenceBackend
 from conformance.api.types import Region
-from fp8conf import graphpp
-from fp8conf.provenance import PROVENANCE_META_KEY, get_provenance
-from fp8conf.regions import identify_fp8_regions, tag_fp8_regions
-from fp8conf.roles import is_fp8_compute, is_fp8_dtype
-from fp8conf.validate import validate_fp8_graph
+from fp8conf.graph import split as graphpp
+from fp8conf.graph.provenance import PROVENANCE_META_KEY, get_provenance
+from fp8conf.graph.regions import identify_fp8_regions, tag_fp8_regions
+from fp8conf.graph.roles import is_fp8_compute, is_fp8_dtype
+from fp8conf.graph.validate import SIBLING_COMPUTE_META_KEY, validate_fp8_graph
 
 
 def _fp8(node) -> bool:
@@ -182,7 +182,7 @@ class CallablesRevalidatedStrictly(ReferenceBackend):
         split = super().split_stage(gm, strict=strict)
         for part in split.parts.values():
             alone = dict(part.meta)
-            alone.pop(graphpp.SPLIT_META_KEY, None)
+            alone.pop(SIBLING_COMPUTE_META_KEY, None)
             with _meta_replaced(part, alone):
                 validate_fp8_graph(part, strict=True)
         return split

@@ -7,7 +7,7 @@ import dataclasses
 import fp8conf
 from conformance.backends.reference import ReferenceBackend
 from conformance.api.types import Compiled, Region
-from fp8conf.regions import identify_fp8_regions, tag_fp8_regions
+from fp8conf.graph.regions import identify_fp8_regions, tag_fp8_regions
 
 
 def _tag(gm, regions):

@@ -3,7 +3,7 @@
 ``fp8conf check`` runs the conformance suite against a backend and prints the per-property
 summary table; it is ``pytest --fp8-backend=NAME`` with the suite's defaults filled in, so
 every pytest option still works after ``--``. ``fp8conf precompile save|load|diff|show`` handles
-precompiled artifacts and their quantization fingerprints (see :mod:`fp8conf.precompile_cli`).
+precompiled artifacts and their quantization fingerprints (see :mod:`fp8conf.tools.precompile`).
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--spec-version", default=None, help="spec version to check against (default: the backend's spec_version)")
     check.add_argument("--timeout", default=None, type=float, help="seconds one example of a conformance test may run before the test is reported 'error' (default: 300)")
     check.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments, after --")
-    from fp8conf import precompile_cli
+    from fp8conf.tools import precompile as precompile_cli
 
     precompile_cli.add_parser(commands)
     explain = commands.add_parser("explain", help="write an HTML map of a model's FP8 regions")
     explain.add_argument(
         "model",
         nargs="?",
-        default="fp8conf.examples:example_model",
+        default="fp8conf.tools.example_models:example_model",
         help="package.module:function returning (model, args); default: a 6-block example model",
     )
     explain.add_argument("--out", default="fp8-regions.html", help="HTML file to write (default: fp8-regions.html)")
@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
 def _explain(args) -> int:
     import importlib
 
-    from fp8conf.explain import explain_model
+    from fp8conf.tools.explain import explain_model
 
     module_name, _, attr = args.model.partition(":")
     try:
@@ -61,7 +61,7 @@ def _explain(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "precompile":
-        from fp8conf import precompile_cli
+        from fp8conf.tools import precompile as precompile_cli
 
         return precompile_cli.run(args)
     if args.command == "explain":

@@ -21,8 +21,8 @@ import warnings
 import torch.fx
 
 from fp8conf import errors
-from fp8conf.provenance import get_provenance, node_passes
-from fp8conf.roles import is_fp8_compute, is_fp8_dtype
+from fp8conf.graph.provenance import get_provenance, node_passes
+from fp8conf.graph.roles import is_fp8_compute, is_fp8_dtype
 
 __all__ = ["REGION_META_KEY", "Region", "identify_fp8_regions", "tag_fp8_regions"]
 

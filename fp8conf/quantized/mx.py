@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from fp8conf.errors import FP8Error
-from fp8conf.ops.e8m0 import MX_BLOCK_SIZE, MXArgumentError, apply_e8m0_scale, scaled_mm_e8m0
+from fp8conf.errors import MXArgumentError, MXConversionError
+from fp8conf.quantized.ops.e8m0 import MX_BLOCK_SIZE, apply_e8m0_scale, scaled_mm_e8m0
 
 __all__ = [
     "E4M3_MAX",
@@ -55,18 +55,6 @@ _MAX_FINITE_BYTE = 254
 # The largest byte whose inverse scale 2**(127 - b) is a normal float32 (b = 254 would need
 # 2**-127). Finite float32 input never needs more than 248, so clamping to it changes nothing.
 _MAX_INVERTIBLE_BYTE = 253
-
-
-class MXConversionError(FP8Error, ValueError):
-    """A module of a model that cannot become an :class:`MXLinear`.
-
-    Attributes:
-        module_fqn: fully qualified name of the module (``""`` for the root).
-    """
-
-    def __init__(self, message: str, *, module_fqn: str):
-        super().__init__(message)
-        self.module_fqn = module_fqn
 
 
 # --- quantization ---------------------------------------------------------------------------------

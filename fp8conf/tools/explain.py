@@ -14,10 +14,10 @@ import html
 
 import torch
 
-from fp8conf.provenance import node_passes
-from fp8conf.regions import Region, identify_fp8_regions
-from fp8conf.roles import OpRole, op_roles
-from fp8conf.trace import trace_info, trace_joint
+from fp8conf.graph.provenance import node_passes
+from fp8conf.graph.regions import Region, identify_fp8_regions
+from fp8conf.graph.roles import OpRole, op_roles
+from fp8conf.graph.trace import trace_info, trace_joint
 
 __all__ = ["render_region_map", "explain_model"]
 

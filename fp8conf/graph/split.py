@@ -24,8 +24,9 @@ gets an empty dI that only carries the tangents; that split is degenerate but co
 
 Strict validation runs on the whole stage graph before the cut. Each callable keeps the
 provenance of every node, gets its own copy of the trace information, and records how much FP8
-compute its siblings hold, so that validating one callable does not fail it for compute that
-lives in another (:func:`fp8conf.validate_fp8_graph` reads that record).
+compute its siblings hold under validation's own key (``SIBLING_COMPUTE_META_KEY``), so that
+validating one callable does not fail it for compute that lives in another. The calling
+convention of the stage is read from its :class:`~fp8conf.JointSignature`.
 """
 
 from __future__ import annotations
@@ -42,10 +43,11 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fp8conf import errors
-from fp8conf.provenance import get_provenance, node_passes
-from fp8conf.roles import is_fp8_compute
-from fp8conf.trace import trace_info
-from fp8conf.validate import validate_fp8_graph
+from fp8conf.graph.compile import compile_joint
+from fp8conf.graph.provenance import get_provenance, node_passes
+from fp8conf.graph.roles import is_fp8_compute
+from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY, JointSignature, joint_signature, trace_info
+from fp8conf.graph.validate import SIBLING_COMPUTE_META_KEY, validate_fp8_graph
 
 __all__ = ["SPLIT_META_KEY", "SplitPart", "StageSplit", "split_stage", "compile_split"]
 
@@ -138,25 +140,28 @@ def _garbage_collection_paused():
             gc.enable()
 
 
-def _split(gm: torch.fx.GraphModule) -> StageSplit:
-    from torch._functorch._aot_autograd import descriptors as d
+def _signature_of(gm) -> JointSignature:
+    signature = joint_signature(gm)
+    if signature is None:
+        raise errors.FP8GraphSplitError(
+            "split_stage needs the joint signature fp8conf.trace_joint records (gm.meta"
+            f"[{JOINT_SIGNATURE_META_KEY!r}], one entry per placeholder); trace the stage with fp8conf.trace_joint "
+            "and keep gm.meta in rewrites"
+        )
+    return signature
 
+
+def _split(gm: torch.fx.GraphModule) -> StageSplit:
+    signature = _signature_of(gm)
     passes = node_passes(gm.graph)
     placeholders = gm.graph.find_nodes(op="placeholder")
-    tangents = [p for p in placeholders if isinstance(p.meta.get("desc"), d.TangentAOTInput)]
-    primals = [p for p in placeholders if p not in tangents]
-    if any("desc" not in p.meta for p in placeholders):
-        raise errors.FP8GraphSplitError(
-            "split_stage needs the placeholder descriptors of aot_export_joint_with_descriptors "
-            "(node.meta['desc']); trace the stage with fp8conf.trace_joint and keep node.meta in rewrites",
-            pass_name="graphpp",
-        )
-    layout, outputs, input_grads, param_grads = _classify_outputs(gm, d)
+    tangents = [p for p, spec in zip(placeholders, signature.inputs) if spec.is_tangent]
+    primals = [p for p, spec in zip(placeholders, signature.inputs) if not spec.is_tangent]
+    layout, outputs, input_grads, param_grads = _classify_outputs(gm, signature)
     if not param_grads:
         raise errors.FP8GraphSplitError(
             f"the stage graph of {_model_name(gm)} returns no parameter gradient, so there is no "
-            "backward-weight work to split off; run it unsplit (fp8conf.run_joint)",
-            pass_name="graphpp",
+            "backward-weight work to split off; run it unsplit (fp8conf.run_joint)"
         )
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     backward = {n for n in gm.graph.nodes if n.op == "call_function" and passes[n] == "backward"}
@@ -209,39 +214,31 @@ def _model_name(gm) -> str:
     return info.model_name if info is not None else "the graph"
 
 
-def _classify_outputs(gm, d):
+def _classify_outputs(gm, signature):
     output_node = gm.graph.find_nodes(op="output")[0]
     flat, _ = pytree.tree_flatten(output_node.args[0], is_leaf=lambda x: x is None)
-    descs = output_node.meta.get("desc")
-    if descs is None or len(descs) != len(flat):
+    if len(flat) != len(signature.outputs):
         raise errors.FP8GraphSplitError(
-            "split_stage needs the output descriptors of aot_export_joint_with_descriptors "
-            "(output node meta['desc']); trace the stage with fp8conf.trace_joint",
-            pass_name="graphpp",
+            f"the stage graph returns {len(flat)} values but its joint signature describes {len(signature.outputs)}: "
+            "a rewrite changed the outputs; keep the graph's outputs as fp8conf.trace_joint made them"
         )
     layout, outputs, input_grads, param_grads = [], [], [], []
-    for desc, value in zip(descs, flat):
-        if value is None:
+    slots = {"output": outputs, "input_grad": input_grads, "param_grad": param_grads}
+    for spec, value in zip(signature.outputs, flat):
+        if spec is None or value is None:
             layout.append(None)
-        elif isinstance(desc, d.PlainAOTOutput):
-            layout.append(("output", len(outputs)))
-            outputs.append((desc.idx, value))
-        elif isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, d.PlainAOTInput):
-            layout.append(("input_grad", len(input_grads)))
-            input_grads.append((f"input.{desc.grad_of.idx}", value))
-        elif isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, (d.ParamAOTInput, d.BufferAOTInput)):
-            layout.append(("param_grad", len(param_grads)))
-            param_grads.append((desc.grad_of.target, value))
-        else:
+            continue
+        if spec.kind not in slots:
             raise errors.FP8GraphSplitError(
-                f"cannot split at output {getattr(value, 'name', value)!r} described as {desc!r}: only "
-                "forward outputs, input gradients and parameter gradients are supported (no input mutations)",
+                f"cannot split at output {getattr(value, 'name', value)!r} ({spec.kind}): only forward outputs, "
+                "input gradients and parameter gradients are supported (no input mutations)",
                 node_name=getattr(value, "name", None),
-                pass_name="graphpp",
             )
-    for _, value in outputs + input_grads + param_grads:
         if not isinstance(value, torch.fx.Node):
-            raise errors.FP8GraphSplitError(f"cannot split: the stage returns a constant {value!r}", pass_name="graphpp")
+            raise errors.FP8GraphSplitError(f"cannot split: the stage returns a constant {value!r}")
+        found = slots[spec.kind]
+        layout.append((spec.kind, len(found)))
+        found.append((spec.index if spec.kind == "output" else spec.target, value))
     return tuple(layout), outputs, input_grads, param_grads
 
 
@@ -253,7 +250,6 @@ def _check_forward_closed(forward, tangents, backward):
                 f"forward node '{node.name}' ({node.target}) uses backward value '{bad[0].name}': the graph's "
                 "forward/backward tags (meta['partitioner_tag']) are inconsistent, so it cannot be cut",
                 node_name=node.name,
-                pass_name="graphpp",
             )
 
 
@@ -325,6 +321,7 @@ def _record_siblings(parts: dict[str, torch.fx.GraphModule]) -> None:
             if other != name:
                 siblings.update(count)
         part.meta[SPLIT_META_KEY] = SplitPart(name, dict(siblings))
+        part.meta[SIBLING_COMPUTE_META_KEY] = dict(siblings)
 
 
 def _compute_per_call(part) -> collections.Counter:
@@ -337,10 +334,9 @@ def _compute_per_call(part) -> collections.Counter:
     return found
 
 
-def compile_split(split: StageSplit, *, mode: str = "regional", strict: bool = True) -> dict[str, Callable]:
-    """Compile each callable of ``split`` (``"regional"``: its complete FP8 regions, re-identified
-    in that callable, with FP8 placeholders as boundaries; ``"full"``: all of it). Returns the
-    ``fns`` mapping :meth:`StageSplit.run` and the pipeline runner take."""
-    from fp8conf.compile import compile_callable
-
-    return {name: compile_callable(part, mode=mode, strict=strict) for name, part in split.parts.items()}
+def compile_split(split: StageSplit, *, mode: str = "regional", strict: bool = True, cudagraph: bool = False) -> dict[str, Callable]:
+    """Compile each callable of ``split`` with :func:`fp8conf.compile_joint` (``"regional"``: its
+    complete FP8 regions, re-identified in that callable, with FP8 placeholders as boundaries;
+    ``"full"``: all of it). Returns the ``fns`` mapping :meth:`StageSplit.run` and the pipeline
+    runner take."""
+    return {name: compile_joint(part, mode=mode, strict=strict, cudagraph=cudagraph) for name, part in split.parts.items()}

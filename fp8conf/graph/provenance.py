@@ -25,7 +25,7 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 
-from fp8conf.quantized import QuantizationConfig
+from fp8conf.quantized.float8 import QuantizationConfig
 
 __all__ = [
     "PROVENANCE_META_KEY",

@@ -13,6 +13,8 @@ import functools
 
 import torch
 
+from fp8conf.errors import FP8ConfigError
+
 __all__ = [
     "QuantizationConfig",
     "FLOAT8_RECIPES",
@@ -99,7 +101,7 @@ def quantization_config_of(module: torch.nn.Module) -> QuantizationConfig | None
 def find_quantized_modules(model: torch.nn.Module) -> dict[str, QuantizationConfig]:
     """Map the FQN of every quantized module in ``model`` to its config, in registration order."""
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"expected a torch.nn.Module, got {type(model).__qualname__}")
+        raise FP8ConfigError(f"expected a torch.nn.Module, got {type(model).__qualname__}")
     found = {}
     for fqn, module in model.named_modules(remove_duplicate=True):
         config = quantization_config_of(module)

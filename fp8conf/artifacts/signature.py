@@ -32,6 +32,8 @@ import hashlib
 import json
 from typing import Any
 
+from fp8conf.errors import FP8ConfigError
+
 __all__ = [
     "SIGNATURE_SCHEMA",
     "ABSENT",
@@ -90,9 +92,9 @@ def _json_value(value: Any, where: str) -> Any:
         return {str(k): _json_value(v, f"{where}.{k}") for k, v in value.items()}
     text = repr(value)
     if " at 0x" in text:  # an object repr with a memory address differs between processes
-        raise TypeError(
+        raise FP8ConfigError(
             f"quantization signature: cannot serialize {where} = {text} ({type(value).__qualname__}) stably; "
-            "extend fp8conf.fingerprint._json_value for this type"
+            "extend fp8conf.artifacts.signature._json_value for this type"
         )
     return text
 
@@ -151,7 +153,7 @@ def _mx_config_fields(module) -> dict:
 
 def module_signature(fqn: str, module) -> ModuleSignature | None:
     """The signature of one module, or None when it is not quantized."""
-    from fp8conf.quantized import quantization_config_of
+    from fp8conf.quantized.float8 import quantization_config_of
 
     config = quantization_config_of(module)
     if config is None:
@@ -190,7 +192,7 @@ class QuantizationSignature:
         # Canonical order whatever order the modules came in.
         ordered = tuple(sorted(self.modules, key=lambda m: m.fqn))
         if len({m.fqn for m in ordered}) != len(ordered):
-            raise ValueError(f"QuantizationSignature: duplicate module FQNs in {[m.fqn for m in ordered]}")
+            raise FP8ConfigError(f"QuantizationSignature: duplicate module FQNs in {[m.fqn for m in ordered]}")
         object.__setattr__(self, "modules", ordered)
 
     # -- building -------------------------------------------------------------------------------
@@ -204,7 +206,7 @@ class QuantizationSignature:
         import torch
 
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"QuantizationSignature.from_model expects a torch.nn.Module, got {type(model).__qualname__}")
+            raise FP8ConfigError(f"QuantizationSignature.from_model expects a torch.nn.Module, got {type(model).__qualname__}")
         modules = []
         for fqn, module in model.named_modules(remove_duplicate=False):
             signature = module_signature(fqn, module)
@@ -222,7 +224,7 @@ class QuantizationSignature:
             )
             return cls(modules, bool(data["strict"]), data["versions"]["torch"], data["versions"]["torchao"], data["schema"])
         except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"not a quantization signature: missing or malformed {exc}") from None
+            raise FP8ConfigError(f"not a quantization signature: missing or malformed {exc}") from None
 
     @classmethod
     def from_json(cls, text: str) -> QuantizationSignature:

@@ -9,8 +9,10 @@ Rules checked (conformance IDs in brackets):
   the call's input needs a gradient, one for grad_weight unless the recipe keeps it in high
   precision (``rowwise_with_gw_hp``);
 * emulated modules are exempt, one module at a time [EMU-001, EMU-002];
-* a GraphPP callable (:mod:`fp8conf.graphpp`) is checked with the FP8 compute its sibling
-  callables hold counted in, so it is never failed for compute that lives in a sibling [BND-006].
+* a graph that is one part of a larger one (a GraphPP callable, :mod:`fp8conf.graph.split`) is
+  checked with the FP8 compute the other parts hold counted in (``sibling_compute``, or
+  ``gm.meta[SIBLING_COMPUTE_META_KEY]`` where the cutting pass recorded it), so it is never failed
+  for compute that lives elsewhere [BND-006].
 
 Validation reads the graph and never writes to it [VAL-005]. Strict mode raises the first
 finding as its :class:`~fp8conf.errors.FP8ValidationError` subclass (all findings attached);
@@ -22,15 +24,20 @@ from __future__ import annotations
 import collections
 import dataclasses
 import warnings
+from collections.abc import Mapping
 
 import torch.fx
 
 from fp8conf import errors
-from fp8conf.provenance import get_provenance, node_passes
-from fp8conf.roles import is_fp8_compute
-from fp8conf.trace import trace_info
+from fp8conf.graph.provenance import get_provenance, node_passes
+from fp8conf.graph.roles import is_fp8_compute
+from fp8conf.graph.trace import trace_info
 
-__all__ = ["Finding", "ValidationReport", "validate_fp8_graph"]
+__all__ = ["SIBLING_COMPUTE_META_KEY", "Finding", "ValidationReport", "validate_fp8_graph"]
+
+#: Key, in ``gm.meta``, of the FP8 compute that other parts of the same step hold, per
+#: ``(module_fqn, call, pass)``: a pass that cuts a graph into parts records it on each part.
+SIBLING_COMPUTE_META_KEY = "fp8conf_sibling_compute"
 
 _ERROR_BY_PROPERTY = {
     "VAL-001": errors.NoQuantizedModulesError,
@@ -76,8 +83,15 @@ class ValidationReport:
         return not self.findings
 
 
-def validate_fp8_graph(gm: torch.fx.GraphModule, *, strict: bool = True) -> ValidationReport:
-    """Check the FP8 rules on a joint graph traced by :func:`fp8conf.trace_joint`."""
+def validate_fp8_graph(
+    gm: torch.fx.GraphModule, *, strict: bool = True, sibling_compute: Mapping[tuple[str, int, str], int] | None = None
+) -> ValidationReport:
+    """Check the FP8 rules on a joint graph traced by :func:`fp8conf.trace_joint`.
+
+    ``sibling_compute`` counts, per ``(module_fqn, call, pass)``, FP8 compute that lives in
+    other parts of the same step when ``gm`` is one part of it; by default it is read from
+    ``gm.meta[SIBLING_COMPUTE_META_KEY]`` (absent: ``gm`` is the whole step).
+    """
     info = trace_info(gm)
     if info is None:
         raise errors.FP8ValidationError(
@@ -105,10 +119,9 @@ def validate_fp8_graph(gm: torch.fx.GraphModule, *, strict: bool = True) -> Vali
                 "(torchao.float8.convert_to_float8_training or fp8conf.convert_to_mx_training) or disable FP8",
             )
         )
-    split_part = gm.meta.get("fp8conf_split")
-    if split_part is not None:
-        # A GraphPP callable: FP8 compute its sibling callables hold counts for its calls too.
-        per_call.update(split_part.sibling_compute)
+    if sibling_compute is None:
+        sibling_compute = gm.meta.get(SIBLING_COMPUTE_META_KEY, {})
+    per_call.update(sibling_compute)
     findings.extend(_check_calls(info, per_call, gm, passes, witnesses))
     counts: collections.Counter = collections.Counter()
     for (fqn, _call, pass_name), n in per_call.items():

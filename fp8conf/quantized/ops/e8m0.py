@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8conf.errors import FP8Error
+from fp8conf.errors import MXArgumentError
 
 __all__ = [
     "OP_NAME",
@@ -64,18 +64,6 @@ _CUBLAS_TILE_COLS = 4
 _CUBLAS_OUT_DTYPES = (torch.bfloat16,)
 
 
-class MXArgumentError(FP8Error, ValueError):
-    """An argument of an MX op or helper that cannot be used.
-
-    Attributes:
-        argument: the name of the offending argument (``"a"``, ``"b_scale"``, ``"out_dtype"``...).
-    """
-
-    def __init__(self, argument: str, message: str):
-        super().__init__(message)
-        self.argument = argument
-
-
 # --- argument checks (shared by the real and the fake kernels) ----------------------------------
 
 
@@ -90,7 +78,7 @@ def _check_operand(name: str, t: torch.Tensor) -> None:
         _fail(
             name,
             f"must have dtype torch.float8_e4m3fn, got {t.dtype}",
-            "quantize it first (fp8conf.mx.to_mx gives e4m3 elements and uint8 scales)",
+            "quantize it first (fp8conf.quantized.mx.to_mx gives e4m3 elements and uint8 scales)",
         )
 
 

@@ -1,13 +1,8 @@
 """Precompiled joint graphs saved with the quantization signature they were built for.
 
-An artifact is one file::
-
-    b"FP8CONF-ARTIFACT\\n"  | 8-byte big-endian header length | header (canonical JSON) | payload
-
-The header holds the :class:`~fp8conf.fingerprint.QuantizationSignature` and its sha256, the
-mechanism that wrote the payload, the payload's size and sha256, and what every graph input and
-output is (parameter FQN, user input, tangent; shape and dtype). The payload is torch's own
-serialization of the compiled graph:
+An artifact is one file (its layout: :mod:`fp8conf.artifacts.format`) whose header holds the
+:class:`~fp8conf.artifacts.signature.QuantizationSignature` it was built for and whose payload is
+torch's own serialization of the compiled graph:
 
 * ``standalone_compile`` (the default): the joint graph of :func:`fp8conf.trace_joint`, flattened,
   compiled with ``torch._inductor.standalone_compile`` and saved with
@@ -28,22 +23,17 @@ never touched. Payloads are pickles: load only artifacts you trust.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
 import os
 import tempfile
 import warnings
 from typing import Any, Callable
 
-from fp8conf.errors import ArtifactError, FingerprintMismatchError
-from fp8conf.fingerprint import QuantizationSignature, format_differences
+from fp8conf.artifacts.format import FORMAT_VERSION, MECHANISMS, ArtifactHeader, encode, read_artifact, read_header, write_atomic
+from fp8conf.artifacts.signature import QuantizationSignature, format_differences
+from fp8conf.errors import ArtifactError, FingerprintMismatchError, FP8ConfigError
 
 __all__ = [
-    "ARTIFACT_MAGIC",
-    "FORMAT_VERSION",
-    "MECHANISMS",
-    "ArtifactHeader",
     "PrecompiledJoint",
     "precompile_joint",
     "save_artifact",
@@ -53,28 +43,8 @@ __all__ = [
     "load_for_model",
 ]
 
-ARTIFACT_MAGIC = b"FP8CONF-ARTIFACT\n"
-FORMAT_VERSION = 1
-MECHANISMS = ("standalone_compile", "graph_pickler")
-_LENGTH_BYTES = 8
-_MAX_HEADER = 64 << 20
-
 
 # --- describing the flat graph ------------------------------------------------------------------
-
-
-def _flat_graph_module(gm):
-    """A copy of ``gm`` whose forward takes the placeholders positionally and returns a flat list."""
-    import copy
-
-    import torch.fx
-    from torch.fx.graph import CodeGen
-
-    graph = copy.deepcopy(gm.graph)
-    graph._codegen = CodeGen()
-    flat = torch.fx.GraphModule(gm, graph, class_name="FP8ConfFlatJoint")
-    flat.recompile()
-    return flat
 
 
 def _tensor_spec(val) -> dict:
@@ -83,45 +53,61 @@ def _tensor_spec(val) -> dict:
     return {"shape": [int(s) for s in val.shape], "dtype": str(val.dtype)}
 
 
-def _describe_inputs(gm) -> list[dict]:
-    from torch._functorch._aot_autograd import descriptors as d
+_INPUT_KINDS = {"param": "param", "buffer": "buffer", "input": "input", "tangent": "tangent", "other": "flat"}
+_OUTPUT_KINDS = {"output": "output", "param_grad": "grad", "input_grad": "grad", "other": "flat"}
 
-    described = []
-    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
-        desc = node.meta.get("desc")
-        if isinstance(desc, d.ParamAOTInput):
-            entry = {"kind": "param", "target": desc.target}
-        elif isinstance(desc, d.BufferAOTInput):
-            entry = {"kind": "buffer", "target": desc.target}
-        elif isinstance(desc, d.PlainAOTInput):
-            entry = {"kind": "input", "index": desc.idx}
-        elif isinstance(desc, d.TangentAOTInput) and isinstance(desc.output, d.PlainAOTOutput):
-            entry = {"kind": "tangent", "index": desc.output.idx}
+
+def _describe(gm) -> tuple[list[dict], list[dict]]:
+    """The header's description of every flat input and output: the joint signature, with the
+    traced shape and dtype of each input."""
+    signature = _joint_signature(gm)
+    inputs = []
+    for spec, node in zip(signature.inputs, gm.graph.find_nodes(op="placeholder")):
+        entry = {"kind": _INPUT_KINDS[spec.kind]}
+        entry.update({"target": spec.target} if spec.target is not None else {"index": spec.index})
+        inputs.append({**entry, **_tensor_spec(node.meta.get("val"))})
+    outputs = []
+    for i, spec in enumerate(signature.outputs):
+        if spec is None:
+            outputs.append({"kind": "none", "index": i})
+        elif spec.kind in ("param_grad", "input_grad"):
+            outputs.append({"kind": "grad", "target": spec.target})
         else:
-            entry = {"kind": "flat", "index": i}
-        described.append({**entry, **_tensor_spec(node.meta.get("val"))})
-    return described
+            outputs.append({"kind": _OUTPUT_KINDS[spec.kind], "index": spec.index})
+    return inputs, outputs
 
 
-def _describe_outputs(gm) -> list[dict]:
-    from torch._functorch._aot_autograd import descriptors as d
+def _joint_signature(gm):
+    from fp8conf.graph.trace import joint_signature
 
-    output = gm.graph.find_nodes(op="output")[0]
-    descs = output.meta.get("desc")
-    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
-    if not descs or len(descs) != len(values):
-        return [{"kind": "flat", "index": i} for i in range(len(values))]
-    described = []
-    for i, desc in enumerate(descs):
-        if isinstance(desc, d.PlainAOTOutput):
-            described.append({"kind": "output", "index": desc.idx})
-        elif isinstance(desc, d.GradAOTOutput):
-            grad_of = desc.grad_of
-            target = f"input.{grad_of.idx}" if isinstance(grad_of, d.PlainAOTInput) else getattr(grad_of, "target", repr(grad_of))
-            described.append({"kind": "grad", "target": target})
+    signature = joint_signature(gm)
+    if signature is None:
+        raise ArtifactError(
+            "cannot describe the graph's inputs and outputs: it carries no joint signature (gm.meta); "
+            "trace it with fp8conf.trace_joint and keep gm.meta in rewrites"
+        )
+    return signature
+
+
+def _signature_of_header(inputs: list[dict], outputs: list[dict]):
+    """The :class:`~fp8conf.JointSignature` an artifact header describes."""
+    from fp8conf.graph.trace import JointInput, JointOutput, JointSignature
+
+    kinds = {v: k for k, v in _INPUT_KINDS.items()}
+    joint_inputs = tuple(JointInput(kinds.get(e["kind"], "other"), e.get("target"), e.get("index")) for e in inputs)
+    joint_outputs = []
+    for i, e in enumerate(outputs):
+        if e["kind"] == "none":
+            joint_outputs.append(None)
+        elif e["kind"] == "grad":
+            target = e["target"]
+            is_input = target.startswith("input.")
+            joint_outputs.append(JointOutput("input_grad" if is_input else "param_grad", target, int(target[6:]) if is_input else None))
+        elif e["kind"] == "output":
+            joint_outputs.append(JointOutput("output", index=e["index"]))
         else:
-            described.append({"kind": "flat", "index": i})
-    return described
+            joint_outputs.append(JointOutput("other", index=i))
+    return JointSignature(joint_inputs, tuple(joint_outputs))
 
 
 def _inputs_from_specs(specs: list[dict]) -> list:
@@ -153,7 +139,8 @@ class PrecompiledJoint:
     :func:`fp8conf.run_joint`.
 
     Attributes:
-        inputs / outputs: what each flat input and output is (see the module docstring).
+        inputs / outputs: what each flat input and output is, as the header records it.
+        joint_signature: the same as a :class:`~fp8conf.JointSignature`.
         mechanism: ``"standalone_compile"`` or ``"graph_pickler"``.
         signature: the quantization signature it was loaded with (``None`` when freshly compiled).
     """
@@ -162,6 +149,7 @@ class PrecompiledJoint:
         self._fn = fn
         self.inputs = inputs
         self.outputs = outputs
+        self.joint_signature = _signature_of_header(inputs, outputs)
         self.mechanism = mechanism
         self.artifact = artifact  # torch's CompiledArtifact, when there is one
         self.graph = graph  # the flat GraphModule, for the graph_pickler mechanism
@@ -185,126 +173,43 @@ class PrecompiledJoint:
 
     def flat_inputs(self, model, args, grad_outputs) -> list:
         """The flat inputs for ``model``'s current parameters, ``args`` and ``grad_outputs``."""
-        import torch
+        from fp8conf.errors import FP8TraceError
 
-        args = (args,) if isinstance(args, torch.Tensor) else tuple(args)
-        grad_outputs = (grad_outputs,) if isinstance(grad_outputs, torch.Tensor) else tuple(grad_outputs)
-        state = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
-        values = []
-        for spec in self.inputs:
-            kind = spec["kind"]
-            if kind in ("param", "buffer"):
-                if spec["target"] not in state:
-                    raise ArtifactError(f"the artifact needs {kind} {spec['target']!r}, which the model lacks: the artifact is stale for this model")
-                values.append(state[spec["target"]])
-            elif kind == "input":
-                values.append(args[spec["index"]])
-            elif kind == "tangent":
-                values.append(grad_outputs[spec["index"]])
-            else:
-                raise ArtifactError(f"cannot feed graph input {spec} from a model; call the compiled graph with flat inputs")
-        return values
+        try:
+            primals, tangents = self.joint_signature.feed(model, args, grad_outputs)
+        except FP8TraceError as exc:
+            raise ArtifactError(f"cannot feed the artifact from {type(model).__qualname__}: {exc}; the artifact is stale for this model") from None
+        return [*primals, *tangents]
 
     def run(self, model, args, grad_outputs) -> tuple[tuple, dict]:
         """``(outputs, grads)`` exactly as :func:`fp8conf.run_joint` returns them."""
-        results = self(*self.flat_inputs(model, args, grad_outputs))
-        outputs, grads = {}, {}
-        for spec, value in zip(self.outputs, results):
-            if spec["kind"] == "output":
-                outputs[spec["index"]] = value
-            elif spec["kind"] == "grad" and value is not None:
-                grads[spec["target"]] = value
-        return tuple(outputs[i] for i in sorted(outputs)), grads
+        return self.joint_signature.results(self(*self.flat_inputs(model, args, grad_outputs)))
 
 
 def _input_name(spec: dict) -> str:
     return spec.get("target") or f"{spec['kind']}.{spec.get('index')}"
 
 
-def _standalone_compile(flat, example_inputs):
-    import torch
+def _compile_full(gm, example_inputs=None):
+    """``gm`` compiled whole by :func:`fp8conf.compile_joint`: torch's ``CompiledArtifact``."""
+    from fp8conf.graph.compile import compile_joint
 
-    return torch._inductor.standalone_compile(flat, list(example_inputs), dynamic_shapes="from_example_inputs")
-
-
-def _example_inputs(flat, inputs: list[dict], example_inputs) -> list:
-    import torch
-
-    if example_inputs is not None:
-        example_inputs = [v.detach() if isinstance(v, torch.Tensor) else v for v in example_inputs]
-        if len(example_inputs) != len(inputs):
-            raise ArtifactError(f"the joint graph takes {len(inputs)} inputs, {len(example_inputs)} example inputs given")
-        return example_inputs
-    return _inputs_from_specs(inputs)
+    return compile_joint(gm, mode="full", example_inputs=example_inputs).artifact
 
 
 def precompile_joint(gm, example_inputs=None) -> PrecompiledJoint:
-    """Compile a joint graph of :func:`fp8conf.trace_joint` with Inductor's ``standalone_compile``.
+    """Compile a joint graph of :func:`fp8conf.trace_joint` whole (:func:`fp8conf.compile_joint`,
+    ``mode="full"``: Inductor's ``standalone_compile``), in a form :func:`save_artifact` saves.
 
-    ``example_inputs`` are the flat inputs in placeholder order (zeros of the traced shapes when
+    ``example_inputs`` are the flat inputs in placeholder order (tensors like the traced ones when
     omitted); the result is specialized to their shapes.
     """
-    from fp8conf.trace import trace_info
+    from fp8conf.graph.trace import trace_info
 
-    flat = _flat_graph_module(gm)
-    inputs, outputs = _describe_inputs(gm), _describe_outputs(gm)
-    artifact = _standalone_compile(flat, _example_inputs(flat, inputs, example_inputs))
+    inputs, outputs = _describe(gm)
+    artifact = _compile_full(gm, example_inputs)
     info = trace_info(gm)
     return PrecompiledJoint(artifact, inputs, outputs, "standalone_compile", artifact=artifact, modules=info.modules if info else None)
-
-
-# --- the file format ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ArtifactHeader:
-    """What an artifact says about itself, read without touching its payload."""
-
-    format_version: int
-    mechanism: str
-    signature: QuantizationSignature
-    fingerprint: str
-    payload_size: int
-    payload_sha256: str
-    inputs: list
-    outputs: list
-    fp8conf_version: str
-    note: str = ""
-
-    def to_dict(self) -> dict:
-        return {
-            "format_version": self.format_version,
-            "mechanism": self.mechanism,
-            "signature": self.signature.to_dict(),
-            "fingerprint": self.fingerprint,
-            "payload_size": self.payload_size,
-            "payload_sha256": self.payload_sha256,
-            "inputs": self.inputs,
-            "outputs": self.outputs,
-            "fp8conf_version": self.fp8conf_version,
-            "note": self.note,
-        }
-
-
-def _encode(header: ArtifactHeader, payload: bytes) -> bytes:
-    text = json.dumps(header.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-    return ARTIFACT_MAGIC + len(text).to_bytes(_LENGTH_BYTES, "big") + text + payload
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".fp8conf-artifact-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # a reader never sees a half-written artifact
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _check_signature_describes(signature: QuantizationSignature, modules, path) -> None:
@@ -344,9 +249,9 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
 
     path = os.fspath(path)
     if not isinstance(signature, QuantizationSignature):
-        raise TypeError(f"save_artifact: signature must be a QuantizationSignature, got {type(signature).__qualname__}")
+        raise FP8ConfigError(f"save_artifact: signature must be a QuantizationSignature, got {type(signature).__qualname__}")
     if mechanism not in (*MECHANISMS, "auto"):
-        raise ValueError(f"save_artifact: mechanism must be one of {MECHANISMS + ('auto',)}, got {mechanism!r}")
+        raise FP8ConfigError(f"save_artifact: mechanism must be one of {MECHANISMS + ('auto',)}, got {mechanism!r}")
     note = ""
     if isinstance(gm_or_compiled, PrecompiledJoint):
         compiled = gm_or_compiled
@@ -356,12 +261,12 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         payload = _standalone_payload(compiled.artifact, path)
         inputs, outputs, used = compiled.inputs, compiled.outputs, "standalone_compile"
     elif isinstance(gm_or_compiled, torch.fx.GraphModule):
-        from fp8conf.trace import trace_info
+        from fp8conf.graph.trace import trace_info
 
         gm = gm_or_compiled
         info = trace_info(gm)
         _check_signature_describes(signature, info.modules if info else None, path)
-        inputs, outputs = _describe_inputs(gm), _describe_outputs(gm)
+        inputs, outputs = _describe(gm)
         payload, used = None, mechanism
         if mechanism in ("auto", "standalone_compile"):
             try:
@@ -375,7 +280,7 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         if payload is None:
             payload, used = _pickled_graph_payload(gm, path), "graph_pickler"
     else:
-        raise TypeError(f"save_artifact: expected a torch.fx.GraphModule from trace_joint or a PrecompiledJoint, got {type(gm_or_compiled).__qualname__}")
+        raise FP8ConfigError(f"save_artifact: expected a torch.fx.GraphModule from trace_joint or a PrecompiledJoint, got {type(gm_or_compiled).__qualname__}")
     header = ArtifactHeader(
         format_version=FORMAT_VERSION,
         mechanism=used,
@@ -388,7 +293,7 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         fp8conf_version=fp8conf.__version__,
         note=note,
     )
-    _write_atomic(path, _encode(header, payload))
+    write_atomic(path, encode(header, payload))
     return header
 
 
@@ -406,70 +311,15 @@ def _standalone_payload(artifact, path) -> bytes:
 def _pickled_graph_payload(gm, path) -> bytes:
     from torch.fx._graph_pickler import GraphPickler, Options
 
-    flat = _flat_graph_module(gm)
+    from fp8conf.graph.trace import flat_graph_module
+
+    flat = flat_graph_module(gm)
     try:
         # Every op may be pickled by name (fp8conf's own ops too); unpickling looks them up.
         return GraphPickler.dumps(flat, Options(ops_filter=None))
     except Exception as exc:
         raise ArtifactError(f"GraphPickler could not serialize the graph for {path!r}: {type(exc).__name__}: {exc}", path=str(path)) from exc
 
-
-def _read(path) -> tuple[ArtifactHeader, bytes]:
-    path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ArtifactError(f"cannot read artifact {path!r}: {exc}", path=path) from exc
-    if not data.startswith(ARTIFACT_MAGIC):
-        raise ArtifactError(f"{path!r} is not an fp8conf artifact (bad magic bytes); save one with `fp8conf precompile save`", path=path)
-    start = len(ARTIFACT_MAGIC) + _LENGTH_BYTES
-    if len(data) < start:
-        raise ArtifactError(f"artifact {path!r} is truncated: {len(data)} bytes, its header length is missing", path=path)
-    length = int.from_bytes(data[len(ARTIFACT_MAGIC):start], "big")
-    if length > _MAX_HEADER:
-        raise ArtifactError(f"artifact {path!r} is corrupt: header length {length} is implausible", path=path)
-    if len(data) < start + length:
-        raise ArtifactError(f"artifact {path!r} is truncated: header of {length} bytes, only {len(data) - start} present", path=path)
-    try:
-        raw = json.loads(data[start:start + length].decode("ascii"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ArtifactError(f"artifact {path!r} is corrupt: its header is not JSON ({exc})", path=path) from None
-    if not isinstance(raw, dict) or raw.get("format_version") != FORMAT_VERSION:
-        version = raw.get("format_version") if isinstance(raw, dict) else None
-        raise ArtifactError(f"artifact {path!r} has format version {version!r}; this fp8conf reads version {FORMAT_VERSION}. Re-save it.", path=path)
-    try:
-        signature = QuantizationSignature.from_dict(raw["signature"])
-        header = ArtifactHeader(
-            format_version=raw["format_version"],
-            mechanism=raw["mechanism"],
-            signature=signature,
-            fingerprint=raw["fingerprint"],
-            payload_size=int(raw["payload_size"]),
-            payload_sha256=raw["payload_sha256"],
-            inputs=raw["inputs"],
-            outputs=raw["outputs"],
-            fp8conf_version=raw.get("fp8conf_version", "?"),
-            note=raw.get("note", ""),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ArtifactError(f"artifact {path!r} is corrupt: malformed header ({exc})", path=path) from None
-    if header.mechanism not in MECHANISMS:
-        raise ArtifactError(f"artifact {path!r} was written by unknown mechanism {header.mechanism!r}", path=path)
-    if signature.sha256 != header.fingerprint:
-        raise ArtifactError(f"artifact {path!r} is corrupt: its signature does not hash to its recorded fingerprint", path=path)
-    payload = data[start + length:]
-    if len(payload) != header.payload_size:
-        state = "truncated" if len(payload) < header.payload_size else "corrupt (trailing bytes)"
-        raise ArtifactError(f"artifact {path!r} is {state}: payload of {len(payload)} bytes, expected {header.payload_size}", path=path)
-    if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
-        raise ArtifactError(f"artifact {path!r} is corrupt: payload sha256 does not match the header", path=path)
-    return header, payload
-
-
-def read_header(path) -> ArtifactHeader:
-    """The header of the artifact at ``path``, after checking the file is complete and intact."""
-    return _read(path)[0]
 
 
 def _mismatch(path, header: ArtifactHeader, expected: QuantizationSignature) -> FingerprintMismatchError:
@@ -495,8 +345,8 @@ def load_artifact(path, expected_signature: QuantizationSignature) -> Precompile
     """
     path = os.fspath(path)
     if not isinstance(expected_signature, QuantizationSignature):
-        raise TypeError(f"load_artifact: expected_signature must be a QuantizationSignature, got {type(expected_signature).__qualname__}")
-    header, payload = _read(path)
+        raise FP8ConfigError(f"load_artifact: expected_signature must be a QuantizationSignature, got {type(expected_signature).__qualname__}")
+    header, payload = read_artifact(path)
     if header.signature != expected_signature or header.fingerprint != expected_signature.sha256:
         raise _mismatch(path, header, expected_signature)
     _register_fp8conf_ops()
@@ -515,7 +365,7 @@ def load_artifact(path, expected_signature: QuantizationSignature) -> Precompile
 
 def _register_fp8conf_ops() -> None:
     try:  # graphs may call fp8conf's custom ops, which must be registered before loading
-        import fp8conf.ops  # noqa: F401
+        import fp8conf.quantized.ops  # noqa: F401
     except Exception:
         pass
 
@@ -537,7 +387,7 @@ def _load_pickled_graph(payload: bytes, header: ArtifactHeader) -> PrecompiledJo
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     flat = GraphPickler.loads(payload, FakeTensorMode(shape_env=ShapeEnv()))
-    artifact = _standalone_compile(flat, _inputs_from_specs(header.inputs))
+    artifact = _compile_full(flat, _inputs_from_specs(header.inputs))
     return PrecompiledJoint(artifact, header.inputs, header.outputs, "graph_pickler", artifact=artifact, graph=flat)
 
 
@@ -547,25 +397,13 @@ def _load_pickled_graph(payload: bytes, header: ArtifactHeader) -> PrecompiledJo
 def precompile_model(path, model, args, *, strict: bool = True, mechanism: str = "auto") -> ArtifactHeader:
     """Trace ``model(*args)``'s training step, validate it (strictly when ``strict``), compile it
     and save it at ``path`` with the model's quantization signature."""
-    import torch
+    from fp8conf.graph.trace import trace_joint
+    from fp8conf.graph.validate import validate_fp8_graph
 
-    from fp8conf.trace import trace_joint
-    from fp8conf.validate import validate_fp8_graph
-
-    args = (args,) if isinstance(args, torch.Tensor) else tuple(args)
     signature = QuantizationSignature.from_model(model, strict=strict)
     gm = trace_joint(model, args)
     validate_fp8_graph(gm, strict=strict)  # a strict artifact is one whose graph passed strict validation
-    state = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
-    example = []
-    for spec, zero in zip(_describe_inputs(gm), _inputs_from_specs(_describe_inputs(gm))):
-        if spec["kind"] in ("param", "buffer"):
-            example.append(state[spec["target"]])
-        elif spec["kind"] == "input":
-            example.append(args[spec["index"]])
-        else:
-            example.append(zero)
-    return save_artifact(path, gm, signature, example, mechanism=mechanism)
+    return save_artifact(path, gm, signature, mechanism=mechanism)
 
 
 def load_for_model(path, model, *, strict: bool = True) -> PrecompiledJoint:

@@ -82,7 +82,7 @@ def _model_and_args(spec: str):
 
 
 def _show_value(value) -> str:
-    from fp8conf.fingerprint import ABSENT
+    from fp8conf.artifacts.signature import ABSENT
 
     if value is ABSENT:
         return "<absent>"
@@ -102,8 +102,8 @@ def format_diff(differences) -> str:
 
 def _operand(path: str):
     """``(signature, label)`` of an artifact or a signature JSON file."""
-    from fp8conf.fingerprint import QuantizationSignature
-    from fp8conf.precompile import ARTIFACT_MAGIC, read_header
+    from fp8conf.artifacts.signature import QuantizationSignature
+    from fp8conf.artifacts.format import ARTIFACT_MAGIC, read_header
 
     with open(path, "rb") as f:
         start = f.read(len(ARTIFACT_MAGIC))
@@ -131,7 +131,7 @@ def run(args) -> int:
 
 
 def _save(args) -> int:
-    from fp8conf.precompile import precompile_model
+    from fp8conf.artifacts.store import precompile_model
 
     model, model_args = _model_and_args(args.model)
     if model_args is None:
@@ -147,7 +147,7 @@ def _save(args) -> int:
 def _load(args) -> int:
     import torch
 
-    from fp8conf.precompile import load_for_model
+    from fp8conf.artifacts.store import load_for_model
 
     model, model_args = _model_and_args(args.model)
     compiled = load_for_model(args.artifact, model, strict=args.strict)
@@ -162,7 +162,7 @@ def _load(args) -> int:
 
 
 def _diff(args) -> int:
-    from fp8conf.fingerprint import QuantizationSignature
+    from fp8conf.artifacts.signature import QuantizationSignature
 
     if (args.right is None) == (args.model is None):
         raise SystemExit("fp8conf precompile diff: give a second artifact/signature file or --model, not both")
@@ -174,7 +174,7 @@ def _diff(args) -> int:
         right, right_label = QuantizationSignature.from_model(model, strict=args.strict), f"model {args.model} (strict={args.strict})"
     differences = left.diff(right)
     if args.json:
-        from fp8conf.fingerprint import ABSENT
+        from fp8conf.artifacts.signature import ABSENT
 
         plain = [{"field": p, "left": None if a is ABSENT else a, "right": None if b is ABSENT else b} for p, a, b in differences]
         print(json.dumps({"left": left.sha256, "right": right.sha256, "differences": plain}, indent=2, sort_keys=True))
@@ -186,7 +186,7 @@ def _diff(args) -> int:
 
 
 def _show(args) -> int:
-    from fp8conf.precompile import read_header
+    from fp8conf.artifacts.format import read_header
 
     header = read_header(args.artifact)
     if args.json:

@@ -1,0 +1,230 @@
+"""Compiling a joint graph with Inductor: whole (``full``) or only its FP8 regions (``regional``).
+
+:func:`compile_joint` is fp8conf's one way to compile: GraphPP (:func:`fp8conf.compile_split`)
+compiles each callable with it and precompiled artifacts (:mod:`fp8conf.artifacts.store`) save
+what its ``full`` mode made. Both modes work on a flat copy of the graph (placeholders in,
+a flat list out) with torch's own machinery: ``full`` compiles the whole graph with
+``torch._inductor.standalone_compile`` (whose result can be saved); ``regional`` tags the complete
+FP8 regions (:mod:`fp8conf.graph.regions`) and runs ``torch.fx.passes.regional_inductor``, which
+cuts each tagged region out, compiles it and leaves everything else eager. On CUDA,
+``cudagraph=True`` captures the compiled callable in a CUDA graph and replays it, parameters and
+buffers being static inputs.
+
+The result is a :class:`CompiledJoint` called like the graph it was made from (a joint graph:
+``fn(primals, tangents)``, so :func:`fp8conf.run_joint` runs it too; a GraphPP callable:
+``fn(*args)``), with the names of the nodes Inductor now runs versus those left eager, so that
+nothing is compiled or left eager silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from fp8conf import errors
+from fp8conf.graph.regions import Region, tag_fp8_regions
+from fp8conf.graph.trace import flat_graph_module, joint_signature
+
+__all__ = ["MODES", "CompiledJoint", "compile_joint"]
+
+MODES = ("full", "regional")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledJoint:
+    """A compiled graph: call it like the graph it was compiled from.
+
+    Attributes:
+        fn: the compiled callable, with the graph's calling convention.
+        mode: ``"full"`` or ``"regional"``.
+        regions: the regions identified and tagged (``regional``).
+        compiled_nodes / eager_nodes: names of the graph's nodes Inductor runs, and those left eager.
+        artifact: torch's ``CompiledArtifact`` of a ``full`` compile (what an artifact saves), or ``None``.
+    """
+
+    fn: Callable
+    mode: str
+    regions: tuple[Region, ...]
+    compiled_nodes: frozenset[str]
+    eager_nodes: frozenset[str]
+    artifact: Any = None
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: bool = True, cudagraph: bool = False,
+                  example_inputs=None) -> CompiledJoint:
+    """Compile ``gm``, a joint graph made by :func:`fp8conf.trace_joint` or a graph cut from one
+    (a GraphPP callable); ``gm`` itself is not changed.
+
+    ``mode="full"`` compiles every node, ``"regional"`` only the complete FP8 regions (strictly:
+    an incomplete region is an :class:`~fp8conf.errors.IncompleteRegionError`, a tagged region
+    left eager a :class:`~fp8conf.errors.RegionCompileError`). ``example_inputs`` (flat, in
+    placeholder order) are what ``full`` specializes to; by default, tensors like the traced ones.
+    """
+    if mode not in MODES:
+        raise errors.FP8ConfigError(f"compile_joint(mode={mode!r}): choose one of {MODES}")
+    if cudagraph and not torch.cuda.is_available():
+        raise errors.FP8ConfigError("compile_joint(cudagraph=True) needs a CUDA device; this torch sees none")
+    names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
+    flat = flat_graph_module(gm)
+    if not flat.graph.find_nodes(op="placeholder"):
+        # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
+        return CompiledJoint(gm, mode, (), frozenset(), names)
+    if mode == "full":
+        artifact = _standalone_compile(flat, _examples(flat, example_inputs))
+        compiled = CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
+    else:
+        compiled = _regional(gm, flat, names, strict)
+    fn = compiled.fn
+    if cudagraph:
+        fn = _cuda_graphed(fn, _static_inputs(gm))
+    return dataclasses.replace(compiled, fn=_with_convention(gm, fn))
+
+
+def _standalone_compile(flat: torch.fx.GraphModule, example_inputs) -> Callable:
+    return torch._inductor.standalone_compile(flat, list(example_inputs), dynamic_shapes="from_example_inputs")
+
+
+def _examples(flat, example_inputs) -> list:
+    placeholders = flat.graph.find_nodes(op="placeholder")
+    if example_inputs is not None:
+        example_inputs = [v.detach() if isinstance(v, torch.Tensor) else v for v in example_inputs]
+        if len(example_inputs) != len(placeholders):
+            raise errors.FP8ConfigError(f"compile_joint: the graph takes {len(placeholders)} inputs, {len(example_inputs)} example inputs given")
+        return example_inputs
+    examples = []
+    for node in placeholders:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            # The traced layout: Inductor specializes to the strides of its example inputs.
+            examples.append(torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device=val.device))
+        elif isinstance(val, (int, float, bool)):
+            examples.append(val)
+        else:
+            raise errors.FP8ConfigError(
+                f"compile_joint: placeholder '{node.name}' records no example value (node.meta['val']); "
+                "pass example_inputs, or keep node.meta in rewrites"
+            )
+    return examples
+
+
+def _with_convention(gm, flat_fn) -> Callable:
+    """``flat_fn`` (flat inputs, flat outputs) called like ``gm``, under ``no_grad``.
+
+    The joint graph already computes the gradients: tracing autograd through it again (the
+    parameters require grad) would ask for derivatives of _scaled_mm, which has none."""
+    out_spec = getattr(getattr(gm.graph._codegen, "pytree_info", None), "out_spec", None)
+
+    def run(*args):
+        with torch.no_grad():
+            flat = flat_fn(*pytree.arg_tree_leaves(*args))
+        return pytree.tree_unflatten(list(flat), out_spec) if out_spec is not None else flat
+
+    return run
+
+
+def _regional(gm, flat, names, strict) -> CompiledJoint:
+    """Tag the complete FP8 regions on the flat copy and run ``regional_inductor`` on it."""
+    from torch.fx.passes.regional_inductor import regional_inductor
+
+    regions = tuple(tag_fp8_regions(flat, strict=strict))
+    try:
+        with _tracing(flat):  # regional_inductor compiles under the tracing context the compile-joint APIs set up
+            compiled = regional_inductor(flat)
+    except Exception as exc:
+        raise _region_error(gm, regions, exc) from exc
+    eager = frozenset(n.name for n in compiled.graph.nodes if n.op == "call_function" and n.name in names)
+    tagged = {n.name for r in regions if r.complete for n in r.nodes}
+    left_eager = tagged & eager
+    if left_eager and strict:
+        region = next(r for r in regions if any(n.name in left_eager for n in r.nodes))
+        raise errors.RegionCompileError(
+            f"FP8 region {region.id} of module '{region.module_fqn}' was tagged but runs eagerly "
+            f"(nodes {sorted(left_eager)[:5]}); regional_inductor did not cut it out",
+            module_fqn=region.module_fqn,
+            pass_name=region.pass_name,
+        )
+    # Newer torch returns a boxed graph module (one flat list in); older keeps the flat convention.
+    if isinstance(compiled.graph._codegen, getattr(torch.fx.graph, "_BoxedCodeGen", ())):
+        fn = lambda *flat_args: compiled(list(flat_args))  # noqa: E731
+    else:
+        fn = compiled
+    return CompiledJoint(fn, "regional", regions, names - eager, eager)
+
+
+def _tracing(gm):
+    fake_mode = next(n.meta["val"].fake_mode for n in gm.graph.find_nodes(op="placeholder") if isinstance(n.meta.get("val"), torch.Tensor))
+    return torch._guards.tracing(torch._guards.TracingContext(fake_mode))
+
+
+def _region_error(gm, regions, exc) -> errors.RegionCompileError:
+    # Inductor's error names a submodule, not a module: find the region it fails on alone.
+    from torch.fx.passes.regional_inductor import regional_inductor
+
+    for region in (r for r in regions if r.complete):
+        alone = flat_graph_module(gm)
+        tag_fp8_regions(alone, [_same_region(alone, region)], strict=False)
+        try:
+            with _tracing(alone):
+                regional_inductor(alone)
+        except Exception as culprit:
+            return errors.RegionCompileError(
+                f"Inductor rejected FP8 region {region.id} of module '{region.module_fqn}' "
+                f"({region.pass_name} pass): {type(culprit).__name__}: {culprit}",
+                module_fqn=region.module_fqn,
+                pass_name=region.pass_name,
+            )
+    return errors.RegionCompileError(f"regional Inductor compilation failed: {type(exc).__name__}: {exc}")
+
+
+def _same_region(gm, region: Region) -> Region:
+    by_name = {n.name: n for n in gm.graph.nodes}
+    nodes = tuple(by_name[n.name] for n in region.nodes)
+    computes = tuple(by_name[n.name] for n in region.compute_nodes)
+    return dataclasses.replace(region, nodes=nodes, compute_nodes=computes)
+
+
+def _static_inputs(gm) -> tuple[bool, ...]:
+    """Which flat inputs keep their storage between steps: a joint graph's parameters and buffers."""
+    signature = joint_signature(gm)
+    count = len(gm.graph.find_nodes(op="placeholder"))
+    if signature is None:
+        return (False,) * count
+    return tuple(spec.kind in ("param", "buffer") for spec in signature.inputs)
+
+
+def _cuda_graphed(fn, static_inputs):
+    """Capture ``fn`` (flat inputs) in a CUDA graph on first call; later calls copy fresh inputs
+    and replay. Static inputs are captured as they are; the others are copied into the graph's
+    own buffers before each replay."""
+    state: dict = {}
+
+    def run(*flat):
+        if not all(isinstance(t, torch.Tensor) and t.is_cuda for t in flat):
+            raise errors.FP8ConfigError("cudagraph=True needs every input of the compiled graph on a CUDA device")
+        if "graph" not in state:
+            static = [t if keep else t.clone() for t, keep in zip(flat, static_inputs)]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up: compile, autotune and allocate outside the capture
+                    fn(*static)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                state["out"] = fn(*static)
+            state.update(graph=graph, static=static)
+        for mine, given in zip(state["static"], flat):
+            if mine is not given:
+                mine.copy_(given)
+        state["graph"].replay()
+        return state["out"]
+
+    return run

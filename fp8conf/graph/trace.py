@@ -1,0 +1,297 @@
+"""Tracing a training step into one joint forward+backward ``torch.fx`` graph.
+
+``aot_export_joint_with_descriptors`` is used rather than ``make_fx`` because it is the entry
+point graph trainers build on: it functionalises the step, tags every node forward/backward
+(``partitioner_tag``), records autograd sequence numbers (``seq_nr``) that pair backward nodes
+with forward ops, and describes every placeholder and output (parameter FQN, user input,
+tangent, gradient), from which tracing computes the graph's :class:`JointSignature` once, for every later stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+
+import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+import torch.utils._pytree as pytree
+
+from fp8conf.errors import FP8TraceError
+from fp8conf.graph.provenance import CallRecord, propagate_provenance, record_forward_provenance
+from fp8conf.quantized.float8 import QuantizationConfig, find_quantized_modules
+
+__all__ = [
+    "TRACE_META_KEY",
+    "JOINT_SIGNATURE_META_KEY",
+    "TraceInfo",
+    "JointInput",
+    "JointOutput",
+    "JointSignature",
+    "as_args",
+    "trace_joint",
+    "trace_info",
+    "joint_signature",
+    "run_joint",
+    "joint_inputs",
+    "copy_graph_module",
+    "flat_graph_module",
+]
+
+#: Key of :class:`TraceInfo` in ``gm.meta``.
+TRACE_META_KEY = "fp8conf_trace"
+#: Key of :class:`JointSignature` in ``gm.meta``.
+JOINT_SIGNATURE_META_KEY = "fp8conf_joint_signature"
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceInfo:
+    """What tracing learnt about the model, kept on the graph for the passes that follow."""
+
+    model_name: str
+    modules: dict[str, QuantizationConfig]
+    calls: tuple[CallRecord, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class JointInput:
+    """One flat input (placeholder) of a joint graph.
+
+    Attributes:
+        kind: ``"param"``, ``"buffer"``, ``"input"`` (a positional user input), ``"tangent"``
+            (the gradient of a user output) or ``"other"`` (nothing fp8conf can feed).
+        target: the parameter or buffer FQN (``param``, ``buffer``).
+        index: the user input's position (``input``), the output a tangent belongs to
+            (``tangent``), or the placeholder's position (``other``).
+    """
+
+    kind: str
+    target: str | None = None
+    index: int | None = None
+
+    @property
+    def is_tangent(self) -> bool:
+        return self.kind == "tangent"
+
+
+@dataclasses.dataclass(frozen=True)
+class JointOutput:
+    """One flat output of a joint graph.
+
+    Attributes:
+        kind: ``"output"`` (a user output), ``"param_grad"`` (gradient of a parameter or buffer),
+            ``"input_grad"`` (gradient of a positional input) or ``"other"`` (e.g. an input
+            mutation).
+        target: the gradient's key in :func:`run_joint`'s ``grads``: the parameter FQN, or
+            ``"input.<i>"``.
+        index: the user output's position (``output``), the input's (``input_grad``), or the
+            output's own position (``other``).
+    """
+
+    kind: str
+    target: str | None = None
+    index: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JointSignature:
+    """The calling convention of a joint graph, computed once when it is traced.
+
+    ``inputs`` describe the placeholders in order (primals first, then tangents); ``outputs``
+    the flat outputs in order, ``None`` where the graph returns ``None`` (the gradient of a
+    primal that needs none). Every stage that calls or cuts the graph reads it from
+    ``gm.meta`` (:func:`joint_signature`) rather than re-deriving it.
+    """
+
+    inputs: tuple[JointInput, ...]
+    outputs: tuple[JointOutput | None, ...]
+
+    @classmethod
+    def of_traced(cls, gm: torch.fx.GraphModule) -> JointSignature:
+        """Read a freshly traced graph's AOT descriptors."""
+        from torch._functorch._aot_autograd import descriptors as d
+
+        inputs = tuple(_describe_input(node.meta.get("desc"), i, d) for i, node in enumerate(gm.graph.find_nodes(op="placeholder")))
+        output_node = gm.graph.find_nodes(op="output")[0]
+        flat, _ = pytree.tree_flatten(output_node.args[0], is_leaf=lambda x: x is None)
+        descs = output_node.meta.get("desc") or [None] * len(flat)
+        outputs = tuple(None if value is None else _describe_output(desc, i, d) for i, (desc, value) in enumerate(zip(descs, flat)))
+        return cls(inputs, outputs)
+
+    @property
+    def num_primals(self) -> int:
+        return sum(not i.is_tangent for i in self.inputs)
+
+    def feed(self, model: torch.nn.Module, args, grad_outputs) -> tuple[list, list]:
+        """``(primals, tangents)`` for ``model``'s current parameters and buffers, the positional
+        ``args`` and the gradients of the outputs, in placeholder order."""
+        args, grad_outputs = as_args(args), as_args(grad_outputs)
+        state = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+        primals, tangents = [], []
+        for i, spec in enumerate(self.inputs):
+            if spec.kind in ("param", "buffer"):
+                if spec.target not in state:
+                    raise FP8TraceError(
+                        f"joint graph input {i} is {spec.kind} {spec.target!r}, which {type(model).__qualname__} lacks; "
+                        "call the graph with the model it was traced from"
+                    )
+                primals.append(state[spec.target])
+            elif spec.kind == "input":
+                primals.append(args[spec.index])
+            elif spec.kind == "tangent":
+                tangents.append(grad_outputs[spec.index])
+            else:
+                raise FP8TraceError(f"joint graph input {i} is not a parameter, buffer, input or tangent; call the graph with flat inputs")
+        return primals, tangents
+
+    def results(self, returned) -> tuple[tuple, dict]:
+        """``(outputs, grads)`` from what the graph (or a callable with its convention) returned."""
+        flat, _ = pytree.tree_flatten(returned, is_leaf=lambda x: x is None)
+        outputs, grads = {}, {}
+        for spec, value in zip(self.outputs, flat):
+            if spec is None or value is None:
+                continue
+            if spec.kind == "output":
+                outputs[spec.index] = value
+            elif spec.kind in ("param_grad", "input_grad"):
+                grads[spec.target] = value
+        return tuple(outputs[i] for i in sorted(outputs)), grads
+
+
+def _describe_input(desc, position, d) -> JointInput:
+    if isinstance(desc, d.ParamAOTInput):
+        return JointInput("param", target=desc.target)
+    if isinstance(desc, d.BufferAOTInput):
+        return JointInput("buffer", target=desc.target)
+    if isinstance(desc, d.PlainAOTInput):
+        return JointInput("input", index=desc.idx)
+    if isinstance(desc, d.TangentAOTInput) and isinstance(desc.output, d.PlainAOTOutput):
+        return JointInput("tangent", index=desc.output.idx)
+    return JointInput("other", index=position)
+
+
+def _describe_output(desc, position, d) -> JointOutput:
+    if isinstance(desc, d.PlainAOTOutput):
+        return JointOutput("output", index=desc.idx)
+    if isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, d.PlainAOTInput):
+        return JointOutput("input_grad", target=f"input.{desc.grad_of.idx}", index=desc.grad_of.idx)
+    if isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, (d.ParamAOTInput, d.BufferAOTInput)):
+        return JointOutput("param_grad", target=desc.grad_of.target)
+    return JointOutput("other", index=position)
+
+
+def as_args(args) -> tuple:
+    """Positional arguments as a tuple: a lone tensor (or ``None``) becomes a 1-tuple."""
+    if isinstance(args, (tuple, list)):
+        return tuple(args)
+    return (args,)
+
+
+def trace_info(gm: torch.fx.GraphModule) -> TraceInfo | None:
+    return gm.meta.get(TRACE_META_KEY)
+
+
+def joint_signature(gm: torch.fx.GraphModule) -> JointSignature | None:
+    """The :class:`JointSignature` :func:`trace_joint` stored on ``gm`` (``None`` when the graph
+    was not traced by it or a rewrite dropped ``gm.meta``, or it no longer fits the placeholders)."""
+    signature = gm.meta.get(JOINT_SIGNATURE_META_KEY)
+    if signature is None or len(signature.inputs) != len(gm.graph.find_nodes(op="placeholder")):
+        return None
+    return signature
+
+
+def _require_signature(gm, what: str) -> JointSignature:
+    signature = joint_signature(gm)
+    if signature is None:
+        raise FP8TraceError(
+            f"{what} needs the joint signature of the graph (gm.meta[{JOINT_SIGNATURE_META_KEY!r}], matching its "
+            "placeholders); trace it with fp8conf.trace_joint and keep gm.meta when a rewrite makes a new GraphModule"
+        )
+    return signature
+
+
+def trace_joint(model: torch.nn.Module, args) -> torch.fx.GraphModule:
+    """Trace ``model(*args)`` plus its backward into one joint graph with provenance on it.
+
+    ``args`` is a tuple of example inputs (a single tensor is accepted too). The returned
+    graph module takes, in placeholder order, the parameters and buffers, the inputs and one
+    tangent per output; :func:`run_joint` calls it for you. Works for CPU and CUDA models alike:
+    the graph runs on the device of the example inputs and parameters.
+    """
+    args = _check_inputs(model, args)
+    modules = find_quantized_modules(model)
+    calls: list[CallRecord] = []
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(fx_traceback.preserve_node_meta())
+            with record_forward_provenance(model, modules, calls):
+                joint = aot_export_joint_with_descriptors(stack, model, args)
+    except Exception as exc:
+        shapes = ", ".join(str(tuple(a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+        raise FP8TraceError(
+            f"could not trace {type(model).__qualname__} on inputs of shapes [{shapes}]: "
+            f"{type(exc).__name__}: {exc}. Check that the inputs fit the model by calling it eagerly first."
+        ) from exc
+    gm = joint.graph_module
+    gm.meta[TRACE_META_KEY] = TraceInfo(type(model).__name__, modules, tuple(calls))
+    gm.meta[JOINT_SIGNATURE_META_KEY] = JointSignature.of_traced(gm)
+    return propagate_provenance(gm, modules)
+
+
+def _check_inputs(model, args) -> tuple:
+    if not isinstance(model, torch.nn.Module):
+        raise FP8TraceError(f"trace_joint expects a torch.nn.Module, got {type(model).__qualname__}")
+    if not isinstance(args, (tuple, list, torch.Tensor)):
+        raise FP8TraceError(f"trace_joint expects a tuple of example inputs, got {type(args).__qualname__}")
+    return as_args(args)
+
+
+def run_joint(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outputs, *, fn=None) -> tuple[tuple, dict]:
+    """Execute a joint graph made by :func:`trace_joint` with ``model``'s current parameters.
+
+    ``fn`` runs instead of ``gm`` when given: a compiled version of it with the same calling
+    convention (see :mod:`fp8conf.graph.compile`). Returns ``(outputs, grads)``: the forward outputs
+    as a tuple, and gradients keyed by parameter FQN plus ``"input.<i>"`` for positional inputs
+    that receive one.
+    """
+    signature = _require_signature(gm, "run_joint")
+    primals, tangents = signature.feed(model, args, grad_outputs)
+    return signature.results((fn or gm)(primals, tangents))
+
+
+def joint_inputs(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outputs) -> tuple[list, list]:
+    """The ``(primals, tangents)`` lists a joint graph is called with, in placeholder order."""
+    return _require_signature(gm, "joint_inputs").feed(model, args, grad_outputs)
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` whose graph and per-node meta dicts a pass may rewrite freely.
+
+    Values in meta (fake tensors, provenance) are shared, not copied; ``gm.meta`` is copied.
+    """
+    graph = torch.fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)  # keeps the pytree calling convention
+    value, old_output = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    new_output = graph.output(value)
+    new_output.meta = dict(old_output.meta)
+    new = torch.fx.GraphModule(gm, graph)
+    new.meta.update(gm.meta)
+    return new
+
+
+def flat_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` called with its placeholders positionally and returning one flat list,
+    whatever calling convention ``gm`` has (the form Inductor's compile entry points take).
+
+    Like :func:`copy_graph_module`, node meta dicts are copied, their values shared."""
+    graph = torch.fx.Graph()
+    value, old_output = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    flat, _ = pytree.tree_flatten(value, is_leaf=lambda x: x is None)
+    new_output = graph.output(list(flat))
+    new_output.meta = dict(old_output.meta)
+    new = torch.fx.GraphModule(gm, graph, class_name="FP8ConfFlatGraph")
+    new.meta.update(gm.meta)
+    return new

@@ -1,0 +1,3 @@
+"""Tools built on the library: the ``fp8conf`` command (:mod:`~fp8conf.tools.cli`), its
+``precompile`` and ``explain`` subcommands, the self-checking pipeline demo and the example
+models they use. Nothing in the library imports from here."""
