@@ -39,3 +39,10 @@ def test_what_a_backend_tags_in_place_stays_in_the_property_that_let_it(tmp_path
     statuses, out = run_suite("mutants.contract:TagsInPlace", wanted, tmp_path)
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}
     assert not failing, f"{failing}:\n{out[-4000:]}"
+
+
+def test_the_contract_exceptions_themselves_satisfy_the_properties(tmp_path):
+    wanted = ["VAL-002", "VAL-003", "VAL-007", "EMU-002", "BND-002", "BND-006", "FPR-004"]
+    statuses, out = run_suite("mutants.contract:ContractErrorsOnly", wanted, tmp_path)
+    failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}
+    assert not failing, f"{failing}:\n{out[-4000:]}"

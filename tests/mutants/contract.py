@@ -3,7 +3,9 @@ claims less, and whether what one does to its graphs in place stays with the pro
 
 from __future__ import annotations
 
+from conformance.api.errors import FingerprintMismatch, SplitFailure, ValidationFailure
 from conformance.backends.reference import ReferenceBackend
+from fp8conf.errors import FP8GraphSplitError
 
 
 class Float8Only(ReferenceBackend):
@@ -51,3 +53,38 @@ class TagsInPlace(ReferenceBackend):
             if leaked:
                 raise RuntimeError(f"node '{node.name}' carries {leaked} from regions() of another graph")
         return super().validate(gm, strict=strict)
+
+
+class ContractErrorsOnly(ReferenceBackend):
+    """Raises only the contract's own exception classes, never fp8conf's subclasses of them, as a
+    backend that knows nothing of fp8conf does; a stage the reference cannot cut is a
+    ``SplitFailure``."""
+
+    name = "contract-errors-only"
+
+    def validate(self, gm, *, strict):
+        try:
+            return super().validate(gm, strict=strict)
+        except ValidationFailure as exc:
+            raise _plain(ValidationFailure, exc) from None
+
+    def split_stage(self, gm, *, strict=True):
+        try:
+            return super().split_stage(gm, strict=strict)
+        except FP8GraphSplitError as exc:
+            raise SplitFailure(str(exc)) from None
+        except ValidationFailure as exc:
+            raise _plain(ValidationFailure, exc) from None
+
+    def load_artifact(self, path, model, *, strict=True):
+        try:
+            return super().load_artifact(path, model, strict=strict)
+        except FingerprintMismatch as exc:
+            raise _plain(FingerprintMismatch, exc, "fields") from None
+
+
+def _plain(cls, exc, *attributes):
+    plain = cls(str(exc))
+    for name in attributes or ("module_fqn", "pass_name", "node_name", "property_id"):
+        setattr(plain, name, getattr(exc, name))
+    return plain
