@@ -3,7 +3,10 @@
 The suite needs ground truth that does not come from the backend under test:
 
 * :func:`is_fp8_compute`: the spec's own definition of FP8 compute (a scaled matmul whose two
-  matrix operands are FP8, judged from ``node.meta["val"]``);
+  matrix operands are FP8, judged from ``node.meta["val"]``), the scaled matmuls being torch's
+  and the backend's own e8m0 op (:class:`Fp8Ops`, built once from the backend);
+* :func:`copy_graph_module`: a copy of a graph that the backend may rewrite and tag in place
+  without the change reaching the suite's cached trace or another property's copy;
 * :func:`trace_with_oracle`: while the backend traces, the suite annotates each quantized
   module's forward with ``torch.fx.traceback.annotate`` under a key of its own. Forward nodes
   then say which module issued them; backward nodes are paired with the forward op they
@@ -13,14 +16,15 @@ The suite needs ground truth that does not come from the backend under test:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 
 import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
-from fp8conf.graph.trace import copy_graph_module  # noqa: F401  (re-exported for the harness)
 
 __all__ = [
+    "Fp8Ops",
     "is_fp8_compute",
     "Oracle",
     "trace_with_oracle",
@@ -34,7 +38,35 @@ __all__ = [
 ]
 
 ORACLE_KEY = "conformance.issued_by"
-_SCALED_MM = ("aten._scaled_mm.", "aten._scaled_mm_v2.", "aten._scaled_grouped_mm.", "fp8conf.scaled_mm_e8m0.")
+#: torch's scaled matmuls, in every overload.
+_TORCH_SCALED_MM = ("aten._scaled_mm.", "aten._scaled_mm_v2.", "aten._scaled_grouped_mm.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Ops:
+    """The ops whose call is FP8 compute when both matrix operands are FP8.
+
+    torch's scaled matmuls always; a backend's own block-scaled op only when it names it through
+    the contract (capability ``e8m0``: :meth:`conformance.api.Backend.e8m0_op`). The suite builds
+    one per backend (:func:`conformance.harness.fp8_ops`), so no op name is wired in here and two
+    backends never see each other's.
+    """
+
+    prefixes: tuple[str, ...] = _TORCH_SCALED_MM
+
+    @classmethod
+    def of(cls, backend) -> Fp8Ops:
+        if "e8m0" not in backend.capabilities:
+            return cls()
+        op = backend.e8m0_op()
+        # Any overload of the backend's op computes the same thing: match its packet.
+        packet = getattr(op, "overloadpacket", None)
+        if packet is None:
+            raise TypeError(f"backend {backend.name!r}: e8m0_op() returned {op!r}, expected a torch._ops.OpOverload")
+        return cls(_TORCH_SCALED_MM + (f"{packet}.",))
+
+    def matches(self, target) -> bool:
+        return str(target).startswith(self.prefixes)
 
 
 def _is_fp8(value) -> bool:
@@ -42,24 +74,55 @@ def _is_fp8(value) -> bool:
     return dtype is not None and "float8" in str(dtype) and "e8m0" not in str(dtype)
 
 
-def is_fp8_compute(node: torch.fx.Node) -> bool:
-    target = str(node.target)
+def is_fp8_compute(node: torch.fx.Node, ops: Fp8Ops) -> bool:
     return (
         node.op == "call_function"
-        and target.startswith(_SCALED_MM)
+        and ops.matches(node.target)
         and len(node.args) >= 2
         and _is_fp8(node.args[0])
         and _is_fp8(node.args[1])
     )
 
 
-def fp8_compute_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    return [n for n in gm.graph.nodes if is_fp8_compute(n)]
+def fp8_compute_nodes(gm: torch.fx.GraphModule, ops: Fp8Ops) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if is_fp8_compute(n, ops)]
 
 
 def is_fp8_cast(node: torch.fx.Node) -> bool:
     """A quantization: a node that makes an FP8 tensor from inputs none of which is FP8."""
     return node.op == "call_function" and _is_fp8(node) and not any(_is_fp8(i) for i in node.all_input_nodes)
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` that a backend may rewrite, and whose node meta it may edit in place.
+
+    The graph, every node's meta dict and the dicts and lists nested in it (``meta["custom"]``
+    and the ``compile_with_inductor`` value inside it) are the copy's own; everything else in
+    meta (fake tensors, provenance objects) is shared, as are parameters and submodules.
+    """
+    graph = torch.fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)  # keeps the pytree calling convention
+    copied_nodes: dict[torch.fx.Node, torch.fx.Node] = {}
+    value, old_output = graph.graph_copy(gm.graph, copied_nodes, return_output_node=True)
+    new_output = graph.output(value)
+    copied_nodes[old_output] = new_output
+    for old, new in copied_nodes.items():
+        new.meta = _own_containers(old.meta)
+    copied = torch.fx.GraphModule(gm, graph)
+    copied.meta = _own_containers(gm.meta)
+    return copied
+
+
+def _own_containers(value):
+    """``value`` with its dicts and lists, at any depth, copied; other objects are shared."""
+    if isinstance(value, dict):
+        own = copy.copy(value)  # keeps the class of a dict subclass
+        for key, item in value.items():
+            own[key] = _own_containers(item)
+        return own
+    if isinstance(value, list):
+        return [_own_containers(item) for item in value]
+    return value
 
 
 def live_nodes(gm: torch.fx.GraphModule) -> set:
@@ -158,14 +221,14 @@ def tagged_groups(gm: torch.fx.GraphModule) -> dict[object, set[torch.fx.Node]]:
     return groups
 
 
-def incompleteness(nodes: set, is_backward) -> str | None:
+def incompleteness(nodes: set, is_backward, ops: Fp8Ops) -> str | None:
     """Why ``nodes`` is not a complete FP8 region, or None when it is.
 
     Complete: it holds FP8 compute, and every FP8 value its nodes use and every scale its
     compute nodes use is made inside it or enters at a boundary: a placeholder, or a value of
     the other pass (saved for backward).
     """
-    computes = [n for n in nodes if is_fp8_compute(n)]
+    computes = [n for n in nodes if is_fp8_compute(n, ops)]
     if not computes:
         return "it holds no FP8 compute"
     entering = [(n, i) for n in nodes for i in n.all_input_nodes if i not in nodes and _is_fp8(i)]

@@ -4,30 +4,64 @@
   property, the backend method and the exception, so a misbehaving backend fails one property
   and the run goes on;
 * :func:`traced` traces a drawn model once per session and backend (Hypothesis draws the same
-  models for many properties); tests that rewrite the graph take :func:`fresh_copy` of it;
+  models for many properties) and hands each caller its own copy of the graph, so that what a
+  backend tags or rewrites in place stays with that property; :func:`fresh_copy` gives another;
+* :func:`fp8_ops` is the suite's ground truth of FP8 compute for a backend, built once;
+* :func:`serving` scopes a test to one backend: model strategies draw only the quantized module
+  kinds it claims, and reproducers of models it converts name it;
 * :func:`fail` prints the property ID, its spec line, what was expected versus seen, and the
   drawn model as runnable Python.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 
 import pytest
 
-from conformance.graphs import Oracle, copy_graph_module, trace_with_oracle
-from conformance.models import ModelSpec, build_model
+from conformance import strategies
+from conformance.api.errors import ValidationFailure
 from conformance.api.spec import get_property
+from conformance.graphs import Fp8Ops, Oracle, copy_graph_module, trace_with_oracle
+from conformance.models import ModelSpec, build_model
 
-__all__ = ["compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "fresh_copy", "fresh_args", "grad_outputs"]
+__all__ = [
+    "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "fresh_copy",
+    "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds",
+]
+
+#: The backend the running test checks, set by :func:`serving` (for reproducers only).
+_SERVED = contextvars.ContextVar("conformance backend under test", default=None)
+
+
+@contextlib.contextmanager
+def serving(backend):
+    """Run one test against ``backend``: models are drawn with only the quantized module kinds it
+    claims (:func:`supported_kinds`) and failing models print as code that builds them with it."""
+    token = _SERVED.set(backend)
+    try:
+        with strategies.supported_kinds(supported_kinds(backend)):
+            yield
+    finally:
+        _SERVED.reset(token)
+
+
+def supported_kinds(backend) -> tuple[str, ...]:
+    """The quantized module kinds the suite may show ``backend``: ``float8_linear`` always (TorchAO
+    converts those), ``mxfp8_linear`` when it claims ``mx`` and so converts MX layers itself."""
+    return strategies.ALL_KINDS if "mx" in backend.capabilities else (strategies.FLOAT8_KIND,)
 
 
 def fail(property_id: str, message: str, spec: ModelSpec | None = None) -> None:
     prop = get_property(property_id)
     text = f"[{property_id}] {prop.level}: {prop.title}\n{message}"
     if spec is not None:
-        text += "\n\nMinimal model (runnable):\n" + spec.to_python()
+        backend = _SERVED.get()
+        source = None if backend is None else f"{type(backend).__module__}:{type(backend).__qualname__}"
+        text += "\n\nMinimal model (runnable):\n" + spec.to_python(backend=source)
     pytest.fail(text, pytrace=False)
 
 
@@ -48,16 +82,31 @@ def call_backend(property_id: str, backend, method: str, *args, expect=None, **k
 
 
 def strict_error(property_id: str, backend, gm):
-    """The ``FP8ValidationError`` strict validation raises on ``gm``, or None when it accepts it."""
-    from fp8conf.errors import FP8ValidationError
-
+    """The ``conformance.api.ValidationFailure`` strict validation raises on ``gm``, or None when it
+    accepts it; any other exception fails ``property_id``."""
     try:
         backend.validate(gm, strict=True)
-    except FP8ValidationError as exc:
+    except ValidationFailure as exc:
         return exc
     except Exception as exc:
-        fail(property_id, f"backend {backend.name!r}: validate() raised {type(exc).__name__}, not an FP8ValidationError: {exc}")
+        fail(
+            property_id,
+            f"backend {backend.name!r}: validate() raised {type(exc).__name__}, not a conformance.api.ValidationFailure: {exc}",
+        )
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_ops(backend) -> Fp8Ops:
+    return Fp8Ops.of(backend)
+
+
+def fp8_ops(property_id: str, backend) -> Fp8Ops:
+    """The ops the suite counts as FP8 compute in ``backend``'s graphs, built once per backend."""
+    try:
+        return _fp8_ops(backend)
+    except Exception as exc:
+        fail(property_id, f"backend {backend.name!r}: e8m0_op() raised or returned no op: {type(exc).__name__}: {exc}")
 
 
 def compile_settings():
@@ -77,23 +126,39 @@ class TracedCase:
     oracle: Oracle
 
 
+class _NotBuilt(Exception):
+    """The drawn model could not be built (an MX layer is converted by the backend)."""
+
+
 @functools.lru_cache(maxsize=256)
 def _trace(backend, spec: ModelSpec) -> TracedCase:
-    model, args = build_model(spec)
+    try:
+        model, args = build_model(spec, mx=backend.convert_mx if "mx" in backend.capabilities else None)
+    except Exception as exc:
+        raise _NotBuilt(f"{type(exc).__name__}: {exc}") from exc
     gm, oracle = trace_with_oracle(backend, model, args, list(spec.quantized_modules()), backend.is_backward)
     return TracedCase(spec, model, args, gm, oracle)
 
 
 def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
-    """The backend's joint graph of ``spec``'s model, traced once per session. Do not mutate it."""
+    """The backend's joint graph of ``spec``'s model, traced once per session.
+
+    The case holds a copy of the cached graph (:func:`fresh_copy`): the backend may tag or
+    rewrite it in place without another property seeing the change. The model is shared.
+    """
     try:
-        return _trace(backend, spec)
+        cached = _trace(backend, spec)
+    except _NotBuilt as exc:
+        fail(property_id, f"backend {backend.name!r}: building the drawn model (MX layers through convert_mx()) raised {exc}", spec)
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: trace_joint() raised {type(exc).__name__}: {exc}", spec)
+    gm, oracle = fresh_copy(cached)
+    return dataclasses.replace(cached, gm=gm, oracle=oracle)
 
 
 def fresh_copy(case: TracedCase):
-    """A copy of the case's graph that a test may rewrite; node keys of the oracle map by position."""
+    """Another copy of the case's graph (:func:`conformance.graphs.copy_graph_module`), with the
+    oracle's node keys mapped onto it by position."""
     gm = copy_graph_module(case.gm)
     by_position = dict(zip(case.gm.graph.nodes, gm.graph.nodes))
     oracle = Oracle({by_position[n]: f for n, f in case.oracle.issued_by.items()}, case.oracle.forward_seq_nrs)

@@ -8,8 +8,9 @@ Hypothesis example prints as code a person can paste::
 
 The model is a stack of linears called in order; each is either a plain ``nn.Linear`` or a
 quantized one converted by ``torchao.float8.convert_to_float8_training`` with its own recipe, or
-by ``fp8conf.mx.convert_to_mx_training`` (recipes ``mxfp8`` / ``mxfp8_emulated``: an ``MXLinear``,
-whose in and out features are multiples of 32).
+an MX layer (recipes ``mxfp8`` / ``mxfp8_emulated``, in and out features multiples of 32) that
+the backend converts itself through the contract's ``Backend.convert_mx``: ``build_model(spec,
+mx=backend.convert_mx)``. A model with MX layers therefore prints with the backend that built it.
 A layer may be called twice (module reuse), add its input (residual), apply an activation, and
 carry a nested quantized adapter (a ``Float8Linear`` inside a ``Float8Linear``).
 """
@@ -21,7 +22,7 @@ import dataclasses
 __all__ = ["LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model", "MX_RECIPES", "kind_of"]
 
 ACTIVATIONS = ("none", "relu", "gelu")
-#: Recipes built with ``fp8conf.mx.convert_to_mx_training`` (kind ``mxfp8_linear``).
+#: Recipes of MX layers (kind ``mxfp8_linear``), converted by the backend (``Backend.convert_mx``).
 MX_RECIPES = ("mxfp8", "mxfp8_emulated")
 _MX_BLOCK = 32
 
@@ -110,11 +111,20 @@ class ModelSpec:
             counts[(fqn, "backward")] = counts.get((fqn, "backward"), 0) + backward
         return counts
 
-    def to_python(self) -> str:
+    def has_mx(self) -> bool:
+        return any(layer.recipe in MX_RECIPES for layer in self.layers)
+
+    def to_python(self, backend: str | None = None) -> str:
+        """The model as code that builds it. ``backend`` (``"package.module:Class"``) converts its
+        MX layers; a model without MX layers needs none."""
+        if not self.has_mx():
+            return "import torch\n" "from conformance.models import *\n" f"model, args = build_model({self!r})\n"
+        module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
         return (
             "import torch\n"
             "from conformance.models import *\n"
-            f"model, args = build_model({self!r})\n"
+            f"from {module} import {qualname}\n"
+            f"model, args = build_model({self!r}, mx={qualname}().convert_mx)\n"
         )
 
 
@@ -193,20 +203,29 @@ def apply_layer(layer_spec: LayerSpec, layer, x):
     return x
 
 
-def build_model(spec: ModelSpec, device: str = "cpu"):
-    """Build the model of ``spec`` with real TorchAO conversion; return ``(model, args)``."""
+def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None):
+    """Build the model of ``spec``; return ``(model, args)``.
+
+    Float8 layers are converted with TorchAO. MX layers are converted by ``mx``, called as
+    ``mx(model, module_filter_fn=..., recipe=...)`` with the contract of ``Backend.convert_mx``
+    (pass ``backend.convert_mx``); a model with MX layers and no ``mx`` is a ValueError.
+    """
     import torch
     from torchao.float8 import convert_to_float8_training
 
+    if mx is None and spec.has_mx():
+        mx_layers = [f"layers.{i} ({layer.recipe})" for i, layer in enumerate(spec.layers) if layer.recipe in MX_RECIPES]
+        raise ValueError(
+            f"the model has MX layers {', '.join(mx_layers)}: pass mx=backend.convert_mx of a backend that claims "
+            "capability 'mx' to build them"
+        )
     torch.manual_seed(spec.seed)
     model = _drawn_model_class()(spec)
     for i, layer in enumerate(spec.layers):
         if layer.recipe is None:
             continue
         if layer.recipe in MX_RECIPES:
-            from fp8conf import convert_to_mx_training
-
-            convert_to_mx_training(model, recipe=layer.recipe, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}")
+            mx(model, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}", recipe=layer.recipe)
             continue
         config = _float8_config(layer.recipe, layer.emulate)
         if layer.adapter:

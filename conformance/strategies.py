@@ -4,10 +4,14 @@ Widths are multiples of 16 (FP8 matmuls need it); which linears are quantized, t
 ``emulate``, bias, activation, residuals, module reuse and nesting are all drawn. Shrinking
 heads for one small quantized layer, so a failure ends as a minimal model.
 
-MX layers (``MXLinear``, recipes ``mxfp8`` / ``mxfp8_emulated``) are opt-in: pass
-``kinds=ALL_KINDS``. Half the models are then drawn exactly as without MX; the other half start at
-width 32 or 64, keep widths of 32 or 64 up to their forced quantized layer, which is MX, and may
-make any later quantized layer whose in features allow it MX too. MX layers take no nested adapter.
+MX layers (recipes ``mxfp8`` / ``mxfp8_emulated``, converted by the backend) are opt-in twice:
+a property passes ``kinds=ALL_KINDS``, and the backend under test claims capability ``mx``. The
+suite runs each test inside :func:`supported_kinds` with the kinds the backend converts
+(``conformance.harness.serving``), and :func:`model_specs` draws only those: a float8-only
+backend never sees an MX model, and gets as many float8 models as any other. With MX allowed,
+half the models are drawn exactly as without MX; the other half start at width 32 or 64, keep
+widths of 32 or 64 up to their forced quantized layer, which is MX, and may make any later
+quantized layer whose in features allow it MX too. MX layers take no nested adapter.
 
 **One shared corpus under a derandomized profile.** Tracing a model is most of a structural
 property's cost, and traced graphs are cached per model (``conformance.harness.traced``). Under a
@@ -23,16 +27,22 @@ once. Under ``dev`` and ``thorough`` each property draws its own models.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import dataclasses
 import functools
 from typing import Callable
 
 import hypothesis
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from conformance.models import ACTIVATIONS, MX_RECIPES, LayerSpec, ModelSpec
 
-__all__ = ["FLOAT8_RECIPES", "ALL_KINDS", "CORPUS_SIZE", "Constraints", "corpus", "layer_specs", "model_specs", "runnable_recipes"]
+__all__ = [
+    "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "ALL_KINDS", "CORPUS_SIZE", "Constraints", "corpus", "layer_specs",
+    "model_specs", "runnable_recipes", "supported_kinds",
+]
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 WIDTHS = (16, 32, 48)
@@ -248,17 +258,54 @@ def corpus(c: Constraints = _GENERAL, where: Callable[[ModelSpec], bool] | None 
     return tuple(admitted)
 
 
+#: The quantized module kinds the backend under test converts; every kind outside a backend's run.
+_SUPPORTED_KINDS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("supported quantized module kinds", default=ALL_KINDS)
+
+
+@contextlib.contextmanager
+def supported_kinds(kinds):
+    """Within: :func:`model_specs` draws only quantized layers of ``kinds``, whatever a property
+    allows (the kinds a backend converts: ``conformance.harness.supported_kinds``)."""
+    token = _SUPPORTED_KINDS.set(tuple(kinds))
+    try:
+        yield
+    finally:
+        _SUPPORTED_KINDS.reset(token)
+
+
+def _supported(c: Constraints) -> Constraints:
+    supported = _SUPPORTED_KINDS.get()
+    kinds = tuple(k for k in c.kinds if k in supported)
+    if not kinds:
+        raise InvalidArgument(
+            f"a property drawing only {list(c.kinds)} runs against a backend that converts only {list(supported)}"
+        )
+    return dataclasses.replace(c, kinds=kinds)
+
+
+@functools.cache
+def _fresh(c: Constraints, where: Callable[[ModelSpec], bool] | None) -> st.SearchStrategy[ModelSpec]:
+    return _drawn_specs(c) if where is None else _drawn_specs(c).filter(where)
+
+
+@st.composite
+def _specs(draw, c: Constraints, where: Callable[[ModelSpec], bool] | None):
+    # Resolved at each draw, not when the test module is imported: the backend's kinds are
+    # known only once its test runs.
+    c = _supported(c)
+    profile = hypothesis.settings.default
+    if profile.derandomize:
+        return draw(st.sampled_from(corpus(c, where, profile.max_examples)))
+    return draw(_fresh(c, where))
+
+
 def model_specs(*, where: Callable[[ModelSpec], bool] | None = None, **constraints) -> st.SearchStrategy[ModelSpec]:
     """Models with at least one quantized layer, under :class:`Constraints` given by keyword, and
     ``where`` (a predicate on the model) when given.
 
     Under a derandomized Hypothesis profile the models come from the shared corpus (see the module
     docstring), as many as the profile's ``max_examples``; otherwise they are drawn afresh.
-    ``kinds=ALL_KINDS`` draws MX models too; ``require_nesting`` keeps the forced layer float8,
-    since MX layers take no adapter.
+    ``kinds=ALL_KINDS`` draws MX models too where :func:`supported_kinds` allows them;
+    ``require_nesting`` keeps the forced layer float8, since MX layers take no adapter.
     """
-    c = Constraints(**constraints)
-    profile = hypothesis.settings.default
-    if profile.derandomize:
-        return st.deferred(lambda: st.sampled_from(corpus(c, where, profile.max_examples)))
-    return _drawn_specs(c) if where is None else _drawn_specs(c).filter(where)
+    return _specs(Constraints(**constraints), where)

@@ -1,4 +1,5 @@
-"""MX layers in the suite's drawn models: ``LayerSpec(recipe="mxfp8" | "mxfp8_emulated")``."""
+"""MX layers in the suite's drawn models: ``LayerSpec(recipe="mxfp8" | "mxfp8_emulated")``, built
+through the backend's ``convert_mx`` (here the reference's, fp8conf's ``MXLinear``)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import fp8conf
+from conformance.backends.reference import ReferenceBackend
 from conformance.models import LayerSpec, ModelSpec, build_model
 from conformance.strategies import ALL_KINDS, model_specs
 from fp8conf.quantized.mx import MXLinear
+
+convert_mx = ReferenceBackend().convert_mx
 
 _fast = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -23,7 +27,7 @@ def test_mx_layers_build_as_mxlinear_and_count_like_tensorwise():
         ),
         input_requires_grad=False,
     )
-    model, _ = build_model(spec)
+    model, _ = build_model(spec, mx=convert_mx)
     assert isinstance(model.layers[0], MXLinear) and model.layers[0].recipe == "mxfp8"
     assert isinstance(model.layers[1], MXLinear) and model.layers[1].emulate
     assert spec.quantized_modules() == {
@@ -40,6 +44,29 @@ def test_mx_layers_build_as_mxlinear_and_count_like_tensorwise():
         ("layers.2", "forward"): 1,
         ("layers.2", "backward"): 2,
     }
+
+
+def test_an_mx_model_needs_the_backend_to_convert_it():
+    spec = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe=None), LayerSpec(width=32, recipe="mxfp8")))
+    with pytest.raises(ValueError, match=r"MX layers layers\.1 \(mxfp8\): pass mx=backend.convert_mx"):
+        build_model(spec)
+    converted = []
+    build_model(spec, mx=lambda model, *, module_filter_fn, recipe: converted.append(
+        (recipe, [fqn for fqn, m in model.named_modules() if fqn and module_filter_fn(m, fqn)])
+    ))
+    assert converted == [("mxfp8", ["layers.1"])]
+
+
+def test_an_mx_reproducer_builds_the_model_with_the_named_backend():
+    spec = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="mxfp8"),))
+    code = spec.to_python(backend="conformance.backends.reference:ReferenceBackend")
+    assert "from conformance.backends.reference import ReferenceBackend\n" in code
+    namespace = {}
+    exec(code, namespace)
+    assert isinstance(namespace["model"].layers[0], MXLinear)
+    float8 = ModelSpec(in_features=16, layers=(LayerSpec(width=16),))
+    assert float8.to_python(backend="conformance.backends.reference:ReferenceBackend") == float8.to_python()
+    assert "convert_mx" not in float8.to_python()
 
 
 @pytest.mark.parametrize(
@@ -70,7 +97,7 @@ def test_default_draws_no_mx(spec):
 @_fast
 @given(spec=model_specs(kinds=ALL_KINDS))
 def test_mx_draws_are_valid_and_build(spec):
-    model, _ = build_model(spec)
+    model, _ = build_model(spec, mx=convert_mx)
     found = fp8conf.find_quantized_modules(model)
     assert {k: (c.kind, c.recipe, c.emulate) for k, c in found.items()} == spec.quantized_modules()
 

@@ -17,9 +17,17 @@ Calling conventions:
   parameters and returns ``(outputs, grads)``: the forward outputs as a tuple and a dict from
   parameter FQN (``"0.proj.weight"``) to its gradient, plus ``"input.<i>"`` keys for positional
   inputs that require grad.
-* ``validate(gm, strict=...)`` raises a subclass of ``fp8conf.FP8ValidationError`` in strict
-  mode and returns a :class:`~conformance.api.types.ValidationReport` otherwise; it must never
-  change the graph.
+* ``validate(gm, strict=...)`` raises :class:`~conformance.api.errors.ValidationFailure` (or a
+  subclass) in strict mode and returns a :class:`~conformance.api.types.ValidationReport`
+  otherwise; it must never change the graph.
+* The exceptions a rule asks for come from :mod:`conformance.api.errors`: ``ValidationFailure``
+  (strict validation, also from ``split_stage(strict=True)``), ``SplitFailure`` (a stage that
+  cannot be cut) and ``FingerprintMismatch`` (``load_artifact``). The suite catches exactly
+  those; a backend whose passes raise their own maps them in its adapter.
+* Models the suite draws hold float8 layers (TorchAO's ``Float8Linear``) and, only for a
+  backend that claims ``mx``, MX layers that the backend converts itself (:meth:`Backend.convert_mx`).
+* Graphs the suite hands to a backend are the suite's copies: a backend may tag or rewrite
+  them in place (``node.meta["custom"]`` included) without affecting other properties.
 """
 
 from __future__ import annotations
@@ -108,7 +116,8 @@ class Backend(abc.ABC):
         """Cut the joint graph of one pipeline stage into forward, backward-input (dI) and
         backward-weight (dW) callables (capability ``graphpp``; see :class:`conformance.StageSplit`
         for the calling convention). ``strict``: validate the whole stage first and raise its
-        ``FP8ValidationError`` before cutting. ``gm`` is not changed. Each callable keeps node
+        :class:`~conformance.api.errors.ValidationFailure` before cutting; a stage that cannot be
+        cut raises :class:`~conformance.api.errors.SplitFailure`. ``gm`` is not changed. Each callable keeps node
         provenance, and :meth:`validate` and :meth:`regions` accept it."""
         raise NotImplementedError(f"backend {self.name!r} does not implement split_stage()")
 
@@ -133,9 +142,21 @@ class Backend(abc.ABC):
         """Load the artifact at ``path`` for ``model``'s current FP8 configuration and return a
         callable ``fn(args, grad_outputs) -> (outputs, grads)`` (the ``run_joint`` convention, with
         ``model``'s current parameters). An artifact of another fingerprint raises
-        ``fp8conf.FingerprintMismatchError`` naming the differing fields and is never used
-        (capability ``fingerprint``)."""
+        :class:`~conformance.api.errors.FingerprintMismatch` naming the differing fields (in
+        ``fields``, or else in its message) and is never used (capability ``fingerprint``)."""
         raise NotImplementedError(f"backend {self.name!r} does not implement load_artifact()")
+
+    # -- MX layers ----------------------------------------------------------------------------
+    def convert_mx(self, model: torch.nn.Module, *, module_filter_fn, recipe: str) -> None:
+        """Convert, in place, the ``nn.Linear`` submodules of ``model`` that
+        ``module_filter_fn(module, fqn)`` accepts into the backend's own MX block-scaled linears
+        (capability ``mx``; kind ``mxfp8_linear``). ``recipe`` is ``"mxfp8"`` (real MXFP8 compute)
+        or ``"mxfp8_emulated"`` (emulated: exempt from FP8 compute); in and out features are
+        multiples of 32. The suite draws models with MX layers only for a backend that claims
+        ``mx`` and builds them through this method; their provenance has kind ``mxfp8_linear``
+        and the recipe's name. Their FP8 compute is one of torch's scaled matmuls or, for a
+        backend that also claims ``e8m0``, a call of :meth:`e8m0_op`."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement convert_mx()")
 
     # -- the e8m0 op --------------------------------------------------------------------------
     def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):
@@ -150,8 +171,9 @@ class Backend(abc.ABC):
 
     def e8m0_op(self):
         """The ``torch._ops.OpOverload`` that :meth:`scaled_mm_e8m0` calls (capability ``e8m0``), with
-        the same arguments: the suite runs ``torch.library.opcheck`` on it and looks for it in
-        compiled graphs."""
+        the same arguments: the suite runs ``torch.library.opcheck`` on it, looks for it in
+        compiled graphs, and counts its calls (any overload) with two FP8 matrix operands as FP8
+        compute in the backend's graphs."""
         raise NotImplementedError(f"backend {self.name!r} does not implement e8m0_op()")
 
     def __repr__(self) -> str:

@@ -24,6 +24,7 @@ CAPABILITIES = frozenset(
         "graphpp",
         "fingerprint",
         "e8m0",
+        "mx",
     }
 )
 

@@ -13,7 +13,7 @@ class ReferenceBackend(Backend):
     name = "reference"
     version = fp8conf.__version__
     capabilities = frozenset(
-        {"provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp", "fingerprint", "e8m0"}
+        {"provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp", "fingerprint", "e8m0", "mx"}
     )
 
     def trace_joint(self, model, args):
@@ -49,7 +49,7 @@ class ReferenceBackend(Backend):
         return [Region(r.id, r.nodes, r.complete, r.complete) for r in found]
 
     def split_stage(self, gm, *, strict=True):
-        from fp8conf.graph.split import split_stage
+        from fp8conf import split_stage
 
         split = split_stage(gm, strict=strict)
         return StageSplit(
@@ -80,6 +80,11 @@ class ReferenceBackend(Backend):
     def compile(self, gm, *, mode, cudagraph=False):
         compiled = fp8conf.compile_joint(gm, mode=mode, strict=True, cudagraph=cudagraph)
         return Compiled(compiled, compiled.compiled_nodes, compiled.eager_nodes)
+
+    def convert_mx(self, model, *, module_filter_fn, recipe):
+        from fp8conf import convert_to_mx_training
+
+        convert_to_mx_training(model, recipe=recipe, module_filter_fn=module_filter_fn)
 
     def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):
         from fp8conf.quantized.ops.e8m0 import scaled_mm_e8m0

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conformance import rewrites
 from conformance.graphs import fp8_compute_nodes
-from conformance.harness import call_backend, check, fail, fresh_copy, strict_error, traced
+from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, strict_error, traced
 from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
 
 
@@ -24,7 +24,7 @@ def real_and_emulated(spec) -> bool:
 @given(spec=model_specs(emulate=True))
 def test_EMU_001_emulated_modules_pass_strict_validation_without_fp8_compute(fp8_backend, spec):
     case = traced("EMU-001", fp8_backend, spec)
-    computes = fp8_compute_nodes(case.gm)
+    computes = fp8_compute_nodes(case.gm, fp8_ops("EMU-001", fp8_backend))
     check(not computes, "EMU-001", f"an all-emulated model should issue no FP8 compute; found {[n.name for n in computes]}", spec)
     exc = strict_error("EMU-001", fp8_backend, case.gm)
     check(exc is None, "EMU-001", f"strict validation rejected an all-emulated model: {type(exc).__name__}: {exc}", spec)
@@ -35,7 +35,7 @@ def test_EMU_001_emulated_modules_pass_strict_validation_without_fp8_compute(fp8
 def test_EMU_002_an_emulated_module_never_excuses_another(fp8_backend, spec, data):
     case = traced("EMU-002", fp8_backend, spec)
     gm, oracle = fresh_copy(case)
-    nodes = fp8_compute_nodes(gm)
+    nodes = fp8_compute_nodes(gm, fp8_ops("EMU-002", fp8_backend))
     fqn = data.draw(st.sampled_from(sorted({oracle.issued_by[n] for n in nodes})), label="module losing its FP8")
     for node in nodes:
         if oracle.issued_by[node] == fqn:

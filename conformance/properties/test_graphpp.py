@@ -17,12 +17,13 @@ from hypothesis import strategies as st
 
 from conformance import rewrites
 from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, live_nodes, tagged_groups
-from conformance.harness import call_backend, check, fail, fresh_args, fresh_copy, grad_outputs, strict_error, traced
+from conformance.api.errors import SplitFailure, ValidationFailure
+from conformance.harness import call_backend, check, fail, fp8_ops, fresh_args, grad_outputs, strict_error, traced
 from conformance.stages import run_split
 from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
 from conformance.api.types import StageSplit
 
-#: Float8Linear and MXLinear stages (about half the models hold MX layers).
+#: Float8 and, for a backend that claims ``mx``, MX stages (about half the models then hold MX layers).
 stages = model_specs(kinds=ALL_KINDS)
 runnable_stages = model_specs(kinds=ALL_KINDS, recipes=runnable_recipes())
 PASSES = ("forward", "backward")
@@ -31,17 +32,17 @@ PASSES = ("forward", "backward")
 def _splits(property_id, backend, spec):
     """The drawn stage graph as traced and after torch's joint-graph CSE, each with the backend's
     split of it: ``[(label, stage graph, split)]``."""
-    from fp8conf.errors import FP8ValidationError
-
-    gm, _ = fresh_copy(traced(property_id, backend, spec))
+    gm = traced(property_id, backend, spec).gm
     found = [("as traced", gm, _checked(property_id, backend, spec, call_backend(property_id, backend, "split_stage", gm, strict=True)))]
     cse = rewrites.eliminate_common_subexpressions(gm)  # a new graph; gm stays as traced
     try:
         found.append(("after CSE", cse, _checked(property_id, backend, spec, backend.split_stage(cse, strict=True))))
-    except FP8ValidationError:
+    except ValidationFailure:
         # CSE may merge the FP8 compute of two modules that multiply the same operands (a layer
         # and its nested adapter); strict validation rightly rejects that graph as a stage.
         pass
+    except SplitFailure as exc:
+        fail(property_id, f"backend {backend.name!r}: split_stage() could not cut the CSE'd stage: SplitFailure: {exc}", spec)
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: split_stage() of the CSE'd stage raised {type(exc).__name__}: {exc}", spec)
     return found
@@ -133,7 +134,8 @@ def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backen
 
 
 def _check_compute_placed_once(fp8_backend, spec, label, gm, split):
-    for pass_name, joint, parts in _per_pass(fp8_backend, gm, split, is_fp8_compute):
+    ops = fp8_ops("BND-002", fp8_backend)
+    for pass_name, joint, parts in _per_pass(fp8_backend, gm, split, lambda n: is_fp8_compute(n, ops)):
         where = "the forward callable" if pass_name == "forward" else "backward_input and backward_weight together"
         check(
             len(parts) == len(joint),
@@ -184,17 +186,18 @@ def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend
 
 
 def _check_regions_after_split(fp8_backend, spec, label, gm, split):
+    ops = fp8_ops("BND-004", fp8_backend)
     call_backend("BND-004", fp8_backend, "regions", gm, expect=list)
-    joint_tagged = _by_pass(fp8_backend, gm, lambda n, tagged=_tagged_nodes(gm): n in tagged and is_fp8_compute(n))
+    joint_tagged = _by_pass(fp8_backend, gm, lambda n, tagged=_tagged_nodes(gm): n in tagged and is_fp8_compute(n, ops))
     part_tagged = {p: [] for p in PASSES}
     for name, part in split.parts.items():
         call_backend("BND-004", fp8_backend, "regions", part, expect=list)
         groups = tagged_groups(part)
         for region_id, nodes in groups.items():
-            reason = incompleteness(nodes, fp8_backend.is_backward)
+            reason = incompleteness(nodes, fp8_backend.is_backward, ops)
             check(reason is None, "BND-004", f"{label}, in {name}: tagged region {region_id!r} is incomplete: {reason}", spec)
         tagged = _tagged_nodes(part)
-        computes = fp8_compute_nodes(part)
+        computes = fp8_compute_nodes(part, ops)
         part_tagged["forward" if name == "forward" else "backward"] += [n for n in computes if n in tagged]
     for pass_name in PASSES:
         check(
@@ -219,7 +222,8 @@ def test_BND_005_provenance_survives_the_split(fp8_backend, spec):
 
 
 def _check_provenance_kept(fp8_backend, spec, label, gm, split):
-    fp8_node = lambda n: is_fp8_cast(n) or is_fp8_compute(n)
+    ops = fp8_ops("BND-005", fp8_backend)
+    fp8_node = lambda n: is_fp8_cast(n) or is_fp8_compute(n, ops)
     for pass_name, joint, parts in _per_pass(fp8_backend, gm, split, fp8_node):
         expected = collections.Counter(fp8_backend.provenance(n) for n in joint)
         seen = collections.Counter(fp8_backend.provenance(n) for n in parts)
@@ -252,8 +256,6 @@ def _show(counter) -> str:
 @pytest.mark.fp8_property("BND-006")
 @given(spec=model_specs(kinds=ALL_KINDS, emulate=False), data=st.data())
 def test_BND_006_strict_validation_runs_before_the_split_and_not_falsely_after(fp8_backend, spec, data):
-    from fp8conf.errors import FP8ValidationError
-
     for label, _, split in _splits("BND-006", fp8_backend, spec):
         for name, part in split.parts.items():
             error = strict_error("BND-006", fp8_backend, part)
@@ -264,16 +266,21 @@ def test_BND_006_strict_validation_runs_before_the_split_and_not_falsely_after(f
                 "A callable must not be failed for FP8 compute that lives in a sibling callable",
                 spec,
             )
-    broken, _ = fresh_copy(traced("BND-006", fp8_backend, spec))
-    compute = data.draw(st.sampled_from(fp8_compute_nodes(broken)), label="FP8 compute node losing its provenance")
+    broken = traced("BND-006", fp8_backend, spec).gm
+    computes = fp8_compute_nodes(broken, fp8_ops("BND-006", fp8_backend))
+    compute = data.draw(st.sampled_from(computes), label="FP8 compute node losing its provenance")
     rewrites.rebuild_without_meta(broken, compute)
     try:
         fp8_backend.split_stage(broken, strict=True)
-    except FP8ValidationError:
+    except ValidationFailure:
         return
+    except SplitFailure as exc:
+        fail("BND-006", f"split_stage(strict=True) of a stage whose '{compute.name}' lost its provenance raised "
+             f"SplitFailure, not a conformance.api.ValidationFailure: strict validation must reject the stage before "
+             f"any cut is attempted: {exc}", spec)
     except Exception as exc:
         fail("BND-006", f"split_stage(strict=True) of a stage whose '{compute.name}' lost its provenance raised "
-             f"{type(exc).__name__}, not an FP8ValidationError: {exc}", spec)
+             f"{type(exc).__name__}, not a conformance.api.ValidationFailure: {exc}", spec)
     fail(
         "BND-006",
         f"split_stage(strict=True) cut a stage graph whose FP8 compute '{compute.name}' lost its provenance: "

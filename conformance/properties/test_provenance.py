@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given
 
 from conformance.graphs import fp8_compute_nodes
-from conformance.harness import call_backend, check, fail, fresh_copy, traced
+from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, traced
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
 from conformance.api.types import Provenance
 
-#: Quantized module kinds drawn here: Float8Linear and MXLinear (about half the models hold MX layers).
+#: Quantized module kinds drawn here: float8 and, for a backend that claims ``mx``, MX layers
+#: (about half the models then hold MX layers).
 KINDS = ALL_KINDS
 
 
@@ -34,7 +35,7 @@ def _fqn(property_id, backend, node):
 @given(spec=model_specs(emulate=False))
 def test_PROV_001_every_fp8_compute_node_names_its_module(fp8_backend, spec):
     case = traced("PROV-001", fp8_backend, spec)
-    computes = fp8_compute_nodes(case.gm)
+    computes = fp8_compute_nodes(case.gm, fp8_ops("PROV-001", fp8_backend))
     check(bool(computes), "PROV-001", "the graph of a non-emulated model holds no FP8 compute at all", spec)
     for node in computes:
         passes = "backward" if fp8_backend.is_backward(node) else "forward"
@@ -132,7 +133,7 @@ def test_PROV_004_no_node_carries_provenance_of_a_module_that_did_not_issue_it(f
 def test_PROV_006_reused_modules_keep_their_fqn_nested_ones_the_innermost(fp8_backend, spec):
     case = traced("PROV-006", fp8_backend, spec)
     per_module = collections.Counter()
-    for node in fp8_compute_nodes(case.gm):
+    for node in fp8_compute_nodes(case.gm, fp8_ops("PROV-006", fp8_backend)):
         seen = _fqn("PROV-006", fp8_backend, node)
         expected = case.oracle.issued_by.get(node)
         check(

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 
 from conformance import rewrites
 from conformance.graphs import fp8_compute_nodes, incompleteness, non_convexity, tagged_groups
-from conformance.harness import call_backend, check, fail, fresh_copy, traced
+from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, traced
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
 from conformance.api.types import Region
 
-#: Quantized module kinds drawn here: Float8Linear and MXLinear (about half the models hold MX layers).
+#: Quantized module kinds drawn here: float8 and, for a backend that claims ``mx``, MX layers
+#: (about half the models then hold MX layers).
 KINDS = ALL_KINDS
 
 
@@ -44,7 +45,7 @@ def _tagged_copy(property_id, backend, spec):
 def test_REG_001_every_fp8_compute_node_lies_in_exactly_one_region(fp8_backend, spec):
     gm, _, regions = _tagged_copy("REG-001", fp8_backend, spec)
     membership = collections.Counter(n for r in regions for n in r.nodes)
-    for node in fp8_compute_nodes(gm):
+    for node in fp8_compute_nodes(gm, fp8_ops("REG-001", fp8_backend)):
         check(
             membership[node] == 1,
             "REG-001",
@@ -88,7 +89,7 @@ def test_REG_004_only_complete_regions_are_tagged(fp8_backend, spec):
     groups = tagged_groups(gm)
     check(None not in groups, "REG-004", "tagged nodes carry no inductor_region id, so regions would merge when compiled", spec)
     for region_id, nodes in groups.items():
-        reason = incompleteness(nodes, fp8_backend.is_backward)
+        reason = incompleteness(nodes, fp8_backend.is_backward, fp8_ops("REG-004", fp8_backend))
         check(reason is None, "REG-004", f"tagged region {region_id!r} is incomplete: {reason}", spec)
     tagged = set().union(*groups.values()) if groups else set()
     for region in regions:
@@ -123,7 +124,8 @@ def test_REG_005_a_region_missing_part_of_its_chain_is_not_tagged(fp8_backend, s
     probe_regions = _regions("REG-005", fp8_backend, probe)
     region, cast, members = _region_cast(probe, probe_regions, data)
     by_name = {n.name: n for n in gm.graph.nodes}
-    downstream = [by_name[n.name] for n in members if n in fp8_compute_nodes(probe) and _reaches(cast, n)]
+    probe_computes = set(fp8_compute_nodes(probe, fp8_ops("REG-005", fp8_backend)))
+    downstream = [by_name[n.name] for n in members if n in probe_computes and _reaches(cast, n)]
     rewrites.rebuild_without_meta(gm, by_name[cast.name])
     _regions("REG-005", fp8_backend, gm)
     groups = tagged_groups(gm)
@@ -137,7 +139,7 @@ def test_REG_005_a_region_missing_part_of_its_chain_is_not_tagged(fp8_backend, s
             spec,
         )
     for region_id, nodes in groups.items():
-        reason = incompleteness(nodes, fp8_backend.is_backward)
+        reason = incompleteness(nodes, fp8_backend.is_backward, fp8_ops("REG-005", fp8_backend))
         check(reason is None, "REG-005", f"after the rewrite, tagged region {region_id!r} is incomplete: {reason}", spec)
 
 

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 
 from conformance import rewrites
 from conformance.graphs import fp8_compute_nodes
-from conformance.harness import call_backend, check, fail, fresh_copy, strict_error, traced
+from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, strict_error, traced
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
 from conformance.api.types import ValidationReport
 
-#: Quantized module kinds drawn here: Float8Linear and MXLinear (about half the models hold MX layers).
+#: Quantized module kinds drawn here: float8 and, for a backend that claims ``mx``, MX layers
+#: (about half the models then hold MX layers).
 KINDS = ALL_KINDS
 
 
@@ -32,11 +33,11 @@ def _report(property_id, backend, gm) -> ValidationReport:
         return call_backend(property_id, backend, "validate", gm, strict=False, expect=ValidationReport)
 
 
-def _lower_module_pass(case, backend, data):
+def _lower_module_pass(property_id, case, backend, data):
     """Copy the graph and lower every FP8 compute of one drawn (module, pass) to a plain mm."""
     gm, oracle = fresh_copy(case)
     groups = {}
-    for node in fp8_compute_nodes(gm):
+    for node in fp8_compute_nodes(gm, fp8_ops(property_id, backend)):
         key = (oracle.issued_by[node], "backward" if backend.is_backward(node) else "forward")
         groups.setdefault(key, []).append(node)
     fqn, pass_name = data.draw(st.sampled_from(sorted(groups)), label="lowered (module, pass)")
@@ -61,7 +62,7 @@ def test_VAL_001_strict_validation_accepts_supported_models(fp8_backend, spec):
 @pytest.mark.fp8_property("VAL-002")
 @given(spec=non_emulated, data=st.data())
 def test_VAL_002_lost_fp8_compute_fails_naming_module_and_pass(fp8_backend, spec, data):
-    gm, fqn, pass_name = _lower_module_pass(traced("VAL-002", fp8_backend, spec), fp8_backend, data)
+    gm, fqn, pass_name = _lower_module_pass("VAL-002", traced("VAL-002", fp8_backend, spec), fp8_backend, data)
     exc = strict_error("VAL-002", fp8_backend, gm)
     check(exc is not None, "VAL-002", f"all FP8 compute of {fqn!r} in the {pass_name} pass was lowered to mm, yet strict validation passed", spec)
     check(
@@ -77,7 +78,7 @@ def test_VAL_002_lost_fp8_compute_fails_naming_module_and_pass(fp8_backend, spec
 @given(spec=non_emulated, data=st.data())
 def test_VAL_003_fp8_compute_without_provenance_fails(fp8_backend, spec, data):
     gm, _ = fresh_copy(traced("VAL-003", fp8_backend, spec))
-    node = data.draw(st.sampled_from(fp8_compute_nodes(gm)), label="compute node stripped of meta")
+    node = data.draw(st.sampled_from(fp8_compute_nodes(gm, fp8_ops("VAL-003", fp8_backend))), label="compute node stripped of meta")
     rewrites.rebuild_without_meta(gm, node)
     rebuilt = next(n for n in gm.graph.nodes if n.op == "call_function" and not n.meta.keys() - {"val"} and n.target == node.target)
     exc = strict_error("VAL-003", fp8_backend, gm)
@@ -95,7 +96,7 @@ def test_VAL_003_fp8_compute_without_provenance_fails(fp8_backend, spec, data):
 def test_VAL_004_scaled_op_with_a_high_precision_operand_is_not_fp8_compute(fp8_backend, spec, data):
     case = traced("VAL-004", fp8_backend, spec)
     gm, oracle = fresh_copy(case)
-    node = data.draw(st.sampled_from(fp8_compute_nodes(gm)), label="scaled op given a float32 operand")
+    node = data.draw(st.sampled_from(fp8_compute_nodes(gm, fp8_ops("VAL-004", fp8_backend))), label="scaled op given a float32 operand")
     index = data.draw(st.sampled_from((0, 1)), label="operand")
     key = (oracle.issued_by[node], "backward" if fp8_backend.is_backward(node) else "forward")
     rewrites.upcast_operand(gm, node, index)
@@ -135,7 +136,7 @@ def test_VAL_005_validation_does_not_change_the_graph(fp8_backend, spec):
 @pytest.mark.fp8_property("VAL-006")
 @given(spec=non_emulated, data=st.data())
 def test_VAL_006_non_strict_mode_warns_the_same_findings_with_a_summary(fp8_backend, spec, data):
-    gm, fqn, pass_name = _lower_module_pass(traced("VAL-006", fp8_backend, spec), fp8_backend, data)
+    gm, fqn, pass_name = _lower_module_pass("VAL-006", traced("VAL-006", fp8_backend, spec), fp8_backend, data)
     exc = strict_error("VAL-006", fp8_backend, gm)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -154,11 +155,11 @@ def test_VAL_007_compute_counts_per_call_match_the_recipe(fp8_backend, spec, dat
     expected = spec.expected_compute_counts()
     seen = {k: v for k, v in _report("VAL-007", fp8_backend, case.gm).compute_counts.items() if v}
     check(seen == {k: v for k, v in expected.items() if v}, "VAL-007", f"expected FP8 compute counts {expected}, the backend reports {seen}", spec)
-    computes = fp8_compute_nodes(case.gm)
+    computes = fp8_compute_nodes(case.gm, fp8_ops("VAL-007", fp8_backend))
     if not computes:
         return  # all emulated: nothing to duplicate
     gm, oracle = fresh_copy(case)
-    node = data.draw(st.sampled_from(fp8_compute_nodes(gm)), label="duplicated compute node")
+    node = data.draw(st.sampled_from(fp8_compute_nodes(gm, fp8_ops("VAL-007", fp8_backend))), label="duplicated compute node")
     with gm.graph.inserting_after(node):
         twin = gm.graph.node_copy(node)
     gm.recompile()

@@ -1,0 +1,90 @@
+"""Backends that are correct but test how the suite treats a backend: what it shows one that
+claims less, and whether what one does to its graphs in place stays with the property."""
+
+from __future__ import annotations
+
+from conformance.api.errors import FingerprintMismatch, SplitFailure, ValidationFailure
+from conformance.backends.reference import ReferenceBackend
+from fp8conf.errors import FP8GraphSplitError
+
+
+class Float8Only(ReferenceBackend):
+    """A backend without MX linears, claiming only provenance and validation: shown an MX layer,
+    its tracer refuses the model, so any MX model the suite draws for it fails a property."""
+
+    name = "float8-only"
+    capabilities = frozenset({"provenance", "validation"})
+
+    def trace_joint(self, model, args):
+        mx = [fqn for fqn, module in model.named_modules() if type(module).__name__ == "MXLinear"]
+        if mx or model.spec.has_mx():
+            raise TypeError(f"the float8-only backend was shown a model with MX layers {mx}: {model.spec!r}")
+        return super().trace_joint(model, args)
+
+
+class TagsInPlace(ReferenceBackend):
+    """Keeps its own annotations in ``node.meta["custom"]`` and edits them in place, as trainers
+    do: tracing records a pipeline stage on every node, and identifying regions marks, inside
+    that nested dict, the nodes it looked at. Validation refuses a graph that carries the marks of
+    regions() or its tags, which no graph handed to validation is supposed to have seen."""
+
+    name = "tags-in-place"
+
+    def trace_joint(self, model, args):
+        gm = super().trace_joint(model, args)
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                node.meta["custom"] = {**(node.meta.get("custom") or {}), "trainer": {"stage": 0}}
+        return gm
+
+    def regions(self, gm):
+        for node in gm.graph.nodes:
+            custom = node.meta.get("custom")
+            if custom and "trainer" in custom:
+                custom["trainer"]["seen_by_regions"] = True
+                custom["regions_ran"] = True
+        return super().regions(gm)
+
+    def validate(self, gm, *, strict):
+        for node in gm.graph.nodes:
+            custom = node.meta.get("custom") or {}
+            leaked = [k for k in ("regions_ran", "compile_with_inductor") if k in custom]
+            leaked += ["trainer.seen_by_regions"] if "seen_by_regions" in custom.get("trainer", {}) else []
+            if leaked:
+                raise RuntimeError(f"node '{node.name}' carries {leaked} from regions() of another graph")
+        return super().validate(gm, strict=strict)
+
+
+class ContractErrorsOnly(ReferenceBackend):
+    """Raises only the contract's own exception classes, never fp8conf's subclasses of them, as a
+    backend that knows nothing of fp8conf does; a stage the reference cannot cut is a
+    ``SplitFailure``."""
+
+    name = "contract-errors-only"
+
+    def validate(self, gm, *, strict):
+        try:
+            return super().validate(gm, strict=strict)
+        except ValidationFailure as exc:
+            raise _plain(ValidationFailure, exc) from None
+
+    def split_stage(self, gm, *, strict=True):
+        try:
+            return super().split_stage(gm, strict=strict)
+        except FP8GraphSplitError as exc:
+            raise SplitFailure(str(exc)) from None
+        except ValidationFailure as exc:
+            raise _plain(ValidationFailure, exc) from None
+
+    def load_artifact(self, path, model, *, strict=True):
+        try:
+            return super().load_artifact(path, model, strict=strict)
+        except FingerprintMismatch as exc:
+            raise _plain(FingerprintMismatch, exc, "fields") from None
+
+
+def _plain(cls, exc, *attributes):
+    plain = cls(str(exc))
+    for name in attributes or ("module_fqn", "pass_name", "node_name", "property_id"):
+        setattr(plain, name, getattr(exc, name))
+    return plain

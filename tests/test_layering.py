@@ -1,0 +1,85 @@
+"""The suite depends on its own contract, not on fp8conf.
+
+Outside ``conformance/backends/`` (the adapters, which may wrap any implementation) no module of
+``conformance`` imports fp8conf, not even lazily inside a function; and the contract,
+``conformance.api``, re-exported by ``conformance``, imports neither torch nor fp8conf nor the
+test machinery, so a backend author can import it anywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFORMANCE = ROOT / "conformance"
+
+
+def _fp8conf_imports(path: Path, root: Path = ROOT) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            if name == "fp8conf" or name.startswith("fp8conf."):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: imports {name}")
+    return found
+
+
+def test_the_suite_outside_its_backends_never_imports_fp8conf():
+    scanned = [p for p in sorted(CONFORMANCE.rglob("*.py")) if "backends" not in p.relative_to(CONFORMANCE).parts]
+    assert len(scanned) > 10, scanned  # the scan sees the suite, not an empty directory
+    found = [line for path in scanned for line in _fp8conf_imports(path)]
+    assert not found, "conformance modules that import fp8conf (only conformance/backends/ may):\n" + "\n".join(found)
+
+
+def test_the_scan_sees_lazy_imports(tmp_path):
+    module = tmp_path / "lazy.py"
+    module.write_text("import fp8config\n\ndef f():\n    from fp8conf.mx import MXLinear\n    import fp8conf.ops, os\n")
+    assert _fp8conf_imports(module, tmp_path) == ["lazy.py:4: imports fp8conf.mx", "lazy.py:5: imports fp8conf.ops"]
+
+
+_BLOCKED_IMPORT = textwrap.dedent(
+    """
+    import importlib.abc
+    import sys
+
+    BLOCKED = ("torch", "fp8conf", "hypothesis", "pytest")
+
+    class Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"{name} is blocked: the contract must not import it")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    import {module}
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+    assert not loaded, loaded
+    print("imported", {module}.Backend.__name__, len({module}.__all__))
+    """
+)
+
+
+def _import_blocked(module: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _BLOCKED_IMPORT.replace("{module}", module)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_contract_imports_without_torch_fp8conf_hypothesis_or_pytest():
+    for module in ("conformance.api", "conformance"):
+        proc = _import_blocked(module)
+        assert proc.returncode == 0 and proc.stdout.startswith("imported Backend"), f"import {module}:\n{proc.stderr[-3000:]}"
+
+
+def test_the_blocker_blocks():
+    proc = _import_blocked("conformance.harness")
+    assert proc.returncode != 0 and "is blocked" in proc.stderr, proc.stderr[-2000:]

@@ -1,0 +1,63 @@
+"""The suite's own ground truth: its graph copies and the ops it counts as FP8 compute."""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.backends.reference import ReferenceBackend
+from conformance.graphs import Fp8Ops, copy_graph_module, fp8_compute_nodes
+from conformance.harness import fp8_ops, traced
+from conformance.models import LayerSpec, ModelSpec
+
+SPEC = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="tensorwise"), LayerSpec(width=32, recipe="mxfp8")))
+REFERENCE = ReferenceBackend()
+
+
+def _annotated(gm):
+    for node in gm.graph.nodes:
+        node.meta["custom"] = {"trainer": {"stage": 0}, "compile_with_inductor": {"inductor_region": 0}}
+    return gm
+
+
+def test_a_copy_owns_its_meta_dicts_and_the_dicts_inside_them():
+    gm = _annotated(traced("REG-007", REFERENCE, SPEC).gm)
+    copy = copy_graph_module(gm)
+    assert copy.code == gm.code
+    for old, new in zip(gm.graph.nodes, copy.graph.nodes):
+        assert new.meta is not old.meta and new.meta["custom"] is not old.meta["custom"]
+        assert new.meta["custom"]["trainer"] is not old.meta["custom"]["trainer"]
+        assert new.meta["custom"]["compile_with_inductor"] is not old.meta["custom"]["compile_with_inductor"]
+        if "val" in old.meta:  # fake tensors are shared, not copied
+            assert new.meta["val"] is old.meta["val"]
+        new.meta["custom"]["trainer"]["stage"] = 1
+        new.meta["custom"]["compile_with_inductor"]["inductor_region"] = 7
+    assert all(n.meta["custom"] == {"trainer": {"stage": 0}, "compile_with_inductor": {"inductor_region": 0}} for n in gm.graph.nodes)
+
+
+def test_every_traced_case_holds_its_own_copy_of_the_cached_graph():
+    first, second = traced("REG-007", REFERENCE, SPEC), traced("REG-007", REFERENCE, SPEC)
+    assert first.gm is not second.gm and first.model is second.model
+    _annotated(first.gm)
+    assert not any("custom" in n.meta for n in second.gm.graph.nodes)
+    assert not any("custom" in n.meta for n in traced("REG-007", REFERENCE, SPEC).gm.graph.nodes)
+    # The oracle follows the copy it came with.
+    assert set(first.oracle.issued_by) <= set(first.gm.graph.nodes)
+
+
+def test_the_e8m0_op_is_fp8_compute_only_for_the_backend_that_names_it():
+    gm = traced("VAL-007", REFERENCE, SPEC).gm
+    e8m0 = [n for n in fp8_compute_nodes(gm, fp8_ops("VAL-007", REFERENCE)) if n.target == REFERENCE.e8m0_op()]
+    assert e8m0, "the reference's MX layer computes with its e8m0 op"
+    assert not any(n.target == REFERENCE.e8m0_op() for n in fp8_compute_nodes(gm, Fp8Ops()))
+    # torch's scaled matmuls count for every backend.
+    assert {str(n.target) for n in fp8_compute_nodes(gm, Fp8Ops())} == {str(torch.ops.aten._scaled_mm.default)}
+
+
+def test_a_backend_without_e8m0_is_never_asked_for_its_op():
+    class Float8(ReferenceBackend):
+        capabilities = frozenset({"provenance", "validation"})
+
+        def e8m0_op(self):
+            raise AssertionError("e8m0_op() of a backend that does not claim e8m0")
+
+    assert Fp8Ops.of(Float8()) == Fp8Ops()
