@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fp8conf
 from conformance.api.backend import Backend
-from conformance.api.types import Compiled, Finding, Provenance, Region, StageSplit, ValidationReport
+from conformance.api.types import Compiled, Provenance, Region, StageSplit
 
 __all__ = ["ReferenceBackend"]
 
@@ -35,14 +35,8 @@ class ReferenceBackend(Backend):
         return fp8conf.node_passes(node.graph)[node] == "backward"
 
     def validate(self, gm, *, strict):
-        report = fp8conf.validate_fp8_graph(gm, strict=strict)
-        return ValidationReport(
-            findings=tuple(
-                Finding(f.property_id, f.message, f.module_fqn, f.pass_name, f.node_name) for f in report.findings
-            ),
-            compute_counts=dict(report.compute_counts),
-            summary=report.summary,
-        )
+        # fp8conf's report is the contract's ValidationReport.
+        return fp8conf.validate_fp8_graph(gm, strict=strict)
 
     def regions(self, gm):
         found = fp8conf.tag_fp8_regions(gm, strict=False)

@@ -25,6 +25,8 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 
+from conformance.api import types as contract
+
 from fp8conf.quantized.float8 import QuantizationConfig
 
 __all__ = [
@@ -44,13 +46,10 @@ _CALL_KEY = "fp8conf.call"
 
 
 @dataclasses.dataclass(frozen=True)
-class Provenance:
-    """The quantized module that issued a node. ``call`` counts the module's calls from 0."""
+class Provenance(contract.Provenance):
+    """The quantized module that issued a node (the contract's fields), and which of its calls:
+    ``call`` counts the module's calls from 0."""
 
-    module_fqn: str
-    kind: str
-    recipe: str
-    emulate: bool
     call: int = 0
 
 

@@ -22,12 +22,13 @@ non-strict mode warns once per finding and returns the :class:`ValidationReport`
 from __future__ import annotations
 
 import collections
-import dataclasses
 import warnings
 from collections.abc import Mapping
 
 import torch.fx
 
+# The report types are the contract's own: a report fp8conf makes is what a backend returns.
+from conformance.api.types import Finding, ValidationReport
 from fp8conf import errors
 from fp8conf.graph.provenance import get_provenance, node_passes
 from fp8conf.graph.roles import is_fp8_compute
@@ -47,40 +48,20 @@ _ERROR_BY_PROPERTY = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    property_id: str
-    message: str
-    module_fqn: str | None = None
-    pass_name: str | None = None
-    node_name: str | None = None
-
-    def to_error(self, findings=()) -> errors.FP8ValidationError:
-        cls = _ERROR_BY_PROPERTY.get(self.property_id, errors.FP8ValidationError)
-        message = self.message
-        if len(findings) > 1:
-            message += f"\n({len(findings) - 1} more finding(s): " + "; ".join(f.message for f in findings[1:4]) + ")"
-        return cls(
-            message,
-            module_fqn=self.module_fqn,
-            pass_name=self.pass_name,
-            node_name=self.node_name,
-            property_id=self.property_id,
-            findings=findings,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class ValidationReport:
-    """Findings, FP8 compute counted per ``(module_fqn, pass)``, and a one-paragraph summary."""
-
-    findings: tuple[Finding, ...]
-    compute_counts: dict[tuple[str, str], int]
-    summary: str
-
-    @property
-    def ok(self) -> bool:
-        return not self.findings
+def _error_of(finding: Finding, findings=()) -> errors.FP8ValidationError:
+    """The typed error strict mode raises for ``finding``, carrying every finding of the run."""
+    cls = _ERROR_BY_PROPERTY.get(finding.property_id, errors.FP8ValidationError)
+    message = finding.message
+    if len(findings) > 1:
+        message += f"\n({len(findings) - 1} more finding(s): " + "; ".join(f.message for f in findings[1:4]) + ")"
+    return cls(
+        message,
+        module_fqn=finding.module_fqn,
+        pass_name=finding.pass_name,
+        node_name=finding.node_name,
+        property_id=finding.property_id,
+        findings=findings,
+    )
 
 
 def validate_fp8_graph(
@@ -128,7 +109,7 @@ def validate_fp8_graph(
         counts[(fqn, pass_name)] += n
     report = ValidationReport(tuple(findings), dict(counts), _summary(info, counts, findings))
     if findings and strict:
-        raise findings[0].to_error(tuple(findings))
+        raise _error_of(findings[0], tuple(findings))
     for finding in findings:
         warnings.warn(f"[{finding.property_id}] {finding.message}", errors.FP8ValidationWarning, stacklevel=2)
     return report
