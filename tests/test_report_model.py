@@ -224,9 +224,7 @@ def test_print_summary_lists_rows_score_and_replay(report, tmp_path):
     terminal = RecordingTerminal()
     render.print_summary(terminal, report, tmp_path / "r.json")
     assert terminal.lines[0] == "=== fp8conf conformance ==="
-    assert terminal.lines[1].split() == [
-        "property", "level", "capability", "status", "tests", "examples", "cause"
-    ]
+    assert terminal.lines[1].split() == ["property", "level", "capability", "status", "tests", "examples"]
     assert terminal.lines[2].split() == ["PROV-002", "MUST", "provenance", "fail", "2", "14"]
     assert terminal.lines[3].split()[:4] == ["PROV-001", "MUST", "provenance", "pass"]
     assert "not_supported  validation: VAL-001: no validation" in terminal.lines
@@ -283,6 +281,7 @@ def test_terminal_and_markdown_say_which_to_fix_first():
     render.print_summary(terminal, report, None)
     line = "fix PROV-003 first: VAL-003 rely on it and fail with it"
     assert line in terminal.lines
+    assert terminal.lines[1].split()[-1] == "cause"
     assert terminal.lines[2].startswith("PROV-003") and terminal.lines[2].endswith("root cause: fix first")
     assert terminal.lines[3].startswith("VAL-003") and terminal.lines[3].endswith("consequence of PROV-003")
     text = render.markdown(report)

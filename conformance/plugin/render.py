@@ -130,7 +130,8 @@ def print_summary(terminal: Terminal, report: dict[str, Any], report_path: Path 
     causes = report["summary"].get("root_causes", {})
     rows = [item for item in ordered_rows(report) if item[1]["status"] != "not_supported"]
     if report["properties"]:
-        terminal.write_line(_table_line(tuple(name.strip() for name, _ in _COLUMNS)))
+        header = tuple(name.strip() for name, _ in _COLUMNS)
+        terminal.write_line(_table_line(header if causes else header[:-1]))
         for property_id, row in rows:
             cells = (
                 property_id, row["level"], row["capability"], row["status"], row["tests"],
