@@ -12,6 +12,7 @@ prints to stderr; ``torch.__trace`` itself is left alone, so ``TORCH_TRACE`` sti
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import pytest
 
@@ -42,16 +43,21 @@ class LibraryChatterFilter(logging.Filter):
         return True
 
 
-def install(config: pytest.Config) -> None:
+def install(config: pytest.Config) -> Callable[[], None]:
     """Add the filter to the handlers of pytest's logging plugin and to the notice loggers
-    (call at session start)."""
+    (call at session start); returns what removes it again."""
     chatter = LibraryChatterFilter()
-    for name in _NOTICE_LOGGERS:
-        logging.getLogger(name).addFilter(chatter)
-    plugin = config.pluginmanager.get_plugin("logging-plugin")
-    if plugin is None:  # -p no:logging
-        return
+    filtered: list[logging.Filterer] = [logging.getLogger(name) for name in _NOTICE_LOGGERS]
+    plugin = config.pluginmanager.get_plugin("logging-plugin")  # None under -p no:logging
     for name in _HANDLERS:
         handler = getattr(plugin, name, None)
         if isinstance(handler, logging.Handler):
-            handler.addFilter(chatter)
+            filtered.append(handler)
+    for target in filtered:
+        target.addFilter(chatter)
+
+    def remove() -> None:
+        for target in filtered:
+            target.removeFilter(chatter)
+
+    return remove

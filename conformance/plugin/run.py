@@ -220,7 +220,10 @@ class ConformanceRun:
         return result
 
     def pytest_sessionstart(self) -> None:
-        quiet.install(self.config)
+        self._unquiet = quiet.install(self.config)
+
+    def pytest_unconfigure(self) -> None:
+        getattr(self, "_unquiet", lambda: None)()
 
     # -- the report ------------------------------------------------------------------------
     def pytest_sessionfinish(self) -> None:
