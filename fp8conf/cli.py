@@ -40,19 +40,59 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _explain(args) -> int:
+class _ExplainError(Exception):
+    """What ``fp8conf explain`` prints as its one line before exiting 2."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _model_from_factory(spec: str):
+    """``(model, args)`` from the ``package.module:function`` named ``spec``."""
     import importlib
+    import inspect
 
-    from fp8conf.explain import explain_model
-
-    module_name, _, attr = args.model.partition(":")
+    module_name, _, attr = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
-        print(f"fp8conf explain: cannot load {args.model!r} ({type(exc).__name__}: {exc}); expected package.module:function", file=sys.stderr)
+        raise _ExplainError(f"cannot load {spec!r} ({_one_line(exc)}); expected package.module:function") from None
+    if not callable(factory):
+        raise _ExplainError(f"{spec!r} is {type(factory).__name__}, not a function returning (model, args)")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise _ExplainError(f"{spec!r} needs arguments {inspect.signature(factory)}; give a function taking none") from None
+    except ValueError:  # no signature to read (a builtin): calling it will tell
+        pass
+    try:
+        made = factory()
+    except Exception as exc:
+        raise _ExplainError(f"{spec!r} raised {_one_line(exc)}") from None
+    if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
+        raise _ExplainError(f"{spec!r} returned {type(made).__name__}; it must return (model, args)")
+    return made
+
+
+def _explain(args) -> int:
+    from pathlib import Path
+
+    try:
+        folder = Path(args.out).resolve().parent
+        if not folder.is_dir():
+            raise _ExplainError(f"--out {args.out}: folder {folder} does not exist")
+        model, model_args = _model_from_factory(args.model)
+        from fp8conf.errors import FP8Error
+        from fp8conf.explain import explain_model
+
+        try:
+            regions = explain_model(model, tuple(model_args), args.out)
+        except (FP8Error, OSError) as exc:
+            raise _ExplainError(f"{args.model!r}: {_one_line(exc)}") from None
+    except _ExplainError as exc:
+        print(f"fp8conf explain: {exc}", file=sys.stderr)
         return 2
-    model, model_args = factory()
-    regions = explain_model(model, model_args, args.out)
     complete = sum(r.complete for r in regions)
     print(f"{args.out}: {len(regions)} FP8 regions, {complete} complete, {len(regions) - complete} incomplete")
     return 0
