@@ -23,6 +23,12 @@ FAKE_BACKENDS = fake_backends.BASE + """
         capabilities = frozenset({"provenance", "validation", "fingerprint"})
 """
 WIDE = "--fp8-backend=fakebackends:Wide"
+FAKE_BACKENDS += """
+    class Dying(Fake):
+        def trace_joint(self, model, args):
+            import os
+            os._exit(3)
+"""
 
 # One provenance defect, seen by a validation property that relies on it, and an unrelated
 # fingerprint failure.
@@ -237,3 +243,28 @@ def test_fp8_property_needs_a_backend(suite):
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--fp8-property=PROV")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --fp8-property needs --fp8-backend"])
+
+
+def test_a_crashed_worker_names_the_backend_method_and_the_replay(suite):
+    suite.makepyfile(
+        test_die="""
+        import pytest
+
+        @pytest.mark.fp8_property("PROV-001")
+        def test_dies(fp8_backend):
+            fp8_backend.trace_joint(None, ())
+        """
+    )
+    result = suite.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--fp8-backend=fakebackends:Dying",
+        "--fp8-report=out/r.json", "test_die.py",
+    )
+    result.stdout.fnmatch_lines(
+        ["*worker 'gw*' crashed while running 'test_die.py::test_dies' while in backend method "
+         "trace_joint()"]
+    )
+    row = json.loads((suite.path / "out" / "r.json").read_text())["properties"]["PROV-001"]
+    assert row["status"] == "error"
+    assert row["reproducer"]["command"] == (
+        "pytest --fp8-backend=fakebackends:Dying 'test_die.py::test_dies' --hypothesis-profile=fp8conf-ci"
+    )

@@ -21,6 +21,8 @@ __all__ = ["ProgressLines", "progress_line"]
 def progress_line(report: Any) -> str | None:
     """The line of a finished test's report; None for a phase that says nothing new (a
     passing setup or teardown) and for a test citing no property."""
+    if not isinstance(report, pytest.TestReport):
+        return None  # a collect report
     ids = [value for key, value in report.user_properties if key == PROPERTY_KEY]
     status = outcome_status(report)
     if not ids or status is None:

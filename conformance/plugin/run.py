@@ -18,7 +18,7 @@ import pytest
 from conformance import expectations as expectations_file
 from conformance import watchdog
 from conformance.api import PROPERTIES, SPEC_VERSION, Backend
-from conformance.plugin import gating, instrumentation, progress, quiet, render, usage
+from conformance.plugin import crashes, gating, instrumentation, progress, quiet, render, usage
 from conformance.plugin import report as report_model
 from conformance.plugin.report import EXPECTATION_KEY, PROPERTY_KEY, TestRecord
 
@@ -69,6 +69,7 @@ class ConformanceRun:
                 name = "--fp8-" + option.replace("_", "-")
                 raise pytest.UsageError(f"{name} must be 0 or more seconds, got {seconds:g}")
         self.progress = progress.ProgressLines(config)
+        self.crash_notes = crashes.CrashNotes(config, spec)
         #: The accelerator: seen here, or reported by the first xdist worker that saw it.
         self.device: dict[str, Any] | None = None
         self._device_sent = False
@@ -169,6 +170,19 @@ class ConformanceRun:
         items[:] = []
 
     # -- running ---------------------------------------------------------------------------
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        self.crash_notes.configure_node(node)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        record = self.tests.get(crashitem)
+        self.crash_notes.annotate(report, record.property_ids if record else ())
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.crash_notes.test_started(item)
+
     # trylast: inside Hypothesis's own wrapper, which installs its statistics collector and may
     # replace the test's settings first.
     @pytest.hookimpl(wrapper=True, trylast=True)
@@ -224,6 +238,7 @@ class ConformanceRun:
 
     def pytest_unconfigure(self) -> None:
         getattr(self, "_unquiet", lambda: None)()
+        self.crash_notes.close()
 
     # -- the report ------------------------------------------------------------------------
     def pytest_sessionfinish(self) -> None:
