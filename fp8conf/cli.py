@@ -1,4 +1,5 @@
-"""The ``fp8conf`` command.
+"""Check a PyTorch graph trainer's FP8 handling against the conformance suite, map a model's
+FP8 regions, and manage precompiled FP8 artifacts.
 
 ``fp8conf check`` runs the conformance suite against a backend and prints the per-property
 summary table; it is ``pytest --fp8-backend=NAME`` with the suite's defaults filled in, so
@@ -14,10 +15,36 @@ import sys
 __all__ = ["main"]
 
 
+_EXAMPLES = """examples:
+  fp8conf check                                  # the suite against the reference backend
+  fp8conf check --backend mypkg.fp8:MyBackend -n 2
+  fp8conf check --backend mine -- --fp8-property PROV   # pytest options after --
+  fp8conf explain mypkg.models:make_model --out regions.html
+  fp8conf precompile show step.fp8
+"""
+_CHECK_EXAMPLES = """examples:
+  fp8conf check                                  # reference backend, report fp8conf-report.json
+  fp8conf check --backend mypkg.fp8:MyBackend -n 2 --report out/mine.json
+  fp8conf check --backend mine --expectations known-failures.toml
+  fp8conf check --backend mine -- --fp8-property PROV-003 -x
+
+The report lists failures first and names the property to fix first when others rely on it;
+exit status 0: every property passed or is not supported, 1: a property failed, 4: usage error.
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fp8conf", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="fp8conf", description=__doc__.split("\n\n")[0], epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("check", help="run the conformance suite against a backend")
+    check = commands.add_parser(
+        "check", help="run the conformance suite against a backend",
+        description="Run the conformance suite against a backend: pytest --fp8-backend=NAME with "
+        "the suite's defaults (Hypothesis profile fp8conf-ci, a JSON and Markdown report).",
+        epilog=_CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     check.add_argument("--backend", default="reference", help="entry-point name or package.module:Class (default: reference)")
     check.add_argument("--report", default="fp8conf-report.json", help="JSON report path; a Markdown table is written beside it")
     check.add_argument("--profile", default="fp8conf-ci", choices=("fp8conf-dev", "fp8conf-ci", "fp8conf-thorough"), help="Hypothesis profile (default: fp8conf-ci)")

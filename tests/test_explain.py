@@ -74,3 +74,17 @@ def test_cli_reports_a_missing_out_folder(tmp_path, capsys):
     out = tmp_path / "missing" / "map.html"
     assert main(["explain", "--out", str(out)]) == 2
     assert capsys.readouterr().err == f"fp8conf explain: --out {out}: folder {out.parent} does not exist\n"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["check", "--help"]])
+def test_help_answers_without_importing_torch(args):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom fp8conf.cli import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit:\n    pass\nprint('torch imported' if 'torch' in sys.modules else 'no torch')"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    assert done.stdout.rstrip().endswith("no torch")
+    assert "examples:" in done.stdout and "fp8conf check --backend" in done.stdout
