@@ -56,6 +56,7 @@ SLOW_FAILURE = """
     import time
     import pytest
     from hypothesis import given, strategies as st
+    from conformance.replay import MODEL_MARKER
 
     @pytest.mark.fp8_property("PROV-002")
     @given(x=st.integers(0, 10**9))
@@ -63,7 +64,8 @@ SLOW_FAILURE = """
         time.sleep(0.3)
         with open("calls.txt", "a") as f:
             f.write(f"{x}\\n")
-        assert x < 1000
+        if x >= 1000:
+            pytest.fail(f"[PROV-002] too big\\n\\n{MODEL_MARKER}\\nx = {x}", pytrace=False)
 """
 
 
@@ -116,6 +118,8 @@ def test_a_slow_failing_example_is_not_shrunk(suite):
     assert found["reproducer"]["shrink"] == "none"
     # The failing example, its replay and Hypothesis's final run: no shrinking in between.
     assert len((suite.path / "calls.txt").read_text().split()) <= found["examples"] + 3
+    result.stdout.fnmatch_lines(["Failing model, not shrunk (runnable):", "x = *"])
+    result.stdout.no_fnmatch_line("Minimal model*")
 
 
 def test_a_cheap_failing_example_is_shrunk(suite):
@@ -125,6 +129,7 @@ def test_a_cheap_failing_example_is_shrunk(suite):
     found = json.loads((suite.path / "out" / "r.json").read_text())["properties"]["PROV-002"]
     assert found["reproducer"]["shrink"] == "minimal"
     assert "x=1000" in found["reproducer"]["failing_case"]
+    result.stdout.fnmatch_lines(["Minimal model (runnable):", "x = 1000"])
 
 
 def test_piped_run_prints_a_line_per_property(suite):

@@ -195,9 +195,27 @@ def annotate_report(
             found = replay.reproducer(item, excinfo.value, backend_spec)
             found["shrink"] = _shrink_outcome(item)
             extra.append((REPRODUCER_KEY, found))
+            _name_the_model_shown(report, found["shrink"])
             if report.failed:
                 report.sections.append(("fp8conf reproducer", replay.section_text(found)))
     return device_sent
+
+
+def _name_the_model_shown(report: pytest.TestReport, shrink: str | None) -> None:
+    """Say in the failure's text whether the model it shows was shrunk."""
+    if shrink in (None, "minimal"):
+        return
+    from conformance.plugin.render import MODEL_HEADINGS
+
+    old, new = replay.MODEL_MARKER, MODEL_HEADINGS[shrink] + ":"
+    if isinstance(report.longrepr, str):
+        report.longrepr = report.longrepr.replace(old, new)
+        return
+    # pytest.fail(..., pytrace=False) is rendered as an exception chain of "value" entries.
+    for traceback, _, _ in getattr(report.longrepr, "chain", ()):
+        for entry in getattr(traceback, "reprentries", ()):
+            if hasattr(entry, "lines"):
+                entry.lines = [line.replace(old, new) for line in entry.lines]
 
 
 def _shrink_outcome(item: pytest.Item) -> str | None:

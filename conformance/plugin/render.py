@@ -13,6 +13,7 @@ from typing import Any, Iterator, Protocol
 from conformance.plugin.report import FAILED, STATUSES, failing_rows
 
 __all__ = [
+    "MODEL_HEADINGS",
     "markdown",
     "markdown_path",
     "ordered_rows",
@@ -30,7 +31,7 @@ _COLUMNS = (
 _RANK = {status: rank for rank, status in enumerate(STATUSES)}
 _OWN_PROPERTY = re.compile(r" \(property [A-Z0-9]+-\d+\)")
 #: What the shown model of a failure is, by the reproducer's ``shrink``.
-_MODEL_HEADINGS = {
+MODEL_HEADINGS = {
     "minimal": "Minimal model (runnable)",
     "bounded": "Failing model, partly shrunk: shrinking stopped at its time limit (runnable)",
     "none": "Failing model, not shrunk (runnable)",
@@ -204,7 +205,7 @@ def _failure(property_id: str, row: dict[str, Any]) -> list[str]:
     if row.get("caused_by"):
         lines[1:1] = ["", f"A consequence of {', '.join(row['caused_by'])}: fix that first."]
     if found.get("model"):
-        heading = _MODEL_HEADINGS.get(found.get("shrink"), _MODEL_HEADINGS["minimal"])
+        heading = MODEL_HEADINGS.get(found.get("shrink"), MODEL_HEADINGS["minimal"])
         lines += [f"{heading}:", "", "```python", found["model"].rstrip("\n"), "```", ""]
     elif found.get("failing_case"):
         lines += ["Failing test case:", "", "```python", found["failing_case"], "```", ""]
