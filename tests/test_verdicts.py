@@ -8,7 +8,7 @@ import json
 import logging
 
 import pytest
-import torch  # imported before any in-process pytester run, which would otherwise unload it
+import torch  # noqa: F401  (imported before any in-process pytester run, which would otherwise unload it)
 from hypothesis import settings
 
 import fake_backends  # tests/fake_backends.py (tests/ is on sys.path)

@@ -29,7 +29,7 @@ __all__ = [
 
 #: The suite's own property tests, collected when ``--fp8-backend`` comes without test paths.
 PROPERTIES_DIR = Path(conformance.__file__).resolve().parent / "properties"
-#: Default of ``--fp8-shrink-seconds`` (the plugin's instrumentation imports Hypothesis).
+#: Default of ``--fp8-shrink-seconds``: seconds Hypothesis may shrink one failing test.
 DEFAULT_SHRINK_SECONDS = 10.0
 #: Default of ``--fp8-timeout``: seconds per example of a conformance test (a plain test is one
 #: example); the timer restarts at every Hypothesis example.

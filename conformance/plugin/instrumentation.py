@@ -24,10 +24,10 @@ from hypothesis.internal.conjecture import engine
 from hypothesis.statistics import collector
 
 from conformance import replay, watchdog
+from conformance.plugin.hooks import DEFAULT_SHRINK_SECONDS
 from conformance.plugin.report import DEVICE_KEY, EXAMPLES_KEY, REPRODUCER_KEY, TIMEOUT_KEY
 
 __all__ = [
-    "DEFAULT_SHRINK_SECONDS",
     "annotate_report",
     "device_info",
     "environment",
@@ -42,8 +42,6 @@ _CALLS_KEY = pytest.StashKey[int]()
 _SHRINK_KEY = pytest.StashKey[dict]()
 #: Phases left out for a test under an expectation (explain needs shrink).
 _SHRINK_PHASES = (hypothesis.Phase.shrink, hypothesis.Phase.explain)
-#: Default of ``--fp8-shrink-seconds``: how long Hypothesis may shrink one failing test.
-DEFAULT_SHRINK_SECONDS = 10.0  # the same as hooks.DEFAULT_SHRINK_SECONDS, which avoids this import
 #: Shrinking needs at least this many re-runs of the failing example to get anywhere: when
 #: the budget holds fewer, the first failing example is shown as found.
 _MIN_SHRINK_RUNS = 10

@@ -70,6 +70,7 @@ class ConformanceRun:
                 raise pytest.UsageError(f"{name} must be 0 or more seconds, got {seconds:g}")
         self.progress = progress.ProgressLines(config)
         self.crash_notes = crashes.CrashNotes(config, spec)
+        self._unquiet = lambda: None  # removes the log filter installed at session start
         #: The accelerator: seen here, or reported by the first xdist worker that saw it.
         self.device: dict[str, Any] | None = None
         self._device_sent = False
@@ -141,8 +142,9 @@ class ConformanceRun:
         """Keep only the tests of ``--fp8-property``; a test citing none is not kept."""
         if not self.selected:
             return
-        kept = [item for item in items if usage.selects(self.selected, gating.cited_ids(item))]
-        dropped = [item for item in items if item not in kept]
+        chosen = [usage.selects(self.selected, gating.cited_ids(item)) for item in items]
+        kept = [item for item, keep in zip(items, chosen) if keep]
+        dropped = [item for item, keep in zip(items, chosen) if not keep]
         if dropped:
             self.config.hook.pytest_deselected(items=dropped)
             items[:] = kept
@@ -237,7 +239,7 @@ class ConformanceRun:
         self._unquiet = quiet.install(self.config)
 
     def pytest_unconfigure(self) -> None:
-        getattr(self, "_unquiet", lambda: None)()
+        self._unquiet()
         self.crash_notes.close()
 
     # -- the report ------------------------------------------------------------------------
