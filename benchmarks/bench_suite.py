@@ -59,7 +59,7 @@ def command(job: str, workers: int, report: Path) -> list[str]:
     return [sys.executable, "-m", "pytest", *xdist, "--hypothesis-profile=fp8conf-ci"]
 
 
-def run(job: str, workers: int, cache: str, cache_dir: Path, scratch: Path) -> dict:
+def run(job: str, workers: int, cache: str, cache_dir: Path, scratch: Path, logs: Path | None = None) -> dict:
     report = scratch / f"{job}-{workers}-{cache}.json"
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir))
     if job in VERDICT_BACKENDS:
@@ -67,6 +67,9 @@ def run(job: str, workers: int, cache: str, cache_dir: Path, scratch: Path) -> d
     start = time.perf_counter()
     proc = subprocess.run(command(job, workers, report), cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    if logs is not None:  # the output as a piped run shows it
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{job}-{workers}-{cache}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     summary = re.findall(r"(\d+ (?:passed|failed|errors?)\b[^\n]*?) in [\d.]+s", proc.stdout)
     row = {"job": job, "workers": workers, "cache": cache, "wall_s": wall, "exit": proc.returncode,
            "summary": summary[-1] if summary else proc.stdout.strip().splitlines()[-1:]}
@@ -113,6 +116,7 @@ def main():
     parser.add_argument("--jobs", nargs="+", choices=JOBS, default=list(JOBS))
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="xdist workers (1: no -n)")
     parser.add_argument("--no-warm", action="store_true", help="only the cold run of each")
+    parser.add_argument("--logs", type=Path, help="keep each run's output in this folder")
     results.jsonl_arguments(parser, "run")
     parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
@@ -127,7 +131,7 @@ def main():
                     cache_dir = Path(scratch) / f"inductor-{job}-{workers}"
                     for cache in ("cold",) if args.no_warm else ("cold", "warm"):
                         print(f"{job}, {workers} worker(s), {cache} cache ...", flush=True)
-                        rows.append(run(job, workers, cache, cache_dir, Path(scratch)))
+                        rows.append(run(job, workers, cache, cache_dir, Path(scratch), args.logs))
                         print(f"  {rows[-1]['wall_s']:.0f} s: {rows[-1]['summary']}", flush=True)
                         results.append_jsonl(args.jsonl, rows[-1])
     text = table(rows)
