@@ -10,6 +10,12 @@ time of each run, its pytest summary and, for the main job, the fewest examples 
     python benchmarks/bench_suite.py --jobs main --workers 2  # a part
     python benchmarks/bench_suite.py --jsonl runs.jsonl       # keep each run as it finishes
     python benchmarks/bench_suite.py --from-jsonl runs.jsonl --write
+    python benchmarks/bench_suite.py --jobs reference defect --workers 1 --no-warm --write
+
+Jobs ``reference`` and ``defect`` time the time to a verdict: plain ``pytest --fp8-backend``
+(its default profile) against the reference backend and against the same backend with one
+planted defect (``tests/mutants``: backward provenance dropped), whose failures must not cost
+much more than the passes they replace (goal: at most 1.5 times the reference's wall time).
 
 The runs are measured one after another, never side by side: each would take both cores.
 """
@@ -31,7 +37,13 @@ import results  # benchmarks/results.py, beside this script
 ROOT = Path(__file__).resolve().parent.parent
 #: Capabilities whose properties trace a model and analyse its graph (no compilation).
 STRUCTURAL = ("provenance", "validation", "regions", "emulation", "graphpp")
-JOBS = ("main", "tests")
+JOBS = ("main", "tests", "reference", "defect")
+#: The backend of each time-to-verdict job; ``defect`` is loaded from tests/ (on PYTHONPATH).
+VERDICT_BACKENDS = {
+    "reference": "reference",
+    "defect": "mutants.backends:NoBackwardProvenance",
+}
+GOAL_RATIO = 1.5
 
 
 def command(job: str, workers: int, report: Path) -> list[str]:
@@ -39,19 +51,29 @@ def command(job: str, workers: int, report: Path) -> list[str]:
     xdist = ["-n", str(workers)] if workers > 1 else []
     if job == "main":
         return ["fp8conf", "check", "--report", str(report), *xdist]
+    if job in VERDICT_BACKENDS:
+        return [
+            sys.executable, "-m", "pytest", f"--fp8-backend={VERDICT_BACKENDS[job]}",
+            f"--fp8-report={report}", "-p", "no:cacheprovider", *xdist,
+        ]
     return [sys.executable, "-m", "pytest", *xdist, "--hypothesis-profile=fp8conf-ci"]
 
 
-def run(job: str, workers: int, cache: str, cache_dir: Path, scratch: Path) -> dict:
+def run(job: str, workers: int, cache: str, cache_dir: Path, scratch: Path, logs: Path | None = None) -> dict:
     report = scratch / f"{job}-{workers}-{cache}.json"
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir))
+    if job in VERDICT_BACKENDS:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
     start = time.perf_counter()
     proc = subprocess.run(command(job, workers, report), cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    if logs is not None:  # the output as a piped run shows it
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{job}-{workers}-{cache}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     summary = re.findall(r"(\d+ (?:passed|failed|errors?)\b[^\n]*?) in [\d.]+s", proc.stdout)
     row = {"job": job, "workers": workers, "cache": cache, "wall_s": wall, "exit": proc.returncode,
            "summary": summary[-1] if summary else proc.stdout.strip().splitlines()[-1:]}
-    if job == "main" and report.exists():
+    if job != "tests" and report.exists():
         properties = json.loads(report.read_text())["properties"].values()
         examples = [p["examples"] for p in properties if p["capability"] in STRUCTURAL]
         row["structural_examples"] = min(examples) if examples else None
@@ -64,14 +86,29 @@ def table(rows) -> str:
         "| command | workers | Inductor cache | wall s | min | result | examples per structural property (min) |",
         "|---|---:|---|---:|---:|---|---:|",
     ]
-    names = {"main": "`fp8conf check --report ...`", "tests": "`python -m pytest --hypothesis-profile=fp8conf-ci`"}
+    names = {
+        "main": "`fp8conf check --report ...`",
+        "tests": "`python -m pytest --hypothesis-profile=fp8conf-ci`",
+        "reference": "`pytest --fp8-backend=reference`",
+        "defect": f"`pytest --fp8-backend={VERDICT_BACKENDS['defect']}` (planted defect)",
+    }
     for r in rows:
         result = r["summary"] if r["exit"] == 0 else f"{r['summary']} (exit {r['exit']})"
         lines.append(
             f"| {names[r['job']]} | {r['workers']} | {r['cache']} | {r['wall_s']:.0f} | {r['wall_s'] / 60:.1f} | "
             f"{result} | {r.get('structural_examples', '')} |"
         )
+    ratio = verdict_ratio(rows)
+    if ratio is not None:
+        verdict = "meets" if ratio <= GOAL_RATIO else "misses"
+        lines += ["", f"Planted defect / reference wall time: {ratio:.2f}x ({verdict} the goal of at most {GOAL_RATIO}x)."]
     return "\n".join(lines)
+
+
+def verdict_ratio(rows) -> float | None:
+    """Wall time of the planted-defect run over the reference run's (serial, cold), if both ran."""
+    wall = {r["job"]: r["wall_s"] for r in rows if r["job"] in VERDICT_BACKENDS and r["workers"] == 1 and r["cache"] == "cold"}
+    return wall["defect"] / wall["reference"] if len(wall) == 2 else None
 
 
 def main():
@@ -79,6 +116,7 @@ def main():
     parser.add_argument("--jobs", nargs="+", choices=JOBS, default=list(JOBS))
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="xdist workers (1: no -n)")
     parser.add_argument("--no-warm", action="store_true", help="only the cold run of each")
+    parser.add_argument("--logs", type=Path, help="keep each run's output in this folder")
     results.jsonl_arguments(parser, "run")
     parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
@@ -93,7 +131,7 @@ def main():
                     cache_dir = Path(scratch) / f"inductor-{job}-{workers}"
                     for cache in ("cold",) if args.no_warm else ("cold", "warm"):
                         print(f"{job}, {workers} worker(s), {cache} cache ...", flush=True)
-                        rows.append(run(job, workers, cache, cache_dir, Path(scratch)))
+                        rows.append(run(job, workers, cache, cache_dir, Path(scratch), args.logs))
                         print(f"  {rows[-1]['wall_s']:.0f} s: {rows[-1]['summary']}", flush=True)
                         results.append_jsonl(args.jsonl, rows[-1])
     text = table(rows)
@@ -106,7 +144,8 @@ def main():
             "bench_suite",
             f"CPU, {os.cpu_count()} cores, torch {torch.__version__}, torchao {torchao.__version__}, Python "
             f"{sys.version.split()[0]}; Hypothesis profile `fp8conf-ci`; each command run in a subprocess from the "
-            "repository root, one at a time; cold: an empty Inductor cache, warm: the cache the cold run left.",
+            "repository root, one at a time; cold: an empty Inductor cache, warm: the cache the cold run left. "
+            "The machine's 2 cores were shared with other work during the run: re-measure on an idle machine.",
             text,
         )
 

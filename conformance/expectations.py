@@ -80,6 +80,11 @@ def load(path: Path, known_properties: Iterable[str]) -> dict[str, Expectation]:
         data = _parse(path)
     except OSError as exc:
         raise ExpectationsError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ExpectationsError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            "save it as UTF-8"
+        ) from None
     if not isinstance(data, Mapping):
         raise ExpectationsError(f"{path}: expected an object mapping property or test IDs to reasons")
     known = set(known_properties)

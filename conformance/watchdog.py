@@ -27,13 +27,30 @@ import sys
 import threading
 from typing import Any, Callable
 
-__all__ = ["BackendTimeout", "current_method", "rearm", "set_timer", "timeout_message", "track"]
+__all__ = [
+    "BackendTimeout",
+    "current_method",
+    "on_method_change",
+    "rearm",
+    "set_timer",
+    "timeout_message",
+    "track",
+]
 
 #: Names of the adapter methods in progress, innermost last (a method may call another).
 _in_progress: list[str] = []
 _TRACKED = "__fp8conf_tracked__"
 #: Restarts the running test's timer; None when no timer of ours runs.
 _restart: Callable[[], None] | None = None
+#: Told the method in progress (None: none) whenever it changes; for a process that may die
+#: without a word (an xdist worker), see :mod:`conformance.plugin.crashes`.
+_listener: Callable[[str | None], None] | None = None
+
+
+def on_method_change(listener: Callable[[str | None], None] | None) -> None:
+    """Call ``listener(method)`` each time the adapter method in progress changes."""
+    global _listener
+    _listener = listener
 
 
 class BackendTimeout(BaseException):
@@ -67,10 +84,14 @@ def _tracked(name: str, method: Callable) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         depth = len(_in_progress)
         _in_progress.append(name)
+        if _listener is not None:
+            _listener(name)
         try:
             return method(*args, **kwargs)
         finally:
             del _in_progress[depth:]
+            if _listener is not None:
+                _listener(current_method())
 
     setattr(call, _TRACKED, True)
     return call

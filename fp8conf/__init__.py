@@ -9,6 +9,10 @@ fingerprint-checked precompiled artifacts) and :mod:`fp8conf.quantized` (module 
 :class:`MXLinear` and its e8m0 op). Every error is an :class:`FP8Error` (:mod:`fp8conf.errors`).
 """
 
+import importlib
+
+# Errors are light and imported now; everything else on first use (PEP 562), so that
+# `fp8conf --help` and tools that only name the package do not pay for torch's import.
 from fp8conf.errors import (
     ArtifactError,
     ComputeCountError,
@@ -28,25 +32,37 @@ from fp8conf.errors import (
     RegionCompileError,
     UnsupportedLoweringError,
 )
-from fp8conf.quantized.float8 import QuantizationConfig, find_quantized_modules
-from fp8conf.quantized.mx import MXLinear, convert_to_mx_training
-from fp8conf.graph.trace import JointSignature, TraceInfo, copy_graph_module, joint_signature, run_joint, trace_info, trace_joint
-from fp8conf.graph.provenance import PROVENANCE_META_KEY, CallRecord, Provenance, get_provenance, node_passes
-from fp8conf.graph.roles import OpRole, classify_node, is_fp8_compute, op_roles
-from fp8conf.graph.validate import Finding, ValidationReport, validate_fp8_graph
-from fp8conf.graph.regions import Region, identify_fp8_regions, tag_fp8_regions
-from fp8conf.graph.compile import CompiledJoint, compile_joint
-from fp8conf.graph.split import StageSplit, compile_split, split_stage
-from fp8conf.artifacts.signature import QuantizationSignature
-from fp8conf.artifacts.store import (
-    PrecompiledJoint,
-    load_artifact,
-    load_for_model,
-    precompile_joint,
-    precompile_model,
-    read_header,
-    save_artifact,
-)
+
+_EXPORTS = {
+    "fp8conf.quantized.float8": ("QuantizationConfig", "find_quantized_modules"),
+    "fp8conf.quantized.mx": ("MXLinear", "convert_to_mx_training"),
+    "fp8conf.graph.trace": ("JointSignature", "TraceInfo", "copy_graph_module", "joint_signature", "run_joint", "trace_info", "trace_joint"),
+    "fp8conf.graph.provenance": ("PROVENANCE_META_KEY", "CallRecord", "Provenance", "get_provenance", "node_passes"),
+    "fp8conf.graph.roles": ("OpRole", "classify_node", "is_fp8_compute", "op_roles"),
+    "fp8conf.graph.validate": ("Finding", "ValidationReport", "validate_fp8_graph"),
+    "fp8conf.graph.regions": ("Region", "identify_fp8_regions", "tag_fp8_regions"),
+    "fp8conf.graph.compile": ("CompiledJoint", "compile_joint"),
+    "fp8conf.graph.split": ("StageSplit", "compile_split", "split_stage"),
+    "fp8conf.artifacts.signature": ("QuantizationSignature",),
+    "fp8conf.artifacts.store": (
+        "PrecompiledJoint", "load_artifact", "load_for_model", "precompile_joint", "precompile_model", "read_header", "save_artifact",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fp8conf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_MODULE_OF))
+
 
 __version__ = "0.1.0"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import fp8conf
 from conformance.models import LayerSpec, ModelSpec, build_model
 from conformance.rewrites import rebuild_without_meta
@@ -34,3 +36,55 @@ def test_cli_writes_the_example_map(tmp_path, capsys):
 def test_cli_names_a_bad_factory(capsys):
     assert main(["explain", "no.such.module:make"]) == 2
     assert "cannot load 'no.such.module:make'" in capsys.readouterr().err
+
+
+FACTORIES = '''
+def raises():
+    raise RuntimeError("no weights\\nhere")
+
+def wrong():
+    return 3
+
+def needs(width, depth=2):
+    return None
+
+not_a_function = 7
+'''
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("badfactories:raises", "'badfactories:raises' raised RuntimeError: no weights here"),
+        ("badfactories:wrong", "'badfactories:wrong' returned int; it must return (model, args)"),
+        ("badfactories:needs", "'badfactories:needs' needs arguments (width, depth=2); give a function taking none"),
+        ("badfactories:not_a_function", "'badfactories:not_a_function' is int, not a function"),
+        ("badfactories", "cannot load 'badfactories' (AttributeError"),
+    ],
+)
+def test_cli_reports_a_bad_factory_in_one_line(tmp_path, monkeypatch, capsys, spec, message):
+    (tmp_path / "badfactories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["explain", spec, "--out", str(tmp_path / "map.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fp8conf explain: ") and message in err and err.count("\n") == 1
+
+
+def test_cli_reports_a_missing_out_folder(tmp_path, capsys):
+    out = tmp_path / "missing" / "map.html"
+    assert main(["explain", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"fp8conf explain: --out {out}: folder {out.parent} does not exist\n"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["check", "--help"]])
+def test_help_answers_without_importing_torch(args):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom fp8conf.tools.cli import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit:\n    pass\nprint('torch imported' if 'torch' in sys.modules else 'no torch')"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    assert done.stdout.rstrip().endswith("no torch")
+    assert "examples:" in done.stdout and "fp8conf check --backend" in done.stdout

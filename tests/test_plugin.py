@@ -331,19 +331,19 @@ def test_report_files_and_summary(suite, xdist):
     assert summary["must_score"] == 0.5
     assert report["backend"]["name"] == "fake" and report["backend"]["version"] == "1.2"
     assert {"python", "torch", "torchao", "hypothesis_profile"} <= set(report["environment"])
-    assert report["environment"]["hypothesis_profile"] == "fp8conf-dev"
+    assert report["environment"]["hypothesis_profile"] == "fp8conf-ci"
     assert "VAL-002" in report["untested"]
 
     markdown = (suite.path / "out" / "conf.md").read_text()
     assert "| PROV-002 | MUST | provenance | fail | 2 |" in markdown
-    assert "| VAL-001 | MUST | validation | not_supported | 1 |" in markdown
+    assert "| VAL-001 | | validation | not_supported | 1 |" in markdown
     assert "MUST score: 2/4" in markdown
 
     result.stdout.fnmatch_lines(
         [
             "*fp8conf conformance*",
-            "PROV-001 *MUST *provenance *pass *3",
             "PROV-003 *MUST *provenance *error *1 *0",
+            "PROV-001 *MUST *provenance *pass *3",
             "MUST score: 2/4 (backend fake 1.2)",
         ]
     )
@@ -388,7 +388,8 @@ PROFILE_PROBE = """
 @pytest.mark.parametrize(
     ("env", "args", "expected"),
     [
-        (None, [], "PROFILE fp8conf-dev 10 False"),
+        (None, [], "PROFILE fp8conf-ci 25 True"),
+        (None, ["--hypothesis-profile=fp8conf-dev"], "PROFILE fp8conf-dev 10 False"),
         ("fp8conf-ci", [], "PROFILE fp8conf-ci 25 True"),
         ("fp8conf-ci", ["--hypothesis-profile=fp8conf-thorough"], "PROFILE fp8conf-thorough 200 False"),
         # The old names, in a run with a backend: taken for the new ones, with a warning.

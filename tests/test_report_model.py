@@ -197,9 +197,12 @@ def test_build_report_rows_follow_the_registry_and_list_the_untested(report):
 def test_markdown_has_the_table_the_notes_and_each_failure(report):
     text = render.markdown(report)
     assert "| PROV-002 | MUST | provenance | fail | 2 | 14 |" in text
-    assert "| VAL-001 | MUST | validation | not_supported | 1 | 0 |" in text
+    # Failures first; not_supported collapses to one row and one note per capability.
+    assert text.index("| PROV-002 |") < text.index("| PROV-001 |")
+    assert "| VAL-001 | | validation | not_supported | 1 | 0 | no validation |" in text
     assert "**MUST score: 1/2 (backend fake 1.2)**" in text
-    assert "- VAL-001 not_supported: not_supported: no validation" in text
+    assert "- not_supported  validation: VAL-001: no validation" in text
+    assert "not_supported: not_supported" not in text
     assert "### PROV-002 (fail)" in text and "```python\nx = 3\n```" in text
     assert FAILURE["command"] in text and f"`{FAILURE['reproduce_failure']}`" in text
     assert "Hypothesis profile `fp8conf-ci`" in text
@@ -222,7 +225,9 @@ def test_print_summary_lists_rows_score_and_replay(report, tmp_path):
     render.print_summary(terminal, report, tmp_path / "r.json")
     assert terminal.lines[0] == "=== fp8conf conformance ==="
     assert terminal.lines[1].split() == ["property", "level", "capability", "status", "tests", "examples"]
-    assert terminal.lines[3].split() == ["PROV-002", "MUST", "provenance", "fail", "2", "14"]
+    assert terminal.lines[2].split() == ["PROV-002", "MUST", "provenance", "fail", "2", "14"]
+    assert terminal.lines[3].split()[:4] == ["PROV-001", "MUST", "provenance", "pass"]
+    assert "not_supported  validation: VAL-001: no validation" in terminal.lines
     assert "MUST score: 1/2 (backend fake 1.2)" in terminal.lines
     assert "PROV-002 fail: t.py::test_b" in terminal.lines
     assert f"  replay: {FAILURE['command']}" in terminal.lines
@@ -241,3 +246,62 @@ def test_markdown_path_and_write_report(report, tmp_path):
     render.write_report(report, tmp_path / "deep" / "r.json")
     assert json.loads((tmp_path / "deep" / "r.json").read_text()) == report
     assert (tmp_path / "deep" / "r.md").read_text() == render.markdown(report)
+
+
+def _failing(*ids):
+    return {
+        f"t.py::test_{pid.replace('-', '_')}": TestRecord((pid,), "fail", 1, dict(FAILURE, test=pid))
+        for pid in ids
+    }
+
+
+def test_failures_relying_on_a_failing_property_are_its_consequences():
+    records = _failing("PROV-001", "PROV-003", "VAL-001", "EMU-002")
+    records["t.py::test_reg"] = TestRecord(("REG-001",), "pass", 3)
+    report = _report(records)
+    assert report["summary"]["root_causes"] == {"PROV-003": ["PROV-001", "VAL-001", "EMU-002"]}
+    rows = report["properties"]
+    assert "caused_by" not in rows["PROV-003"] and "caused_by" not in rows["REG-001"]
+    assert rows["VAL-001"]["caused_by"] == ["PROV-003"] == rows["PROV-001"]["caused_by"]
+    assert [pid for pid, _ in render.ordered_rows(report)] == [
+        "PROV-003", "PROV-001", "VAL-001", "EMU-002", "REG-001"
+    ]
+
+
+def test_a_failure_with_nothing_failing_upstream_is_its_own_root():
+    report = _report(_failing("VAL-001", "FPR-001"))
+    assert report["summary"]["root_causes"] == {}
+    assert "caused_by" not in report["properties"]["VAL-001"]
+    assert render.root_cause_lines(report) == []
+
+
+def test_terminal_and_markdown_say_which_to_fix_first():
+    report = _report(_failing("PROV-003", "VAL-003"))
+    terminal = RecordingTerminal()
+    render.print_summary(terminal, report, None)
+    line = "fix PROV-003 first: VAL-003 rely on it and fail with it"
+    assert line in terminal.lines
+    assert terminal.lines[1].split()[-1] == "cause"
+    assert terminal.lines[2].startswith("PROV-003") and terminal.lines[2].endswith("root cause: fix first")
+    assert terminal.lines[3].startswith("VAL-003") and terminal.lines[3].endswith("consequence of PROV-003")
+    text = render.markdown(report)
+    assert f"- {line}" in text
+    assert "| VAL-003 | MUST | validation | fail (consequence of PROV-003) |" in text
+    assert "A consequence of PROV-003: fix that first." in text
+
+
+def test_terminal_shows_skip_reasons():
+    report = _report({"t.py::test_n": TestRecord(("NUM-004",), "skipped", 0, reason="fp8_gpu: CUDA is not available")})
+    terminal = RecordingTerminal()
+    render.print_summary(terminal, report, None)
+    assert "NUM-004 skipped: fp8_gpu: CUDA is not available" in terminal.lines
+
+
+@pytest.mark.parametrize(
+    ("shrink", "heading"),
+    [("minimal", "Minimal model (runnable):"), ("none", "Failing model, not shrunk (runnable):"),
+     ("bounded", "Failing model, partly shrunk: shrinking stopped at its time limit (runnable):")],
+)
+def test_markdown_says_whether_the_model_was_shrunk(shrink, heading):
+    records = {"t.py::test_b": TestRecord(("PROV-002",), "fail", 4, dict(FAILURE, shrink=shrink))}
+    assert f"{heading}\n\n```python\nx = 3\n```" in render.markdown(_report(records))

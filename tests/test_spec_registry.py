@@ -105,3 +105,14 @@ def test_spec_md_lists_every_tested_property_with_its_level():
         if not re.search(rf"^\| {re.escape(pid)} \| {PROPERTIES[pid].level} \| {re.escape(PROPERTIES[pid].capability)} \|", text, re.M)
     ]
     assert not missing, f"conformance/SPEC.md lacks rows (or has another level/capability) for {missing}"
+
+
+def test_relies_on_names_registered_properties_without_cycles():
+    from conformance.api.spec import relied_on
+
+    for prop in PROPERTIES.values():
+        assert set(prop.relies_on) <= set(PROPERTIES), prop.id
+        assert prop.id not in relied_on(prop.id), f"{prop.id} relies on itself"
+    # What the report groups under a provenance defect.
+    assert "PROV-003" in relied_on("VAL-003") and "PROV-003" in relied_on("BND-005")
+    assert relied_on("PROV-003") == () and relied_on("FPR-001") == ()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property"]
+__all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"]
 
 SPEC_VERSION = "1.0"
 
@@ -21,10 +21,28 @@ class Property:
     capability: str
     since: str
     title: str
+    #: Properties this one cannot hold without: their checks read what those guarantee (a
+    #: validator counts FP8 compute by its provenance). When one of them fails too, this
+    #: property's failure is reported as its consequence, not as a defect of its own.
+    relies_on: tuple[str, ...] = ()
+
+
+# Everything that attributes nodes to modules reads provenance; PROV-003's message names the
+# backward pass, where a provenance defect shows first, so PROV-001/-006 defer to it.
+_PROVENANCE = ("PROV-001", "PROV-002", "PROV-003", "PROV-004", "PROV-006")
+_RELIES_ON = {
+    "PROV-001": ("PROV-003",),
+    "PROV-006": ("PROV-003",),
+    **{
+        f"{area}-{number:03d}": _PROVENANCE
+        for area, count in (("VAL", 7), ("EMU", 3), ("REG", 7), ("BND", 6))
+        for number in range(1, count + 1)
+    },
+}
 
 
 def _p(id: str, level: str, capability: str, title: str, since: str = "1.0") -> Property:
-    return Property(id, level, capability, since, title)
+    return Property(id, level, capability, since, title, _RELIES_ON.get(id, ()))
 
 
 _ALL = [
@@ -74,6 +92,18 @@ _ALL = [
 ]
 
 PROPERTIES: dict[str, Property] = {p.id: p for p in _ALL}
+
+
+def relied_on(property_id: str) -> tuple[str, ...]:
+    """Every property ``property_id`` relies on, directly or through others, nearest first."""
+    found: list[str] = []
+    pending = list(get_property(property_id).relies_on)
+    while pending:
+        other = pending.pop(0)
+        if other not in found:
+            found.append(other)
+            pending.extend(PROPERTIES[other].relies_on)
+    return tuple(found)
 
 
 def get_property(property_id: str) -> Property:

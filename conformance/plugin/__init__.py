@@ -6,8 +6,10 @@ imports neither torch nor Hypothesis. With ``--fp8-backend=NAME`` (an entry poin
 ``fp8conf.backends``) or ``--fp8-backend=package.module:Class`` it:
 
 * registers the Hypothesis profiles ``fp8conf-dev`` / ``fp8conf-ci`` / ``fp8conf-thorough``
-  and loads ``fp8conf-dev`` unless ``--hypothesis-profile`` or ``$FP8CONF_HYPOTHESIS_PROFILE``
+  and loads ``fp8conf-ci`` unless ``--hypothesis-profile`` or ``$FP8CONF_HYPOTHESIS_PROFILE``
   picks another (:mod:`~conformance.plugin.profiles`);
+* checks ``--fp8-report``, ``--fp8-expectations`` and ``--fp8-property`` before any test runs
+  (:mod:`~conformance.plugin.usage`) and keeps only the tests of ``--fp8-property``;
 * loads and instantiates the backend once per session (fixture ``fp8_backend``;
   :mod:`~conformance.plugin.loading`);
 * collects ``conformance/properties/`` of the installed package when no test path is given;
@@ -18,10 +20,14 @@ imports neither torch nor Hypothesis. With ``--fp8-backend=NAME`` (an entry poin
   (:mod:`~conformance.plugin.gating`);
 * marks the tests under an entry of ``--fp8-expectations`` xfail, not strict, and runs their
   Hypothesis tests without shrinking (:mod:`conformance.expectations`);
-* bounds every example by ``--fp8-timeout`` (:mod:`conformance.watchdog`), counts the examples
-  Hypothesis ran and adds to every failure the command that replays it
-  (:mod:`~conformance.plugin.instrumentation`, :mod:`conformance.replay`);
-* prints a per-property summary and, with ``--fp8-report=PATH``, writes it as JSON at PATH and
+* bounds every example by ``--fp8-timeout`` (:mod:`conformance.watchdog`) and shrinking by
+  ``--fp8-shrink-seconds``, counts the examples Hypothesis ran and adds to every failure the
+  command that replays it (:mod:`~conformance.plugin.instrumentation`,
+  :mod:`conformance.replay`); a crashed xdist worker's report names the backend method it was
+  in (:mod:`~conformance.plugin.crashes`);
+* prints a line per test as it finishes (:mod:`~conformance.plugin.progress`) and keeps
+  torch's and torchao's chatter out of captured logs (:mod:`~conformance.plugin.quiet`);
+* prints a per-property summary, failures and root causes first, and, with ``--fp8-report=PATH``, writes it as JSON at PATH and
   as Markdown beside it (:mod:`~conformance.plugin.report`, :mod:`~conformance.plugin.render`).
 
 A project that wants fp8conf's profiles or GPU gating without a backend (fp8conf's own tests

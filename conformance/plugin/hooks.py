@@ -29,6 +29,8 @@ __all__ = [
 
 #: The suite's own property tests, collected when ``--fp8-backend`` comes without test paths.
 PROPERTIES_DIR = Path(conformance.__file__).resolve().parent / "properties"
+#: Default of ``--fp8-shrink-seconds``: seconds Hypothesis may shrink one failing test.
+DEFAULT_SHRINK_SECONDS = 10.0
 #: Default of ``--fp8-timeout``: seconds per example of a conformance test (a plain test is one
 #: example); the timer restarts at every Hypothesis example.
 DEFAULT_TIMEOUT = 300.0
@@ -75,6 +77,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "an example that runs longer is reported 'error', naming the backend method in "
         "progress.",
     )
+    group.addoption(
+        "--fp8-property",
+        metavar="ID|AREA",
+        action="append",
+        default=[],
+        help="run only the tests of this spec property (PROV-003) or area (PROV); repeatable. "
+        "Unlike -k, it matches the property a test cites, not words in its name.",
+    )
+    group.addoption(
+        "--fp8-shrink-seconds",
+        metavar="SECONDS",
+        type=float,
+        default=DEFAULT_SHRINK_SECONDS,
+        help="how long Hypothesis may shrink the failing example of one test (default "
+        f"{DEFAULT_SHRINK_SECONDS:g}; 0: show the first failing example). A failure whose "
+        "example takes more than a tenth of this is not shrunk; the report says whether the "
+        "model it shows was.",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -96,7 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
     gating.add_markers(config)
     spec = config.getoption("fp8_backend")
     if not spec:
-        for option in ("report", "expectations", "spec_version"):
+        for option in ("report", "expectations", "spec_version", "property"):
             if config.getoption("fp8_" + option):
                 raise pytest.UsageError(f"--fp8-{option.replace('_', '-')} needs --fp8-backend")
         return

@@ -13,14 +13,18 @@ import importlib.metadata
 import importlib.util
 import platform
 import sys
-from typing import Any, Iterator
+import time
+from typing import Any, Callable, Iterator
 
 import hypothesis
 import pytest
-from hypothesis import settings
+from hypothesis import reporting, settings
+from hypothesis.errors import StopTest, UnsatisfiedAssumption
+from hypothesis.internal.conjecture import engine
 from hypothesis.statistics import collector
 
 from conformance import replay, watchdog
+from conformance.plugin.hooks import DEFAULT_SHRINK_SECONDS
 from conformance.plugin.report import DEVICE_KEY, EXAMPLES_KEY, REPRODUCER_KEY, TIMEOUT_KEY
 
 __all__ = [
@@ -35,14 +39,67 @@ __all__ = [
 
 _STATS_KEY = pytest.StashKey[dict]()
 _CALLS_KEY = pytest.StashKey[int]()
+_SHRINK_KEY = pytest.StashKey[dict]()
 #: Phases left out for a test under an expectation (explain needs shrink).
 _SHRINK_PHASES = (hypothesis.Phase.shrink, hypothesis.Phase.explain)
+#: Shrinking needs at least this many re-runs of the failing example to get anywhere: when
+#: the budget holds fewer, the first failing example is shown as found.
+_MIN_SHRINK_RUNS = 10
+_NOT_A_FAILURE = (UnsatisfiedAssumption, StopTest, pytest.skip.Exception)
+_SLOW_SHRINK_WARNING = "WARNING: Hypothesis has spent more than five minutes working to shrink"
+
+
+def _shrink_budget(example_seconds: float, budget: float) -> float:
+    """Seconds to shrink a failure whose example took ``example_seconds``; 0: do not shrink."""
+    return budget if example_seconds * _MIN_SHRINK_RUNS <= budget else 0.0
 
 
 @contextlib.contextmanager
-def hypothesis_instrumented(item: pytest.Item, *, expected_to_fail: bool) -> Iterator[None]:
+def _bounded_shrinking(item: pytest.Item, shrinks: bool, budget: float) -> Iterator[Callable]:
+    """Bound Hypothesis's shrinking of this test to ``budget`` seconds, or skip it when one
+    example costs too much to re-run; yields the wrapper that times each example.
+
+    Hypothesis reads its shrink deadline (``engine.MAX_SHRINKING_SECONDS``, documented as
+    monkeypatchable) when shrinking starts, after the first failure: the failing example's
+    cost is known by then. Its warning about five minutes of shrinking is dropped: the report
+    says that shrinking stopped (``shrink: bounded``).
+    """
+    state = item.stash[_SHRINK_KEY] = {"shrink": "minimal" if shrinks else "none"}
+    saved = engine.MAX_SHRINKING_SECONDS
+    outer = reporting.current_reporter()
+
+    def report(text: object) -> None:
+        if not str(text).startswith(_SLOW_SHRINK_WARNING):
+            outer(text)
+
+    def timed(call: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return call()
+        except _NOT_A_FAILURE:
+            raise
+        except BaseException:  # pytest.fail's exception is one, and a failure
+            if "seconds" not in state and shrinks:
+                state["seconds"] = _shrink_budget(time.perf_counter() - start, budget)
+                engine.MAX_SHRINKING_SECONDS = state["seconds"]
+                if not state["seconds"]:
+                    state["shrink"] = "none"
+            raise
+
+    try:
+        with reporting.with_reporter(report):
+            yield timed
+    finally:
+        engine.MAX_SHRINKING_SECONDS = saved
+
+
+@contextlib.contextmanager
+def hypothesis_instrumented(
+    item: pytest.Item, *, expected_to_fail: bool, shrink_seconds: float = DEFAULT_SHRINK_SECONDS
+) -> Iterator[None]:
     """Around the call of a Hypothesis test: note its statistics and count its examples,
-    re-arm the per-example timer at each one and, for a test expected to fail, skip shrinking.
+    re-arm the per-example timer at each one, bound shrinking to ``shrink_seconds`` (none when
+    an example costs more than a tenth of that) and, for a test expected to fail, skip it.
 
     Enter it inside Hypothesis's own ``pytest_runtest_call`` wrapper, which installs its
     statistics collector and may replace the test's settings first.
@@ -62,20 +119,30 @@ def hypothesis_instrumented(item: pytest.Item, *, expected_to_fail: bool) -> Ite
         if previous_collector is not None:
             previous_collector(stats)
 
-    @functools.wraps(inner)
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        item.stash[_CALLS_KEY] += 1
-        watchdog.rearm()  # the timeout bounds one example, not the whole search
-        return inner(*args, **kwargs)
-
-    handle.inner_test = counted
-    if expected_to_fail and original_settings is not None:
-        # An expected failure needs no minimal example: skip shrinking (minutes on models).
-        phases = [p for p in original_settings.phases if p not in _SHRINK_PHASES]
+    phases = list(original_settings.phases) if original_settings is not None else []
+    # An expected failure needs no minimal example; the explain phase re-runs the shrunk
+    # example once per choice it made: minutes of traces for a note on the failure.
+    phases = [
+        p for p in phases
+        if p is not hypothesis.Phase.explain and not (expected_to_fail and p in _SHRINK_PHASES)
+    ]
+    shrinks = hypothesis.Phase.shrink in phases and shrink_seconds > 0
+    if not shrinks:
+        phases = [p for p in phases if p is not hypothesis.Phase.shrink]
+    if original_settings is not None:
         function._hypothesis_internal_use_settings = settings(parent=original_settings, phases=phases)
     try:
-        with collector.with_value(note_statistics):
-            yield
+        with _bounded_shrinking(item, shrinks, shrink_seconds) as timed:
+
+            @functools.wraps(inner)
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                item.stash[_CALLS_KEY] += 1
+                watchdog.rearm()  # the timeout bounds one example, not the whole search
+                return timed(lambda: inner(*args, **kwargs))
+
+            handle.inner_test = counted
+            with collector.with_value(note_statistics):
+                yield
     finally:
         handle.inner_test = inner
         if original_settings is not None:
@@ -124,10 +191,41 @@ def annotate_report(
             extra.append((TIMEOUT_KEY, str(excinfo.value)))
         if report.failed or hasattr(report, "wasxfail"):
             found = replay.reproducer(item, excinfo.value, backend_spec)
+            found["shrink"] = _shrink_outcome(item)
             extra.append((REPRODUCER_KEY, found))
+            _name_the_model_shown(report, found["shrink"])
             if report.failed:
                 report.sections.append(("fp8conf reproducer", replay.section_text(found)))
     return device_sent
+
+
+def _name_the_model_shown(report: pytest.TestReport, shrink: str | None) -> None:
+    """Say in the failure's text whether the model it shows was shrunk."""
+    if shrink in (None, "minimal"):
+        return
+    from conformance.plugin.render import MODEL_HEADINGS
+
+    old, new = replay.MODEL_MARKER, MODEL_HEADINGS[shrink] + ":"
+    if isinstance(report.longrepr, str):
+        report.longrepr = report.longrepr.replace(old, new)
+        return
+    # pytest.fail(..., pytrace=False) is rendered as an exception chain of "value" entries.
+    for traceback, _, _ in getattr(report.longrepr, "chain", ()):
+        for entry in getattr(traceback, "reprentries", ()):
+            if hasattr(entry, "lines"):
+                entry.lines = [line.replace(old, new) for line in entry.lines]
+
+
+def _shrink_outcome(item: pytest.Item) -> str | None:
+    """Whether the failing example shown was shrunk: ``minimal`` (shrinking finished),
+    ``bounded`` (stopped at ``--fp8-shrink-seconds``), ``none``; None for a plain test."""
+    state = item.stash.get(_SHRINK_KEY, None)
+    if state is None:
+        return None
+    stats = item.stash.get(_STATS_KEY, {})
+    if state["shrink"] == "minimal" and "very slow" in str(stats.get("stopped-because", "")):
+        return "bounded"
+    return state["shrink"]
 
 
 def report_thread_timeout(item: pytest.Item, message: str, backend_spec: str) -> None:

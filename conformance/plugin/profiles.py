@@ -16,9 +16,11 @@ import pytest
 
 __all__ = ["DEFAULT_PROFILE", "PROFILE_ENV", "PROFILE_NAMES", "load_profile", "register_profiles"]
 
-#: Environment variable naming the Hypothesis profile to load instead of ``fp8conf-dev``.
+#: Environment variable naming the Hypothesis profile to load instead of ``fp8conf-ci``.
 PROFILE_ENV = "FP8CONF_HYPOTHESIS_PROFILE"
-DEFAULT_PROFILE = "fp8conf-dev"
+#: The profile of ``pytest --fp8-backend`` and ``fp8conf check`` alike: derandomized, so the
+#: same backend gets the same verdict from either entry point and from one run to the next.
+DEFAULT_PROFILE = "fp8conf-ci"
 PROFILE_NAMES = ("fp8conf-dev", "fp8conf-ci", "fp8conf-thorough", "fp8conf-mutants")
 #: The names these profiles had before they carried fp8conf's prefix.
 _LEGACY_NAMES = {name.removeprefix("fp8conf-"): name for name in PROFILE_NAMES}
@@ -68,7 +70,7 @@ def register_profiles() -> None:
 
 
 def load_profile(config: pytest.Config, *, accept_legacy_names: bool = False) -> None:
-    """Load ``$FP8CONF_HYPOTHESIS_PROFILE`` or ``fp8conf-dev``, unless ``--hypothesis-profile``
+    """Load ``$FP8CONF_HYPOTHESIS_PROFILE`` or :data:`DEFAULT_PROFILE`, unless ``--hypothesis-profile``
     names one (Hypothesis's own plugin loads that one after this hook).
 
     Call it from a ``pytest_configure`` that runs before Hypothesis's (``tryfirst``), after

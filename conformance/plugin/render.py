@@ -6,16 +6,36 @@ Both read the report dict of :func:`conformance.plugin.report.build_report` and 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
-from conformance.plugin.report import failing_rows
+from conformance.plugin.report import FAILED, STATUSES, failing_rows
 
-__all__ = ["markdown", "markdown_path", "print_summary", "score_line", "write_report"]
+__all__ = [
+    "MODEL_HEADINGS",
+    "markdown",
+    "markdown_path",
+    "ordered_rows",
+    "print_summary",
+    "root_cause_lines",
+    "score_line",
+    "unsupported_lines",
+    "write_report",
+]
 
 _COLUMNS = (
-    ("property", 10), ("level", 7), ("capability", 17), ("status", 14), ("tests", 5), ("examples", 9)
+    ("property", 10), ("level", 7), ("capability", 17), ("status", 14), ("tests", 5),
+    ("examples", 9), ("  cause", 0),
 )
+_RANK = {status: rank for rank, status in enumerate(STATUSES)}
+_OWN_PROPERTY = re.compile(r" \(property [A-Z0-9]+-\d+\)")
+#: What the shown model of a failure is, by the reproducer's ``shrink``.
+MODEL_HEADINGS = {
+    "minimal": "Minimal model (runnable)",
+    "bounded": "Failing model, partly shrunk: shrinking stopped at its time limit (runnable)",
+    "none": "Failing model, not shrunk (runnable)",
+}
 
 
 class Terminal(Protocol):
@@ -37,34 +57,98 @@ def score_line(report: dict[str, Any]) -> str:
 def _table_line(cells: tuple) -> str:
     widths = [width for _, width in _COLUMNS]
     text = "".join(f"{cell:<{w}}" for cell, w in zip(cells[:4], widths))
-    return text + "".join(f"{cell:>{w}}" for cell, w in zip(cells[4:], widths[4:]))
+    text += "".join(f"{cell:>{w}}" for cell, w in zip(cells[4:6], widths[4:6]))
+    return (text + "".join(f"  {cell}" for cell in cells[6:] if cell)).rstrip()
+
+
+def ordered_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The report's rows, failures first and, among them, root causes before consequences;
+    registry order within each status."""
+    rows = list(report["properties"].items())
+    return sorted(
+        rows,
+        key=lambda item: (
+            _RANK[item[1]["status"]], bool(item[1].get("caused_by")), rows.index(item)
+        ),
+    )
+
+
+def _cause(row: dict[str, Any], causes: dict[str, Any], property_id: str) -> str:
+    if row.get("caused_by"):
+        return "consequence of " + ", ".join(row["caused_by"])
+    if property_id in causes:
+        return "root cause: fix first"
+    return ""
+
+
+def _unsupported(report: dict[str, Any]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    by_capability: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for property_id, row in report["properties"].items():
+        if row["status"] == "not_supported":
+            by_capability.setdefault(row["capability"], []).append((property_id, row))
+    return by_capability
+
+
+def _reason(row: dict[str, Any]) -> str:
+    """A skip reason without its status prefix and without the property it was written for."""
+    reason = (row.get("reason") or "").removeprefix("not_supported:").strip()
+    return _OWN_PROPERTY.sub("", reason)
+
+
+def unsupported_lines(report: dict[str, Any]) -> list[str]:
+    """One line per capability whose properties are all or partly ``not_supported``."""
+    return [
+        f"not_supported  {capability}: {', '.join(pid for pid, _ in rows)}: {_reason(rows[0][1])}"
+        for capability, rows in _unsupported(report).items()
+    ]
+
+
+def root_cause_lines(report: dict[str, Any]) -> list[str]:
+    """"fix X first" for each failing property others rely on, naming those others."""
+    causes = report["summary"].get("root_causes", {})
+    return [
+        f"fix {root} first: {', '.join(consequences)} rely on it and fail with it"
+        for root, consequences in causes.items()
+    ]
+
+
+def _failure_lines(property_id: str, row: dict[str, Any]) -> Iterator[str]:
+    found = row.get("reproducer")
+    if row["status"] in FAILED and found:
+        yield f"{property_id} {row['status']}: {found['test']}"
+        yield f"  replay: {found['command']}"
+    elif row["status"] == "xpass":
+        yield f"{property_id} xpass: expected to fail, passed; drop its expectations entry"
+    elif row["status"] == "skipped":
+        yield f"{property_id} skipped: {row.get('reason') or 'no reason given'}"
 
 
 def print_summary(terminal: Terminal, report: dict[str, Any], report_path: Path | None) -> None:
-    """The per-property table, the MUST score, what replays each failure, and stale
+    """The per-property table (failures first, ``not_supported`` one line per capability),
+    the root causes, the MUST score, what replays each failure, skip reasons and stale
     expectations."""
     terminal.write_sep("=", "fp8conf conformance")
-    rows = report["properties"]
-    if rows:
-        terminal.write_line(_table_line(tuple(name for name, _ in _COLUMNS)))
-        for property_id, row in rows.items():
+    causes = report["summary"].get("root_causes", {})
+    rows = [item for item in ordered_rows(report) if item[1]["status"] != "not_supported"]
+    if report["properties"]:
+        header = tuple(name.strip() for name, _ in _COLUMNS)
+        terminal.write_line(_table_line(header if causes else header[:-1]))
+        for property_id, row in rows:
             cells = (
                 property_id, row["level"], row["capability"], row["status"], row["tests"],
-                row["examples"],
+                row["examples"], _cause(row, causes, property_id),
             )
             terminal.write_line(_table_line(cells))
+        for line in unsupported_lines(report):
+            terminal.write_line(line)
     else:
         terminal.write_line("no fp8_property test ran")
+    for line in root_cause_lines(report):
+        terminal.write_line(line)
     terminal.write_line(score_line(report))
-    for property_id, row in rows.items():
-        found = row.get("reproducer")
-        if row["status"] in ("fail", "error") and found:
-            terminal.write_line(f"{property_id} {row['status']}: {found['test']}")
-            terminal.write_line(f"  replay: {found['command']}")
-        elif row["status"] == "xpass":
-            terminal.write_line(
-                f"{property_id} xpass: expected to fail, passed; drop its expectations entry"
-            )
+    for property_id, row in rows:
+        for line in _failure_lines(property_id, row):
+            terminal.write_line(line)
     if report_path is not None:
         terminal.write_line(f"report: {report_path} and {markdown_path(report_path)}")
 
@@ -96,15 +180,16 @@ def _header(report: dict[str, Any]) -> list[str]:
 
 
 def _notes(report: dict[str, Any]) -> list[str]:
-    notes = []
-    for property_id, row in report["properties"].items():
+    notes = [f"- {line}" for line in root_cause_lines(report)]
+    for property_id, row in ordered_rows(report):
         for key, entry in row.get("expectations", {}).items():
             link = f" ({entry['link']})" if entry.get("link") else ""
             notes.append(
                 f"- {property_id} {row['status']}: expected to fail ({key}): {entry['reason']}{link}"
             )
-        if row.get("reason"):
+        if row.get("reason") and row["status"] != "not_supported":
             notes.append(f"- {property_id} {row['status']}: {row['reason']}")
+    notes += [f"- {line}" for line in unsupported_lines(report)]
     return ["## Notes", "", *notes, ""] if notes else []
 
 
@@ -117,8 +202,11 @@ def _failure(property_id: str, row: dict[str, Any]) -> list[str]:
         "Replay:", "",
         "```bash", found["command"], "```", "",
     ]
+    if row.get("caused_by"):
+        lines[1:1] = ["", f"A consequence of {', '.join(row['caused_by'])}: fix that first."]
     if found.get("model"):
-        lines += ["Minimal model (runnable):", "", "```python", found["model"].rstrip("\n"), "```", ""]
+        heading = MODEL_HEADINGS.get(found.get("shrink"), MODEL_HEADINGS["minimal"])
+        lines += [f"{heading}:", "", "```python", found["model"].rstrip("\n"), "```", ""]
     elif found.get("failing_case"):
         lines += ["Failing test case:", "", "```python", found["failing_case"], "```", ""]
     if found.get("reproduce_failure"):
@@ -132,14 +220,27 @@ def markdown(report: dict[str, Any]) -> str:
         "| Property | Level | Capability | Status | Tests | Examples | Title |",
         "|---|---|---|---|---:|---:|---|",
     ]
-    for property_id, row in report["properties"].items():
+    causes = report["summary"].get("root_causes", {})
+    for property_id, row in ordered_rows(report):
+        if row["status"] == "not_supported":
+            continue
+        status = row["status"]
+        cause = _cause(row, causes, property_id)
+        status += f" ({cause})" if cause else ""
         lines.append(
-            f"| {property_id} | {row['level']} | {row['capability']} | {row['status']} "
+            f"| {property_id} | {row['level']} | {row['capability']} | {status} "
             f"| {row['tests']} | {row['examples']} | {_cell(row['title'])} |"
+        )
+    for capability, rows in _unsupported(report).items():
+        ids = ", ".join(pid for pid, _ in rows)
+        lines.append(
+            f"| {ids} | | {capability} | not_supported | {sum(r['tests'] for _, r in rows)} "
+            f"| 0 | {_cell(_reason(rows[0][1]))} |"
         )
     lines += ["", f"**{score_line(report)}**", ""]
     lines += _notes(report)
-    failures = failing_rows(report)
+    order = [pid for pid, _ in ordered_rows(report)]
+    failures = sorted(failing_rows(report), key=lambda item: order.index(item[0]))
     if failures:
         lines += ["## Failures", ""]
     for property_id, row in failures:

@@ -27,6 +27,7 @@ __all__ = [
     "property_row",
     "outcome_status",
     "record_outcome",
+    "root_causes",
 ]
 
 #: Statuses of a test and of a property, strongest first: a property takes the strongest
@@ -35,6 +36,8 @@ __all__ = [
 #: is ``xpass`` only when none of its expected failures still fails.
 STATUSES = ("fail", "error", "xfail", "xpass", "pass", "not_supported", "skipped")
 _RANK = {status: rank for rank, status in enumerate(STATUSES)}
+#: Statuses of a property that count as a defect of the backend.
+FAILED = ("fail", "error")
 #: Version of the report's JSON layout: bumped when a field changes meaning or goes away.
 REPORT_SCHEMA_VERSION = 1
 
@@ -189,6 +192,12 @@ def build_report(
         for property_id, prop in properties.items()
         if property_id in by_property
     }
+    causes = root_causes(rows, properties)
+    for root, consequences in causes.items():
+        for property_id in consequences:
+            rows[property_id].setdefault("caused_by", []).append(root)
+    summary = must_summary(rows)
+    summary["root_causes"] = causes
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "suite": suite,
@@ -197,10 +206,46 @@ def build_report(
         "backend": backend,
         "environment": environment,
         "options": options,
-        "summary": must_summary(rows),
+        "summary": summary,
         "properties": rows,
         "untested": [pid for pid in properties if pid not in rows],
     }
+
+
+def _relied_on(property_id: str, properties: Mapping[str, Any]) -> list[str]:
+    """What ``property_id`` relies on, directly or through others."""
+    found: list[str] = []
+    pending = list(getattr(properties.get(property_id), "relies_on", ()))
+    while pending:
+        other = pending.pop(0)
+        if other not in found and other != property_id and other in properties:
+            found.append(other)
+            pending.extend(getattr(properties[other], "relies_on", ()))
+    return found
+
+
+def root_causes(
+    rows: Mapping[str, Mapping[str, Any]], properties: Mapping[str, Any]
+) -> dict[str, list[str]]:
+    """The failing properties to fix first, each with the failing ones that rely on it.
+
+    A failing property is a consequence when something it relies on (``Property.relies_on``,
+    followed through) fails too; its root causes are those of the failing ones it relies on
+    that rely on no failing property themselves. Roots without consequences are left out.
+    """
+    failing = {pid for pid, row in rows.items() if row["status"] in FAILED}
+    causes: dict[str, list[str]] = {}
+    for property_id in rows:
+        if property_id not in failing:
+            continue
+        upstream = [pid for pid in _relied_on(property_id, properties) if pid in failing]
+        roots = [
+            pid for pid in upstream
+            if not any(other in failing for other in _relied_on(pid, properties))
+        ]
+        for root in roots:
+            causes.setdefault(root, []).append(property_id)
+    return {root: causes[root] for root in rows if root in causes}
 
 
 def failing_rows(report: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:

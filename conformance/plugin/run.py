@@ -18,7 +18,7 @@ import pytest
 from conformance import expectations as expectations_file
 from conformance import watchdog
 from conformance.api import PROPERTIES, SPEC_VERSION, Backend
-from conformance.plugin import gating, instrumentation, render
+from conformance.plugin import crashes, gating, instrumentation, progress, quiet, render, usage
 from conformance.plugin import report as report_model
 from conformance.plugin.report import EXPECTATION_KEY, PROPERTY_KEY, TestRecord
 
@@ -58,12 +58,19 @@ class ConformanceRun:
         # Tracked: a timeout names the adapter method in progress.
         self.backend = watchdog.track(backend)
         self.tests: dict[str, TestRecord] = {}
-        self.report_path: Path | None = None
         self.spec_version = gating.checked_spec_version(config, backend)
         self.expectations = _load_expectations(config)
-        seconds = config.getoption("fp8_timeout")
-        if seconds is not None and seconds < 0:
-            raise pytest.UsageError(f"--fp8-timeout must be 0 or more seconds, got {seconds:g}")
+        # Checked now, not when it is written: a bad path must not cost the whole run.
+        self.report_path = usage.checked_report_path(config)
+        self.selected = usage.checked_properties(config)
+        for option in ("timeout", "shrink_seconds"):
+            seconds = config.getoption("fp8_" + option)
+            if seconds is not None and seconds < 0:
+                name = "--fp8-" + option.replace("_", "-")
+                raise pytest.UsageError(f"{name} must be 0 or more seconds, got {seconds:g}")
+        self.progress = progress.ProgressLines(config)
+        self.crash_notes = crashes.CrashNotes(config, spec)
+        self._unquiet = lambda: None  # removes the log filter installed at session start
         #: The accelerator: seen here, or reported by the first xdist worker that saw it.
         self.device: dict[str, Any] | None = None
         self._device_sent = False
@@ -129,6 +136,18 @@ class ConformanceRun:
         unmatched = [key for key in self.expectations if key not in matched]
         if unmatched:
             self._unmatched_expectations(unmatched, items)
+        self._select_properties(items)
+
+    def _select_properties(self, items: list[pytest.Item]) -> None:
+        """Keep only the tests of ``--fp8-property``; a test citing none is not kept."""
+        if not self.selected:
+            return
+        chosen = [usage.selects(self.selected, gating.cited_ids(item)) for item in items]
+        kept = [item for item, keep in zip(items, chosen) if keep]
+        dropped = [item for item, keep in zip(items, chosen) if not keep]
+        if dropped:
+            self.config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
 
     def _mark_expected(self, item: pytest.Item, ids: list[str]) -> set[str]:
         expected = expectations_file.matching(self.expectations, item.nodeid, ids)
@@ -153,6 +172,19 @@ class ConformanceRun:
         items[:] = []
 
     # -- running ---------------------------------------------------------------------------
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        self.crash_notes.configure_node(node)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        record = self.tests.get(crashitem)
+        self.crash_notes.annotate(report, record.property_ids if record else ())
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.crash_notes.test_started(item)
+
     # trylast: inside Hypothesis's own wrapper, which installs its statistics collector and may
     # replace the test's settings first.
     @pytest.hookimpl(wrapper=True, trylast=True)
@@ -160,7 +192,10 @@ class ConformanceRun:
         if not item.stash.get(_CITED_KEY, False):
             return (yield)
         expected = item.stash.get(_EXPECTED_KEY, False)
-        with instrumentation.hypothesis_instrumented(item, expected_to_fail=expected):
+        shrink_seconds = self.config.getoption("fp8_shrink_seconds")
+        with instrumentation.hypothesis_instrumented(
+            item, expected_to_fail=expected, shrink_seconds=shrink_seconds
+        ):
             return (yield)
 
     @pytest.hookimpl(wrapper=True)
@@ -190,12 +225,26 @@ class ConformanceRun:
         device = report_model.record_outcome(self.tests, report)
         if device is not None and self.device is None:
             self.device = device
+        if not self._is_xdist_worker:
+            self.progress.write(report)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport) -> Generator[None, Any, Any]:
+        result = yield
+        if result and not self._is_xdist_worker:
+            return self.progress.teststatus(report, tuple(result))
+        return result
+
+    def pytest_sessionstart(self) -> None:
+        self._unquiet = quiet.install(self.config)
+
+    def pytest_unconfigure(self) -> None:
+        self._unquiet()
+        self.crash_notes.close()
 
     # -- the report ------------------------------------------------------------------------
     def pytest_sessionfinish(self) -> None:
-        path = self.config.getoption("fp8_report")
-        if path and not self._is_xdist_worker:
-            self.report_path = self.config.invocation_params.dir / path
+        if self.report_path is not None and not self._is_xdist_worker:
             render.write_report(self.build_report(), self.report_path)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
@@ -221,6 +270,7 @@ class ConformanceRun:
             options={
                 "expectations": self.config.getoption("fp8_expectations") or None,
                 "timeout_s": self.timeout,
+                "shrink_s": self.config.getoption("fp8_shrink_seconds"),
             },
             expectations=self.expectations,
         )

@@ -1,4 +1,5 @@
-"""The ``fp8conf`` command.
+"""Check a PyTorch graph trainer's FP8 handling against the conformance suite, map a model's
+FP8 regions, and manage precompiled FP8 artifacts.
 
 ``fp8conf check`` runs the conformance suite against a backend and prints the per-property
 summary table; it is ``pytest --fp8-backend=NAME`` with the suite's defaults filled in, so
@@ -14,10 +15,36 @@ import sys
 __all__ = ["main"]
 
 
+_EXAMPLES = """examples:
+  fp8conf check                                  # the suite against the reference backend
+  fp8conf check --backend mypkg.fp8:MyBackend -n 2
+  fp8conf check --backend mine -- --fp8-property PROV   # pytest options after --
+  fp8conf explain mypkg.models:make_model --out regions.html
+  fp8conf precompile show step.fp8
+"""
+_CHECK_EXAMPLES = """examples:
+  fp8conf check                                  # reference backend, report fp8conf-report.json
+  fp8conf check --backend mypkg.fp8:MyBackend -n 2 --report out/mine.json
+  fp8conf check --backend mine --expectations known-failures.toml
+  fp8conf check --backend mine -- --fp8-property PROV-003 -x
+
+The report lists failures first and names the property to fix first when others rely on it;
+exit status 0: every property passed or is not supported, 1: a property failed, 4: usage error.
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fp8conf", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="fp8conf", description=__doc__.split("\n\n")[0], epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("check", help="run the conformance suite against a backend")
+    check = commands.add_parser(
+        "check", help="run the conformance suite against a backend",
+        description="Run the conformance suite against a backend: pytest --fp8-backend=NAME with "
+        "the suite's defaults (Hypothesis profile fp8conf-ci, a JSON and Markdown report).",
+        epilog=_CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     check.add_argument("--backend", default="reference", help="entry-point name or package.module:Class (default: reference)")
     check.add_argument("--report", default="fp8conf-report.json", help="JSON report path; a Markdown table is written beside it")
     check.add_argument("--profile", default="fp8conf-ci", choices=("fp8conf-dev", "fp8conf-ci", "fp8conf-thorough"), help="Hypothesis profile (default: fp8conf-ci)")
@@ -40,19 +67,59 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _explain(args) -> int:
+class _ExplainError(Exception):
+    """What ``fp8conf explain`` prints as its one line before exiting 2."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _model_from_factory(spec: str):
+    """``(model, args)`` from the ``package.module:function`` named ``spec``."""
     import importlib
+    import inspect
 
-    from fp8conf.tools.explain import explain_model
-
-    module_name, _, attr = args.model.partition(":")
+    module_name, _, attr = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
-        print(f"fp8conf explain: cannot load {args.model!r} ({type(exc).__name__}: {exc}); expected package.module:function", file=sys.stderr)
+        raise _ExplainError(f"cannot load {spec!r} ({_one_line(exc)}); expected package.module:function") from None
+    if not callable(factory):
+        raise _ExplainError(f"{spec!r} is {type(factory).__name__}, not a function returning (model, args)")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise _ExplainError(f"{spec!r} needs arguments {inspect.signature(factory)}; give a function taking none") from None
+    except ValueError:  # no signature to read (a builtin): calling it will tell
+        pass
+    try:
+        made = factory()
+    except Exception as exc:
+        raise _ExplainError(f"{spec!r} raised {_one_line(exc)}") from None
+    if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
+        raise _ExplainError(f"{spec!r} returned {type(made).__name__}; it must return (model, args)")
+    return made
+
+
+def _explain(args) -> int:
+    from pathlib import Path
+
+    try:
+        folder = Path(args.out).resolve().parent
+        if not folder.is_dir():
+            raise _ExplainError(f"--out {args.out}: folder {folder} does not exist")
+        model, model_args = _model_from_factory(args.model)
+        from fp8conf.errors import FP8Error
+        from fp8conf.tools.explain import explain_model
+
+        try:
+            regions = explain_model(model, tuple(model_args), args.out)
+        except (FP8Error, OSError) as exc:
+            raise _ExplainError(f"{args.model!r}: {_one_line(exc)}") from None
+    except _ExplainError as exc:
+        print(f"fp8conf explain: {exc}", file=sys.stderr)
         return 2
-    model, model_args = factory()
-    regions = explain_model(model, model_args, args.out)
     complete = sum(r.complete for r in regions)
     print(f"{args.out}: {len(regions)} FP8 regions, {complete} complete, {len(regions) - complete} incomplete")
     return 0

@@ -1,0 +1,81 @@
+"""Usage errors found before any test runs: where the report goes and which properties run.
+
+Each is one ``pytest.UsageError`` line (exit status 4), raised while the plugin configures
+itself, so a typo costs seconds, not the run it would otherwise end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from conformance.api import PROPERTIES
+
+__all__ = ["checked_properties", "checked_report_path", "selects"]
+
+_AREA = re.compile(r"^[A-Z][A-Z0-9]*$")
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at ``path``; None when it can."""
+    if path.is_dir():
+        return "is a directory"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "is not writable"
+    folder = _nearest_existing(path.parent)
+    if not folder.is_dir():
+        return f"cannot be created: {folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot be created: {folder} is not writable"
+    return None
+
+
+def checked_report_path(config: pytest.Config) -> Path | None:
+    """``--fp8-report`` resolved against the invocation directory, once its JSON and Markdown
+    files are known to be writable; None without the option."""
+    given = config.getoption("fp8_report")
+    if not given:
+        return None
+    from conformance.plugin.render import markdown_path
+
+    path = Path(config.invocation_params.dir, given).resolve()
+    for target in (path, markdown_path(path)):
+        problem = _unwritable(target)
+        if problem:
+            raise pytest.UsageError(
+                f"--fp8-report={given}: {target} {problem}; give a file path in a writable folder"
+            )
+    return path
+
+
+def checked_properties(config: pytest.Config) -> tuple[str, ...]:
+    """The ``--fp8-property`` selections (property IDs or areas such as ``PROV``), each known
+    to the spec registry; empty: every property."""
+    selected = tuple(config.getoption("fp8_property") or ())
+    areas = {pid.split("-", 1)[0] for pid in PROPERTIES}
+    for name in selected:
+        if name in PROPERTIES or (_AREA.match(name) and name in areas):
+            continue
+        raise pytest.UsageError(
+            f"--fp8-property {name}: not a property or area of the spec; areas: "
+            f"{', '.join(sorted(areas))}; properties look like PROV-003"
+        )
+    return selected
+
+
+def selects(selected: tuple[str, ...], property_ids: list[str]) -> bool:
+    """Whether a test citing ``property_ids`` is selected by ``selected`` (empty: all)."""
+    if not selected:
+        return True
+    return any(
+        pid in selected or pid.split("-", 1)[0] in selected for pid in property_ids
+    )
