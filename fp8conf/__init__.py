@@ -5,12 +5,14 @@ The pipeline, one folder per layer and one module per stage (:mod:`fp8conf.graph
 :func:`validate_fp8_graph` -> :func:`identify_fp8_regions` / :func:`tag_fp8_regions` ->
 :func:`compile_joint` or :func:`split_stage` (GraphPP; :mod:`fp8conf.pipeline` runs the split
 callables as pipeline stages). Then :mod:`fp8conf.artifacts` (:class:`QuantizationSignature`,
-fingerprint-checked precompiled artifacts) and :mod:`fp8conf.quantized` (module discovery,
+signed, fingerprint-checked precompiled artifacts) and :mod:`fp8conf.quantized` (module discovery,
 :class:`MXLinear` and its e8m0 op). Every error is an :class:`FP8Error` (:mod:`fp8conf.errors`).
 """
 
 from fp8conf.errors import (
+    ArtifactAuthenticityError,
     ArtifactError,
+    ArtifactIntegrityError,
     ComputeCountError,
     FingerprintMismatchError,
     FP8ConfigError,
@@ -26,6 +28,7 @@ from fp8conf.errors import (
     MXConversionError,
     NoQuantizedModulesError,
     RegionCompileError,
+    StaleArtifactError,
     UnsupportedLoweringError,
 )
 from fp8conf.quantized.float8 import QuantizationConfig, find_quantized_modules
@@ -65,7 +68,10 @@ __all__ = [
     "RegionCompileError",
     "FP8GraphSplitError",
     "ArtifactError",
+    "ArtifactIntegrityError",
+    "ArtifactAuthenticityError",
     "FingerprintMismatchError",
+    "StaleArtifactError",
     "MXArgumentError",
     "MXConversionError",
     "FP8ValidationWarning",

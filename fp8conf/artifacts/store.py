@@ -13,25 +13,28 @@ torch's own serialization of the compiled graph:
   and compiled when loaded. ``mechanism="auto"`` falls back to it, with a warning, when
   ``standalone_compile`` cannot compile or save a graph.
 
-:func:`load_artifact` checks, in this order and before torch deserializes anything, that the file
-is an fp8conf artifact of a known format (:class:`~fp8conf.errors.ArtifactError` otherwise), that
-it is complete and uncorrupted (payload size and sha256; ``ArtifactError``), and that its
-signature equals the expected one; a different signature raises
-:class:`~fp8conf.errors.FingerprintMismatchError` naming every differing field, and the payload is
-never touched. Payloads are pickles: load only artifacts you trust.
+:func:`load_artifact` reads nothing of the payload until the file has proven itself, in this
+order: it is an fp8conf artifact of this format (:class:`~fp8conf.errors.ArtifactError`), intact
+(its digest over header and payload: :class:`~fp8conf.errors.ArtifactIntegrityError`), signed
+with the loader's key (its HMAC-SHA256: :class:`~fp8conf.errors.ArtifactAuthenticityError`, see
+:mod:`fp8conf.artifacts.keys`), built for the expected signature
+(:class:`~fp8conf.errors.FingerprintMismatchError`, naming the change and every differing field)
+and, in :func:`load_for_model`, for the model's parameter, buffer and input shapes
+(:class:`~fp8conf.errors.StaleArtifactError`). An artifact is executable code: a valid MAC says
+a holder of the key wrote it, which is what makes loading it safe.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import warnings
 from typing import Any, Callable
 
-from fp8conf.artifacts.format import FORMAT_VERSION, MECHANISMS, ArtifactHeader, encode, read_artifact, read_header, write_atomic
-from fp8conf.artifacts.signature import QuantizationSignature, format_differences
-from fp8conf.errors import ArtifactError, FingerprintMismatchError, FP8ConfigError
+from fp8conf.artifacts.format import FORMAT_VERSION, MECHANISMS, ArtifactHeader, read_artifact, read_header, seal, write_atomic
+from fp8conf.artifacts.keys import ENV_KEY_FILE, resolve_key
+from fp8conf.artifacts.signature import QuantizationSignature, describe_changes, format_differences
+from fp8conf.errors import ArtifactError, FingerprintMismatchError, FP8ConfigError, StaleArtifactError
 
 __all__ = [
     "PrecompiledJoint",
@@ -235,8 +238,25 @@ def _check_signature_describes(signature: QuantizationSignature, modules, path) 
         )
 
 
-def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, example_inputs=None, *, mechanism: str = "auto") -> ArtifactHeader:
-    """Save a compiled joint graph with ``signature`` at ``path`` (atomically) and return its header.
+def _signing_key(key, unsigned: bool, path: str) -> bytes | None:
+    if unsigned:
+        if key is not None:
+            raise FP8ConfigError("save_artifact: pass a key or unsigned=True, not both")
+        return None
+    found = resolve_key(key)
+    if found is None:
+        raise FP8ConfigError(
+            f"cannot save artifact {path!r}: no key to sign it with. Make one with `fp8conf precompile keygen --out FILE` "
+            f"and set ${ENV_KEY_FILE}=FILE (or pass key=); unsigned=True writes an artifact that loads only with trust_unsigned=True"
+        )
+    return found
+
+
+def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, example_inputs=None, *, mechanism: str = "auto",
+                  key=None, unsigned: bool = False) -> ArtifactHeader:
+    """Save a compiled joint graph with ``signature`` at ``path`` (atomically), signed with ``key``
+    (bytes or a key file; by default the environment's, see :mod:`fp8conf.artifacts.keys`), and
+    return its header. ``unsigned=True`` writes it without a MAC.
 
     ``gm_or_compiled`` is a joint graph of :func:`fp8conf.trace_joint` (compiled here) or a
     :class:`PrecompiledJoint` from :func:`precompile_joint`. ``mechanism`` is ``"standalone_compile"``,
@@ -248,6 +268,7 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
     import fp8conf
 
     path = os.fspath(path)
+    signing_key = _signing_key(key, unsigned, path)
     if not isinstance(signature, QuantizationSignature):
         raise FP8ConfigError(f"save_artifact: signature must be a QuantizationSignature, got {type(signature).__qualname__}")
     if mechanism not in (*MECHANISMS, "auto"):
@@ -287,13 +308,13 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         signature=signature,
         fingerprint=signature.sha256,
         payload_size=len(payload),
-        payload_sha256=hashlib.sha256(payload).hexdigest(),
         inputs=inputs,
         outputs=outputs,
         fp8conf_version=fp8conf.__version__,
         note=note,
     )
-    write_atomic(path, encode(header, payload))
+    header, data = seal(header, payload, signing_key)
+    write_atomic(path, data)
     return header
 
 
@@ -325,30 +346,44 @@ def _pickled_graph_payload(gm, path) -> bytes:
 def _mismatch(path, header: ArtifactHeader, expected: QuantizationSignature) -> FingerprintMismatchError:
     differences = header.signature.diff(expected)
     message = (
-        f"artifact {path!r} was built for another FP8 configuration and is not used: fingerprint "
-        f"{header.fingerprint[:16]} (artifact) != {expected.sha256[:16]} (current). Differing fields "
-        f"({len(differences)}): " + ", ".join(d[0] for d in differences) + "\n"
+        f"artifact {path!r} was built for another FP8 configuration and is not used:\n"
+        + "\n".join(f"  {line}" for line in describe_changes(differences))
+        + f"\nFields that differ ({len(differences)}):\n"
         + format_differences(differences, left="artifact", right="current", limit=40)
-        + "\nRecompile and save it again (`fp8conf precompile save`) for the current configuration."
+        + f"\nFingerprint {header.fingerprint[:16]} (artifact) != {expected.sha256[:16]} (current). "
+        "Recompile and save it again (`fp8conf precompile save`) for the current configuration."
     )
     return FingerprintMismatchError(
         message, path=path, differences=differences, artifact_fingerprint=header.fingerprint, current_fingerprint=expected.sha256,
     )
 
 
-def load_artifact(path, expected_signature: QuantizationSignature) -> PrecompiledJoint:
-    """Load the artifact at ``path`` if, and only if, it was built for ``expected_signature``.
-
-    Raises :class:`ArtifactError` for a file that is not a complete, intact artifact or that torch
-    cannot load, and :class:`FingerprintMismatchError` (naming the differing fields) for an
-    artifact of another signature; in both cases nothing of the payload is deserialized.
-    """
-    path = os.fspath(path)
+def _verified(path, expected_signature, key, trust_unsigned) -> tuple[ArtifactHeader, bytes]:
+    """The header and payload of an artifact that is intact, authentic and built for ``expected_signature``."""
     if not isinstance(expected_signature, QuantizationSignature):
         raise FP8ConfigError(f"load_artifact: expected_signature must be a QuantizationSignature, got {type(expected_signature).__qualname__}")
-    header, payload = read_artifact(path)
+    header, payload = read_artifact(path, key=key, trust_unsigned=trust_unsigned)
     if header.signature != expected_signature or header.fingerprint != expected_signature.sha256:
         raise _mismatch(path, header, expected_signature)
+    return header, payload
+
+
+def load_artifact(path, expected_signature: QuantizationSignature, *, key=None, trust_unsigned: bool = False) -> PrecompiledJoint:
+    """Load the artifact at ``path`` if, and only if, it is intact, signed with ``key`` (bytes or
+    a key file; by default the environment's) and was built for ``expected_signature``.
+
+    Raises :class:`~fp8conf.errors.ArtifactIntegrityError` (altered, truncated),
+    :class:`~fp8conf.errors.ArtifactAuthenticityError` (no valid MAC; ``trust_unsigned=True``
+    loads it anyway, with a warning: its payload is code that runs), :class:`FingerprintMismatchError`
+    (another signature; naming the differing fields) or :class:`ArtifactError` (not an artifact,
+    or torch cannot load it). Nothing of the payload is deserialized before these checks pass.
+    """
+    path = os.fspath(path)
+    header, payload = _verified(path, expected_signature, key, trust_unsigned)
+    return _deserialize(path, header, payload)
+
+
+def _deserialize(path: str, header: ArtifactHeader, payload: bytes) -> PrecompiledJoint:
     _register_fp8conf_ops()
     try:
         if header.mechanism == "standalone_compile":
@@ -394,21 +429,82 @@ def _load_pickled_graph(payload: bytes, header: ArtifactHeader) -> PrecompiledJo
 # --- model-level entry points -------------------------------------------------------------------
 
 
-def precompile_model(path, model, args, *, strict: bool = True, mechanism: str = "auto") -> ArtifactHeader:
+def precompile_model(path, model, args, *, strict: bool = True, mechanism: str = "auto", key=None, unsigned: bool = False) -> ArtifactHeader:
     """Trace ``model(*args)``'s training step, validate it (strictly when ``strict``), compile it
-    and save it at ``path`` with the model's quantization signature."""
+    and save it at ``path`` with the model's quantization signature, signed with ``key`` (see
+    :func:`save_artifact`)."""
     from fp8conf.graph.trace import trace_joint
     from fp8conf.graph.validate import validate_fp8_graph
 
+    path = os.fspath(path)
+    signing_key = _signing_key(key, unsigned, path)  # before the compile it would waste
     signature = QuantizationSignature.from_model(model, strict=strict)
     gm = trace_joint(model, args)
     validate_fp8_graph(gm, strict=strict)  # a strict artifact is one whose graph passed strict validation
-    return save_artifact(path, gm, signature, mechanism=mechanism)
+    return save_artifact(path, gm, signature, mechanism=mechanism, key=signing_key, unsigned=signing_key is None)
 
 
-def load_for_model(path, model, *, strict: bool = True) -> PrecompiledJoint:
-    """Load the artifact at ``path`` for ``model``'s current FP8 configuration (see :func:`load_artifact`)."""
-    return load_artifact(path, QuantizationSignature.from_model(model, strict=strict))
+def load_for_model(path, model, args=None, *, strict: bool = True, key=None, trust_unsigned: bool = False) -> PrecompiledJoint:
+    """Load the artifact at ``path`` for ``model``'s current FP8 configuration (see
+    :func:`load_artifact`), refusing it with a :class:`~fp8conf.errors.StaleArtifactError` naming
+    what differs when it was compiled for other parameter or buffer shapes or dtypes, or (given
+    ``args``, the model's positional inputs) other input shapes, before any of it is deserialized."""
+    path = os.fspath(path)
+    header, payload = _verified(path, QuantizationSignature.from_model(model, strict=strict), key, trust_unsigned)
+    stale = stale_inputs(header, model, args)
+    if stale:
+        lines = "\n".join(f"  {name}: {old} (artifact) -> {new} (current)" for name, old, new in stale)
+        raise StaleArtifactError(
+            f"artifact {path!r} was compiled for other shapes than {type(model).__qualname__}'s and is not used "
+            f"({len(stale)} input{'s' if len(stale) != 1 else ''} differ):\n{lines}\n"
+            "Recompile and save it again (`fp8conf precompile save`) for the current model.",
+            path=path, differences=tuple(stale),
+        )
+    return _deserialize(path, header, payload)
+
+
+def _spec_text(spec: dict | None) -> str | None:
+    if spec is None:
+        return None
+    return f"{tuple(spec['shape'])} {spec['dtype'].removeprefix('torch.')}" if "shape" in spec else "a non-tensor"
+
+
+def _tensor_text(value) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return f"a {type(value).__qualname__}"
+
+
+def stale_inputs(header: ArtifactHeader, model, args=None) -> list[tuple[str, str | None, str | None]]:
+    """``(name, artifact's shape and dtype, model's)`` for every parameter, buffer and (given
+    ``args``) positional input whose shape or dtype differs from the header's, ``None`` for a
+    side that lacks it."""
+    from fp8conf.graph.trace import as_args
+
+    state = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    args = as_args(args) if args is not None else None
+    stale, recorded = [], set()
+    for spec in header.inputs:
+        if spec["kind"] in ("param", "buffer"):
+            name, value, present = spec["target"], state.get(spec["target"]), spec["target"] in state
+            recorded.add(name)
+        elif spec["kind"] == "input" and args is not None:
+            name, present = f"input {spec['index']}", spec["index"] < len(args)
+            value = args[spec["index"]] if present else None
+        else:
+            continue
+        if not present:
+            stale.append((name, _spec_text(spec), None))
+        elif "shape" in spec and _spec_text(spec) != _tensor_text(value):
+            stale.append((name, _spec_text(spec), _tensor_text(value)))
+    unique = dict(model.named_parameters()) | dict(model.named_buffers())
+    stale += [(name, None, _tensor_text(value)) for name, value in unique.items() if name not in recorded]
+    if args is not None:
+        declared = {spec["index"] for spec in header.inputs if spec["kind"] == "input"}
+        stale += [(f"input {i}", None, _tensor_text(a)) for i, a in enumerate(args) if i not in declared and hasattr(a, "shape")]
+    return stale
 
 
 def describe(header: ArtifactHeader) -> dict[str, Any]:
