@@ -40,7 +40,7 @@ from fp8conf.tools.cli import main
 KEY = bytes(range(100, 132))
 OTHER_KEY = bytes(range(32))
 MAGIC = b"FP8CONF-ARTIFACT/2\n"
-HEADER_FIELDS = ["fingerprint", "fp8conf_version", "inputs", "key_id", "mechanism", "note", "outputs", "payload_size", "signature"]
+HEADER_FIELDS = ["fingerprint", "fp8conf_version", "inputs", "key_id", "mechanism", "note", "outputs", "parts", "payload_size", "signature", "split"]
 
 
 @pytest.fixture(autouse=True)

@@ -47,20 +47,23 @@ __all__ = [
 FORMAT_VERSION = 2
 _MAGIC_PREFIX = b"FP8CONF-ARTIFACT"
 ARTIFACT_MAGIC = _MAGIC_PREFIX + f"/{FORMAT_VERSION}\n".encode()
-MECHANISMS = ("standalone_compile", "graph_pickler")
+MECHANISMS = ("standalone_compile", "graph_pickler", "regional")
 _LENGTH_BYTES = 8
 _DIGEST_BYTES = 32
 _TRAILER = 2 * _DIGEST_BYTES
 _UNSIGNED = bytes(_DIGEST_BYTES)
 _MAX_HEADER = 16 << 20  # a header describes inputs and modules: megabytes at most
-_HEADER_FIELDS = {"mechanism", "signature", "fingerprint", "payload_size", "inputs", "outputs", "fp8conf_version", "note", "key_id"}
+_HEADER_FIELDS = {"mechanism", "signature", "fingerprint", "payload_size", "inputs", "outputs", "fp8conf_version", "note", "key_id", "parts", "split"}
 
 
 @dataclasses.dataclass(frozen=True)
 class ArtifactHeader:
     """What an artifact says about itself, read without touching its payload.
 
-    ``key_id`` names the key whose MAC the artifact carries (``None``: unsigned).
+    ``key_id`` names the key whose MAC the artifact carries (``None``: unsigned). A ``regional``
+    artifact's payload is its ``parts`` one after the other (the joint graph, or a GraphPP split's
+    forward, backward_input and backward_weight), each with its size and the FP8 regions compiled
+    in it; ``split`` holds the calling convention of a split (``None`` otherwise).
     """
 
     format_version: int
@@ -73,6 +76,8 @@ class ArtifactHeader:
     fp8conf_version: str
     note: str = ""
     key_id: str | None = None
+    parts: list = dataclasses.field(default_factory=list)
+    split: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -85,6 +90,8 @@ class ArtifactHeader:
             "fp8conf_version": self.fp8conf_version,
             "note": self.note,
             "key_id": self.key_id,
+            "parts": self.parts,
+            "split": self.split,
         }
 
 
@@ -256,11 +263,13 @@ def _parse_header(text: bytes, path: str) -> ArtifactHeader:
     _expect(path, "inputs", raw["inputs"], lambda v: isinstance(v, list) and all(map(_is_input_spec, v)))
     _expect(path, "outputs", raw["outputs"], lambda v: isinstance(v, list) and all(map(_is_output_spec, v)))
     _expect(path, "key_id", raw["key_id"], lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16}", v)))
+    _expect(path, "parts", raw["parts"], lambda v: _are_parts(v, raw["mechanism"], raw["payload_size"]))
+    _expect(path, "split", raw["split"], lambda v: v is None or _is_split(v, raw["parts"]))
     for name in ("fp8conf_version", "note"):
         _expect(path, name, raw[name], lambda v: isinstance(v, str))
     return ArtifactHeader(
         FORMAT_VERSION, raw["mechanism"], signature, raw["fingerprint"], raw["payload_size"], raw["inputs"], raw["outputs"],
-        raw["fp8conf_version"], raw["note"], raw["key_id"],
+        raw["fp8conf_version"], raw["note"], raw["key_id"], raw["parts"], raw["split"],
     )
 
 
@@ -299,3 +308,45 @@ def _is_output_spec(spec) -> bool:
         return _is_name(target) and (not target.startswith("input.") or target[6:].isdigit())
     return _is_index(spec.get("index"))
 
+
+
+PART_NAMES = ("joint", "forward", "backward_input", "backward_weight")
+
+
+def _is_region_spec(spec) -> bool:
+    return (
+        isinstance(spec, dict)
+        and set(spec) == {"id", "module_fqn", "pass_name", "nodes"}
+        and _is_name(spec["id"])
+        and isinstance(spec["module_fqn"], str)
+        and spec["pass_name"] in ("forward", "backward")
+        and isinstance(spec["nodes"], list)
+        and all(map(_is_name, spec["nodes"]))
+    )
+
+
+def _are_parts(parts, mechanism, payload_size) -> bool:
+    if not isinstance(parts, list) or (mechanism == "regional") != bool(parts):
+        return False
+    if not parts:
+        return True
+    for part in parts:
+        if not (isinstance(part, dict) and set(part) == {"name", "size", "regions"} and part["name"] in PART_NAMES
+                and _is_index(part["size"]) and isinstance(part["regions"], list) and all(map(_is_region_spec, part["regions"]))):
+            return False
+    names = [p["name"] for p in parts]
+    return names in (["joint"], list(PART_NAMES[1:])) and sum(p["size"] for p in parts) == payload_size
+
+
+def _is_split(split, parts) -> bool:
+    fields = {"num_outputs", "saved_for_input", "saved_for_weight", "input_grads", "param_grads", "output_layout"}
+    if not isinstance(split, dict) or set(split) != fields or [p["name"] for p in parts] != list(PART_NAMES[1:]):
+        return False
+    slots = split["output_layout"]
+    return (
+        _is_index(split["num_outputs"])
+        and all(isinstance(split[k], list) and all(map(_is_index, split[k])) for k in ("saved_for_input", "saved_for_weight"))
+        and all(isinstance(split[k], list) and all(map(_is_name, split[k])) for k in ("input_grads", "param_grads"))
+        and isinstance(slots, list)
+        and all(s is None or (isinstance(s, list) and len(s) == 2 and s[0] in ("output", "input_grad", "param_grad") and _is_index(s[1])) for s in slots)
+    )

@@ -12,6 +12,10 @@ torch's own serialization of the compiled graph:
 * ``graph_pickler``: the traced graph itself, pickled by ``torch.fx._graph_pickler.GraphPickler``
   and compiled when loaded. ``mechanism="auto"`` falls back to it, with a warning, when
   ``standalone_compile`` cannot compile or save a graph.
+* ``regional``: the joint graph compiled by :func:`fp8conf.compile_joint` in ``regional`` mode,
+  each FP8 region's compiled code with its identity and the eager remainder
+  (:mod:`fp8conf.artifacts.regional`, which also saves a GraphPP split's three callables).
+  Loading compiles nothing.
 
 :func:`load_artifact` reads nothing of the payload until the file has proven itself, in this
 order: it is an fp8conf artifact of this format (:class:`~fp8conf.errors.ArtifactError`), intact
@@ -33,6 +37,7 @@ from typing import Any, Callable
 
 from fp8conf.artifacts.format import FORMAT_VERSION, MECHANISMS, ArtifactHeader, read_artifact, read_header, seal, write_atomic
 from fp8conf.artifacts.keys import ENV_KEY_FILE, resolve_key
+from fp8conf.artifacts.shapes import stale_inputs
 from fp8conf.artifacts.signature import QuantizationSignature, describe_changes, format_differences
 from fp8conf.errors import ArtifactError, FingerprintMismatchError, FP8ConfigError, StaleArtifactError
 
@@ -144,11 +149,13 @@ class PrecompiledJoint:
     Attributes:
         inputs / outputs: what each flat input and output is, as the header records it.
         joint_signature: the same as a :class:`~fp8conf.JointSignature`.
-        mechanism: ``"standalone_compile"`` or ``"graph_pickler"``.
+        mechanism: ``"standalone_compile"``, ``"graph_pickler"`` or ``"regional"``.
+        regions: the identities of the compiled FP8 regions (``regional``; empty otherwise).
         signature: the quantization signature it was loaded with (``None`` when freshly compiled).
     """
 
-    def __init__(self, fn: Callable, inputs: list[dict], outputs: list[dict], mechanism: str, *, artifact=None, graph=None, modules=None):
+    def __init__(self, fn: Callable, inputs: list[dict], outputs: list[dict], mechanism: str, *, artifact=None, graph=None, modules=None,
+                 regions=()):
         self._fn = fn
         self.inputs = inputs
         self.outputs = outputs
@@ -157,6 +164,7 @@ class PrecompiledJoint:
         self.artifact = artifact  # torch's CompiledArtifact, when there is one
         self.graph = graph  # the flat GraphModule, for the graph_pickler mechanism
         self.modules = modules  # QuantizationConfig by FQN of the traced graph, when known
+        self.regions = list(regions)
         self.signature: QuantizationSignature | None = None
 
     def __call__(self, *flat_inputs):
@@ -200,19 +208,27 @@ def _compile_full(gm, example_inputs=None):
     return compile_joint(gm, mode="full", example_inputs=example_inputs).artifact
 
 
-def precompile_joint(gm, example_inputs=None) -> PrecompiledJoint:
-    """Compile a joint graph of :func:`fp8conf.trace_joint` whole (:func:`fp8conf.compile_joint`,
-    ``mode="full"``: Inductor's ``standalone_compile``), in a form :func:`save_artifact` saves.
-
-    ``example_inputs`` are the flat inputs in placeholder order (tensors like the traced ones when
-    omitted); the result is specialized to their shapes.
+def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> PrecompiledJoint:
+    """Compile a joint graph of :func:`fp8conf.trace_joint` with :func:`fp8conf.compile_joint`,
+    in a form :func:`save_artifact` saves: ``mode="full"`` (Inductor's ``standalone_compile``; the
+    result is specialized to ``example_inputs``, the flat inputs in placeholder order, tensors like
+    the traced ones when omitted) or ``"regional"`` (the complete FP8 regions, strictly).
     """
+    from fp8conf.artifacts.regional import region_specs
+    from fp8conf.graph.compile import compile_joint
     from fp8conf.graph.trace import trace_info
 
+    if mode not in ("full", "regional"):
+        raise FP8ConfigError(f"precompile_joint(mode={mode!r}): choose 'full' or 'regional'")
     inputs, outputs = _describe(gm)
-    artifact = _compile_full(gm, example_inputs)
     info = trace_info(gm)
-    return PrecompiledJoint(artifact, inputs, outputs, "standalone_compile", artifact=artifact, modules=info.modules if info else None)
+    modules = info.modules if info else None
+    if mode == "full":
+        artifact = _compile_full(gm, example_inputs)
+        return PrecompiledJoint(artifact, inputs, outputs, "standalone_compile", artifact=artifact, modules=modules)
+    compiled = compile_joint(gm, mode="regional", strict=True)
+    flat = lambda *values: compiled.artifact(list(values))  # noqa: E731  (regional_inductor's graph takes one list)
+    return PrecompiledJoint(flat, inputs, outputs, "regional", artifact=compiled.artifact, modules=modules, regions=region_specs(compiled))
 
 
 def _check_signature_describes(signature: QuantizationSignature, modules, path) -> None:
@@ -276,11 +292,11 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
     note = ""
     if isinstance(gm_or_compiled, PrecompiledJoint):
         compiled = gm_or_compiled
-        if mechanism == "graph_pickler":
-            raise ArtifactError("save_artifact: a PrecompiledJoint is saved with standalone_compile; pass the traced graph for graph_pickler", path=path)
+        if mechanism not in ("auto", compiled.mechanism):
+            raise ArtifactError(f"save_artifact: this PrecompiledJoint is saved with {compiled.mechanism}, not {mechanism}; pass the traced graph", path=path)
         _check_signature_describes(signature, compiled.modules, path)
-        payload = _standalone_payload(compiled.artifact, path)
-        inputs, outputs, used = compiled.inputs, compiled.outputs, "standalone_compile"
+        payload, parts = _compiled_payload(compiled, path)
+        inputs, outputs, used = compiled.inputs, compiled.outputs, compiled.mechanism
     elif isinstance(gm_or_compiled, torch.fx.GraphModule):
         from fp8conf.graph.trace import trace_info
 
@@ -288,7 +304,9 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         info = trace_info(gm)
         _check_signature_describes(signature, info.modules if info else None, path)
         inputs, outputs = _describe(gm)
-        payload, used = None, mechanism
+        payload, used, parts = None, mechanism, []
+        if mechanism == "regional":
+            payload, parts = _compiled_payload(precompile_joint(gm, mode="regional"), path)
         if mechanism in ("auto", "standalone_compile"):
             try:
                 payload = _standalone_payload(precompile_joint(gm, example_inputs).artifact, path)
@@ -312,10 +330,21 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         outputs=outputs,
         fp8conf_version=fp8conf.__version__,
         note=note,
+        parts=parts,
     )
     header, data = seal(header, payload, signing_key)
     write_atomic(path, data)
     return header
+
+
+def _compiled_payload(compiled: PrecompiledJoint, path) -> tuple[bytes, list[dict]]:
+    """``(payload, parts)`` of a compiled joint graph."""
+    if compiled.mechanism == "regional":
+        from fp8conf.artifacts.regional import pack_part
+
+        payload, part = pack_part("joint", compiled.artifact, compiled.regions, path)
+        return payload, [part]
+    return _standalone_payload(compiled.artifact, path), []
 
 
 def _standalone_payload(artifact, path) -> bytes:
@@ -384,18 +413,23 @@ def load_artifact(path, expected_signature: QuantizationSignature, *, key=None, 
 
 
 def _deserialize(path: str, header: ArtifactHeader, payload: bytes) -> PrecompiledJoint:
+    if header.split is not None:
+        raise ArtifactError(f"artifact {path!r} holds a GraphPP split; load it with fp8conf.artifacts.regional.load_split_artifact", path=path)
+    loaders = {"standalone_compile": _load_standalone, "graph_pickler": _load_pickled_graph, "regional": _load_regional}
+    compiled = _deserialize_guarded(path, header, lambda: loaders[header.mechanism](payload, header, path))
+    compiled.signature = header.signature
+    return compiled
+
+
+def _deserialize_guarded(path: str, header: ArtifactHeader, load: Callable):
+    """``load()``, torch's failures as an :class:`ArtifactError` naming the artifact."""
     _register_fp8conf_ops()
     try:
-        if header.mechanism == "standalone_compile":
-            compiled = _load_standalone(payload, header)
-        else:
-            compiled = _load_pickled_graph(payload, header)
+        return load()
     except ArtifactError:
         raise
     except Exception as exc:
         raise ArtifactError(f"torch could not load artifact {path!r} ({header.mechanism}): {type(exc).__name__}: {exc}", path=path) from exc
-    compiled.signature = header.signature
-    return compiled
 
 
 def _register_fp8conf_ops() -> None:
@@ -405,7 +439,7 @@ def _register_fp8conf_ops() -> None:
         pass
 
 
-def _load_standalone(payload: bytes, header: ArtifactHeader) -> PrecompiledJoint:
+def _load_standalone(payload: bytes, header: ArtifactHeader, path: str) -> PrecompiledJoint:
     from torch._inductor.standalone_compile import CompiledArtifact
 
     with tempfile.TemporaryDirectory(prefix="fp8conf-load-") as tmp:
@@ -416,7 +450,7 @@ def _load_standalone(payload: bytes, header: ArtifactHeader) -> PrecompiledJoint
     return PrecompiledJoint(artifact, header.inputs, header.outputs, "standalone_compile", artifact=artifact)
 
 
-def _load_pickled_graph(payload: bytes, header: ArtifactHeader) -> PrecompiledJoint:
+def _load_pickled_graph(payload: bytes, header: ArtifactHeader, path: str) -> PrecompiledJoint:
     from torch._subclasses import FakeTensorMode
     from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -424,6 +458,13 @@ def _load_pickled_graph(payload: bytes, header: ArtifactHeader) -> PrecompiledJo
     flat = GraphPickler.loads(payload, FakeTensorMode(shape_env=ShapeEnv()))
     artifact = _compile_full(flat, _inputs_from_specs(header.inputs))
     return PrecompiledJoint(artifact, header.inputs, header.outputs, "graph_pickler", artifact=artifact, graph=flat)
+
+
+def _load_regional(payload: bytes, header: ArtifactHeader, path: str) -> PrecompiledJoint:
+    from fp8conf.artifacts.regional import unpack_parts
+
+    fn = unpack_parts(payload, header, path)["joint"]
+    return PrecompiledJoint(fn, header.inputs, header.outputs, "regional", regions=header.parts[0]["regions"])
 
 
 # --- model-level entry points -------------------------------------------------------------------
@@ -451,7 +492,7 @@ def load_for_model(path, model, args=None, *, strict: bool = True, key=None, tru
     ``args``, the model's positional inputs) other input shapes, before any of it is deserialized."""
     path = os.fspath(path)
     header, payload = _verified(path, QuantizationSignature.from_model(model, strict=strict), key, trust_unsigned)
-    stale = stale_inputs(header, model, args)
+    stale = stale_inputs(header, model, args)  # from the header alone: nothing is deserialized yet
     if stale:
         lines = "\n".join(f"  {name}: {old} (artifact) -> {new} (current)" for name, old, new in stale)
         raise StaleArtifactError(
@@ -461,50 +502,6 @@ def load_for_model(path, model, args=None, *, strict: bool = True, key=None, tru
             path=path, differences=tuple(stale),
         )
     return _deserialize(path, header, payload)
-
-
-def _spec_text(spec: dict | None) -> str | None:
-    if spec is None:
-        return None
-    return f"{tuple(spec['shape'])} {spec['dtype'].removeprefix('torch.')}" if "shape" in spec else "a non-tensor"
-
-
-def _tensor_text(value) -> str:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
-    return f"a {type(value).__qualname__}"
-
-
-def stale_inputs(header: ArtifactHeader, model, args=None) -> list[tuple[str, str | None, str | None]]:
-    """``(name, artifact's shape and dtype, model's)`` for every parameter, buffer and (given
-    ``args``) positional input whose shape or dtype differs from the header's, ``None`` for a
-    side that lacks it."""
-    from fp8conf.graph.trace import as_args
-
-    state = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
-    args = as_args(args) if args is not None else None
-    stale, recorded = [], set()
-    for spec in header.inputs:
-        if spec["kind"] in ("param", "buffer"):
-            name, value, present = spec["target"], state.get(spec["target"]), spec["target"] in state
-            recorded.add(name)
-        elif spec["kind"] == "input" and args is not None:
-            name, present = f"input {spec['index']}", spec["index"] < len(args)
-            value = args[spec["index"]] if present else None
-        else:
-            continue
-        if not present:
-            stale.append((name, _spec_text(spec), None))
-        elif "shape" in spec and _spec_text(spec) != _tensor_text(value):
-            stale.append((name, _spec_text(spec), _tensor_text(value)))
-    unique = dict(model.named_parameters()) | dict(model.named_buffers())
-    stale += [(name, None, _tensor_text(value)) for name, value in unique.items() if name not in recorded]
-    if args is not None:
-        declared = {spec["index"] for spec in header.inputs if spec["kind"] == "input"}
-        stale += [(f"input {i}", None, _tensor_text(a)) for i, a in enumerate(args) if i not in declared and hasattr(a, "shape")]
-    return stale
 
 
 def describe(header: ArtifactHeader) -> dict[str, Any]:

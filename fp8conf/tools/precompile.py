@@ -67,7 +67,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     model_option(save, True)
     key_option(save)
     save.add_argument("--out", required=True, help="artifact path")
-    save.add_argument("--mechanism", default="auto", choices=("auto", "standalone_compile", "graph_pickler"))
+    save.add_argument("--mechanism", default="auto", choices=("auto", "standalone_compile", "graph_pickler", "regional"),
+                      help="regional: only the FP8 regions compiled, the rest eager (the default auto: standalone_compile, else graph_pickler)")
     save.add_argument("--unsigned", action="store_true", help="write it without a MAC (it then loads only with --trust-unsigned)")
 
     load = actions.add_parser("load", help="verify an artifact and load it under a model's current FP8 configuration")
