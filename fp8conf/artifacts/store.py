@@ -276,8 +276,8 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
 
     ``gm_or_compiled`` is a joint graph of :func:`fp8conf.trace_joint` (compiled here) or a
     :class:`PrecompiledJoint` from :func:`precompile_joint`. ``mechanism`` is ``"standalone_compile"``,
-    ``"graph_pickler"`` or ``"auto"`` (the first, falling back to the second with a warning when
-    the graph cannot be compiled or saved).
+    ``"graph_pickler"``, ``"regional"`` or ``"auto"`` (the first, falling back to the second with a
+    warning when the graph cannot be compiled or saved).
     """
     import torch
 
@@ -300,24 +300,10 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
     elif isinstance(gm_or_compiled, torch.fx.GraphModule):
         from fp8conf.graph.trace import trace_info
 
-        gm = gm_or_compiled
-        info = trace_info(gm)
+        info = trace_info(gm_or_compiled)
         _check_signature_describes(signature, info.modules if info else None, path)
-        inputs, outputs = _describe(gm)
-        payload, used, parts = None, mechanism, []
-        if mechanism == "regional":
-            payload, parts = _compiled_payload(precompile_joint(gm, mode="regional"), path)
-        if mechanism in ("auto", "standalone_compile"):
-            try:
-                payload = _standalone_payload(precompile_joint(gm, example_inputs).artifact, path)
-                used = "standalone_compile"
-            except Exception as exc:
-                if mechanism == "standalone_compile":
-                    raise ArtifactError(f"cannot compile and save {path!r} with standalone_compile: {type(exc).__name__}: {exc}", path=path) from exc
-                note = f"standalone_compile failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); saved the traced graph, compiled on load"
-                warnings.warn(f"fp8conf.save_artifact: {note}", stacklevel=2)
-        if payload is None:
-            payload, used = _pickled_graph_payload(gm, path), "graph_pickler"
+        inputs, outputs = _describe(gm_or_compiled)
+        payload, used, parts, note = _compile_for_saving(gm_or_compiled, mechanism, example_inputs, path)
     else:
         raise FP8ConfigError(f"save_artifact: expected a torch.fx.GraphModule from trace_joint or a PrecompiledJoint, got {type(gm_or_compiled).__qualname__}")
     header = ArtifactHeader(
@@ -335,6 +321,23 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
     header, data = seal(header, payload, signing_key)
     write_atomic(path, data)
     return header
+
+
+def _compile_for_saving(gm, mechanism: str, example_inputs, path: str) -> tuple[bytes, str, list[dict], str]:
+    """``(payload, mechanism used, parts, note)`` of the traced graph ``gm`` compiled as asked."""
+    if mechanism == "regional":
+        payload, parts = _compiled_payload(precompile_joint(gm, mode="regional"), path)
+        return payload, "regional", parts, ""
+    if mechanism in ("auto", "standalone_compile"):
+        try:
+            return _standalone_payload(precompile_joint(gm, example_inputs).artifact, path), "standalone_compile", [], ""
+        except Exception as exc:
+            if mechanism == "standalone_compile":
+                raise ArtifactError(f"cannot compile and save {path!r} with standalone_compile: {type(exc).__name__}: {exc}", path=path) from exc
+            note = f"standalone_compile failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); saved the traced graph, compiled on load"
+            warnings.warn(f"fp8conf.save_artifact: {note}", stacklevel=3)
+            return _pickled_graph_payload(gm, path), "graph_pickler", [], note
+    return _pickled_graph_payload(gm, path), "graph_pickler", [], ""
 
 
 def _compiled_payload(compiled: PrecompiledJoint, path) -> tuple[bytes, list[dict]]:
