@@ -39,3 +39,10 @@ def broken_factory():
 
 def not_a_model():
     return 42
+
+
+def unquantized_model():
+    """A model without FP8 modules: strict validation refuses it."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(16, 16)), (torch.ones(4, 16),)

@@ -353,6 +353,23 @@ def test_a_bad_model_is_a_one_line_usage_error(genuine, model, message, capsys):
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_model_fp8conf_refuses_is_bad_input(tmp_path, capsys):
+    assert main(["precompile", "save", "--model", "fingerprint_models:unquantized_model", "--out", str(tmp_path / "x.fp8")]) == 2
+    assert "NoQuantizedModulesError" in capsys.readouterr().err
+
+
+def test_a_key_file_others_can_read_is_warned_about(tmp_path):
+    path = tmp_path / "k.key"
+    generate_key_file(path)
+    os.chmod(path, 0o644)
+    with pytest.warns(UserWarning, match="readable by others"):
+        read_key_file(path)
+    path.write_text("abcd\n")
+    os.chmod(path, 0o600)
+    with pytest.raises(fp8conf.FP8ConfigError, match="at least 16"):
+        read_key_file(path)
+
+
 def test_exit_codes(genuine, tmp_path, capsys):
     path = genuine[0]
     assert main(["precompile", "load", str(path), "--model", "fingerprint_models:model_a"]) == 0

@@ -25,7 +25,8 @@ inputs. diff operands are artifacts or JSON files holding a signature (as show -
 Exit status:
   0  success (diff: the signatures are identical)
   1  the artifact was built for another configuration: fingerprint or shapes differ (diff: different)
-  2  usage or bad input: a bad argument or --model, a file that is not an fp8conf artifact of this format
+  2  usage or bad input: a bad argument or --model (or a model fp8conf cannot trace or validate),
+     a file that is not an fp8conf artifact of this format
   3  integrity or authenticity: a truncated, corrupt or altered artifact, or one without a valid MAC
 """
 
@@ -171,7 +172,7 @@ def _operand(path: str):
 
 
 def run(args) -> int:
-    from fp8conf.errors import ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FingerprintMismatchError, FP8ConfigError, StaleArtifactError
+    from fp8conf.errors import ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FingerprintMismatchError, FP8Error, StaleArtifactError
 
     where = f"fp8conf precompile {args.action}"
     try:
@@ -188,7 +189,7 @@ def run(args) -> int:
     except _UsageError as exc:
         print(f"{where}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (ArtifactError, FP8ConfigError, OSError) as exc:
+    except (ArtifactError, FP8Error, OSError) as exc:  # a model fp8conf cannot trace or validate is bad input too
         print(f"{where}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
