@@ -1,4 +1,4 @@
-"""``fp8conf precompile``: save, load, diff and show precompiled FP8 artifacts, and make keys.
+"""fp8conf precompile: save, load, diff and show precompiled FP8 artifacts, and make their keys.
 
 An artifact is executable code: loading one runs the compiled graph it holds (Inductor's generated
 code, or a pickled graph), with your permissions. fp8conf signs every artifact it saves with an
@@ -9,6 +9,7 @@ is given (which warns). Make a key once and point the environment at it:
     export FP8CONF_ARTIFACT_KEY_FILE=~/.fp8conf-artifact.key    # or FP8CONF_ARTIFACT_KEY=<hex>
 
 Whoever holds the key can write artifacts your trainers will run: keep it like a deploy credential.
+
 The model comes from --model package.module:factory, a callable taking no arguments that returns
 (model, args) (load and diff also accept one returning the model alone):
 
