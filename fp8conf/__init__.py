@@ -5,7 +5,7 @@ The pipeline, one folder per layer and one module per stage (:mod:`fp8conf.graph
 :func:`validate_fp8_graph` -> :func:`identify_fp8_regions` / :func:`tag_fp8_regions` ->
 :func:`compile_joint` or :func:`split_stage` (GraphPP; :mod:`fp8conf.pipeline` runs the split
 callables as pipeline stages). Then :mod:`fp8conf.artifacts` (:class:`QuantizationSignature`,
-fingerprint-checked precompiled artifacts) and :mod:`fp8conf.quantized` (module discovery,
+signed, fingerprint-checked precompiled artifacts) and :mod:`fp8conf.quantized` (module discovery,
 :class:`MXLinear` and its e8m0 op). Every error is an :class:`FP8Error` (:mod:`fp8conf.errors`).
 """
 
@@ -14,7 +14,9 @@ import importlib
 # Errors are light and imported now; everything else on first use (PEP 562), so that
 # `fp8conf --help` and tools that only name the package do not pay for torch's import.
 from fp8conf.errors import (
+    ArtifactAuthenticityError,
     ArtifactError,
+    ArtifactIntegrityError,
     ComputeCountError,
     FingerprintMismatchError,
     FP8ConfigError,
@@ -30,6 +32,7 @@ from fp8conf.errors import (
     MXConversionError,
     NoQuantizedModulesError,
     RegionCompileError,
+    StaleArtifactError,
     UnsupportedLoweringError,
 )
 
@@ -81,7 +84,10 @@ __all__ = [
     "RegionCompileError",
     "FP8GraphSplitError",
     "ArtifactError",
+    "ArtifactIntegrityError",
+    "ArtifactAuthenticityError",
     "FingerprintMismatchError",
+    "StaleArtifactError",
     "MXArgumentError",
     "MXConversionError",
     "FP8ValidationWarning",

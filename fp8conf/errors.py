@@ -17,7 +17,10 @@ The branches are siblings, so catching one never swallows another stage's failur
     |   `-- IncompleteRegionError, RegionCompileError
     |-- FP8GraphSplitError        a stage graph GraphPP cannot cut (conformance SplitFailure)
     |-- ArtifactError             a precompiled artifact that cannot be saved or loaded
-    |   `-- FingerprintMismatchError   built for another configuration (conformance FingerprintMismatch)
+    |   |-- ArtifactIntegrityError     truncated, corrupt or altered: its digest does not match
+    |   |-- ArtifactAuthenticityError  no valid MAC under the loader's key: it may run anyone's code
+    |   |-- FingerprintMismatchError   built for another configuration (conformance FingerprintMismatch)
+    |   `-- StaleArtifactError         built for other parameter, buffer or input shapes
     |-- MXArgumentError           an argument of an MX op or helper (also a ValueError)
     `-- MXConversionError         a module that cannot become an MXLinear (also a ValueError)
 """
@@ -40,7 +43,10 @@ __all__ = [
     "RegionCompileError",
     "FP8GraphSplitError",
     "ArtifactError",
+    "ArtifactIntegrityError",
+    "ArtifactAuthenticityError",
     "FingerprintMismatchError",
+    "StaleArtifactError",
     "MXArgumentError",
     "MXConversionError",
     "FP8ValidationWarning",
@@ -177,6 +183,27 @@ class ArtifactError(FP8Error):
         self.path = path
 
 
+class ArtifactIntegrityError(ArtifactError):
+    """An artifact whose bytes are not the ones that were written: truncated, corrupt or altered
+    (its sha256 digest over header and payload does not match). Nothing of it was used."""
+
+
+class ArtifactAuthenticityError(ArtifactError):
+    """An artifact without a valid MAC under the loader's key: unsigned, signed with another key,
+    or re-signed by someone without the key. Its payload is code, so it was not deserialized.
+
+    Attributes:
+        path: the artifact's path (or ``None``).
+        signed_with: the key id the artifact names (``None`` when unsigned).
+        loader_key: the loader's key id (``None`` when it has no key).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, signed_with: str | None = None, loader_key: str | None = None):
+        super().__init__(message, path=path)
+        self.signed_with = signed_with
+        self.loader_key = loader_key
+
+
 class FingerprintMismatchError(ArtifactError, contract.FingerprintMismatch):
     """A precompiled artifact was built for another FP8 configuration than the one loading it.
 
@@ -202,6 +229,21 @@ class FingerprintMismatchError(ArtifactError, contract.FingerprintMismatch):
         self.fields = tuple(d[0] for d in self.differences)
         self.artifact_fingerprint = artifact_fingerprint
         self.current_fingerprint = current_fingerprint
+
+
+class StaleArtifactError(ArtifactError):
+    """An artifact compiled for other shapes or dtypes of the model's parameters, buffers or
+    inputs (or for parameters it no longer has) than the ones loading it. Nothing of it was used.
+
+    Attributes:
+        path: the artifact's path (or ``None``).
+        differences: ``(name, artifact_value, current_value)`` per differing input, ``None``
+            standing for a side that lacks it.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, differences: tuple = ()):
+        super().__init__(message, path=path)
+        self.differences = tuple(differences)
 
 
 class MXArgumentError(FP8Error, ValueError):

@@ -26,3 +26,23 @@ def model_a():
 
 def model_b():
     return build_model(SPEC_B)
+
+
+def model_a_batch_8():
+    """SPEC_A's model with inputs of another batch size: the same fingerprint, stale input shapes."""
+    return build_model(dataclasses.replace(SPEC_A, batch=8))
+
+
+def broken_factory():
+    raise RuntimeError("the factory is broken")
+
+
+def not_a_model():
+    return 42
+
+
+def unquantized_model():
+    """A model without FP8 modules: strict validation refuses it."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(16, 16)), (torch.ones(4, 16),)

@@ -17,7 +17,7 @@ import torch
 import fp8conf
 from conformance.fingerprints import reordered
 from conformance.models import LayerSpec, ModelSpec, build_model
-from fp8conf import ArtifactError, FingerprintMismatchError, QuantizationSignature
+from fp8conf import ArtifactError, ArtifactIntegrityError, FingerprintMismatchError, QuantizationSignature
 from fp8conf.artifacts import store
 from fp8conf.graph import compile as graph_compile
 from fp8conf.artifacts.signature import ABSENT
@@ -46,9 +46,19 @@ def with_config(model, fqn, **fields):
     return model
 
 
+#: The key this module's artifacts are signed with (the environment's key for the tests below).
+KEY = bytes(range(32))
+
+
+@pytest.fixture(autouse=True)
+def _artifact_key(monkeypatch):
+    monkeypatch.delenv("FP8CONF_ARTIFACT_KEY_FILE", raising=False)
+    monkeypatch.setenv("FP8CONF_ARTIFACT_KEY", KEY.hex())
+
+
 def _env(**extra):
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
-    return dict(os.environ, PYTHONPATH=path, **extra)
+    return dict(os.environ, PYTHONPATH=path, FP8CONF_ARTIFACT_KEY=KEY.hex(), **extra)
 
 
 # --- the signature ------------------------------------------------------------------------------
@@ -207,7 +217,7 @@ def saved(tmp_path_factory):
     grad_outputs = (torch.randn(SPEC_A.batch, SPEC_A.layers[-1].width, generator=torch.Generator().manual_seed(1)),)
     outputs, grads = compiled.run(model, args, grad_outputs)
     path = tmp_path_factory.mktemp("artifact") / "a.fp8"
-    header = fp8conf.save_artifact(path, compiled, QuantizationSignature.from_model(model))
+    header = fp8conf.save_artifact(path, compiled, QuantizationSignature.from_model(model), key=KEY)
     torch.save({"state": model.state_dict(), "args": args, "grad_outputs": grad_outputs, "outputs": outputs, "grads": grads}, path.with_suffix(".pt"))
     return path, header, model, args, grad_outputs, outputs, grads
 
@@ -268,6 +278,10 @@ def test_loading_under_another_fingerprint_names_the_fields_and_never_deserializ
     exc = info.value
     assert "modules[layers.0].recipe" in exc.fields and "modules[layers.2].emulate" in exc.fields
     assert "modules[layers.0].recipe: 'tensorwise' (artifact) -> 'rowwise' (current)" in str(exc)
+    # The change as a person made it comes first, once; the fields it touched follow.
+    summary, fields = str(exc).split("Fields that differ", 1)
+    assert "  layers.0: recipe tensorwise \u2192 rowwise\n" in summary and "layers.2, layers.2.adapter: emulate True \u2192 False" in summary
+    assert summary.count("tensorwise") == 1 and "modules[" not in summary
     assert exc.artifact_fingerprint == sig(SPEC_A).sha256 and exc.current_fingerprint == sig(SPEC_B).sha256
     with pytest.raises(FingerprintMismatchError, match="strict"):
         fp8conf.load_for_model(path, build_model(SPEC_A)[0], strict=False)
@@ -286,22 +300,23 @@ def _corrupt(saved, tmp_path, edit) -> Path:
 
 
 @pytest.mark.parametrize(
-    "edit, message",
+    "edit, error, message",
     [
-        (lambda d: d[: len(d) // 2], "truncated"),
-        (lambda d: d[:20], "truncated"),
-        (lambda d: d[:-1] + bytes([d[-1] ^ 0xFF]), "payload sha256"),
-        (lambda d: b"NOT-AN-ARTIFACT" + d, "not an fp8conf artifact"),
-        (lambda d: d + b"junk", "trailing bytes"),
-        (lambda d: d.replace(b'"tensorwise"', b'"tensorwiSe"', 1), "does not hash to its recorded fingerprint"),
-        (lambda d: d.replace(b'"format_version":1', b'"format_version":9', 1), "format version 9"),
-        (lambda d: d[:25] + b"x" + d[26:], "not JSON"),
+        (lambda d: d[: len(d) // 2], ArtifactIntegrityError, "truncated, corrupt or altered"),
+        (lambda d: d[:20], ArtifactIntegrityError, "truncated"),
+        (lambda d: d[:-100] + bytes([d[-100] ^ 0xFF]) + d[-99:], ArtifactIntegrityError, "digest does not match"),
+        (lambda d: b"NOT-AN-ARTIFACT" + d, ArtifactError, "not an fp8conf artifact"),
+        (lambda d: d + b"junk", ArtifactIntegrityError, "digest does not match"),
+        (lambda d: d.replace(b'"tensorwise"', b'"tensorwiSe"', 1), ArtifactIntegrityError, "digest does not match"),
+        (lambda d: d.replace(b"FP8CONF-ARTIFACT/2\n", b"FP8CONF-ARTIFACT/9\n", 1), ArtifactError, "format version 9"),
+        (lambda d: d.replace(b"FP8CONF-ARTIFACT/2\n", b"FP8CONF-ARTIFACT\n", 1), ArtifactError, "format version 1"),
+        (lambda d: d[:25] + b"x" + d[26:], ArtifactIntegrityError, "digest does not match"),
     ],
-    ids=["half", "header-cut", "payload-bit", "magic", "trailing", "tampered-signature", "format", "header-json"],
+    ids=["half", "header-cut", "payload-bit", "magic", "trailing", "tampered-signature", "format", "format-1", "header-json"],
 )
-def test_corrupt_or_truncated_artifacts_raise_a_clear_error(saved, tmp_path, edit, message):
+def test_corrupt_or_truncated_artifacts_raise_a_clear_error(saved, tmp_path, edit, error, message):
     bad = _corrupt(saved, tmp_path, edit)
-    with pytest.raises(ArtifactError, match=message) as info:
+    with pytest.raises(error, match=message) as info:
         fp8conf.load_for_model(bad, build_model(SPEC_A)[0])
     assert info.value.path == str(bad)
 
@@ -324,7 +339,7 @@ def test_save_refuses_a_signature_of_another_model(tmp_path):
     model, args = build_model(SPEC_A)
     gm = fp8conf.trace_joint(model, args)
     with pytest.raises(ArtifactError, match="does not describe the traced graph"):
-        fp8conf.save_artifact(tmp_path / "x.fp8", gm, sig(SPEC_B), mechanism="graph_pickler")
+        fp8conf.save_artifact(tmp_path / "x.fp8", gm, sig(SPEC_B), mechanism="graph_pickler", key=KEY)
     assert not (tmp_path / "x.fp8").exists()
 
 
@@ -366,7 +381,8 @@ def test_cli_diff_prints_a_readable_field_diff(saved):
     assert '  modules[layers.0].recipe: "tensorwise" -> "rowwise"' in lines
     assert "  modules[layers.2].emulate: true -> false" in lines
     assert '  modules[layers.0].config.cast_config_input.scaling_granularity: "tensorwise" -> "axiswise"' in lines
-    assert lines[2].endswith("fields differ:")
+    assert lines[2] == "changed: layers.0: recipe tensorwise \u2192 rowwise"
+    assert lines[4].endswith("fields differ:")
 
 
 def test_cli_load_show_and_diff_in_process(saved, tmp_path, capsys):
@@ -377,7 +393,7 @@ def test_cli_load_show_and_diff_in_process(saved, tmp_path, capsys):
     assert "the signatures are identical" in capsys.readouterr().out
     assert main(["precompile", "load", str(path), "--model", "fingerprint_models:model_a", "--run"]) == 0
     out = capsys.readouterr().out
-    assert "matches the current configuration" in out and "ran it: 1 output(s)" in out
+    assert "parameter, buffer and input shapes match the current model" in out and "ran it: 1 output(s)" in out
     assert main(["precompile", "load", str(path), "--model", "fingerprint_models:model_b"]) == 1
     err = capsys.readouterr().err
     assert "fingerprint mismatch" in err and "modules[layers.0].recipe" in err
@@ -389,7 +405,7 @@ def test_cli_load_show_and_diff_in_process(saved, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["differences"] == [{"field": "strict", "left": True, "right": False}]
     bad = tmp_path / "cut.fp8"
     bad.write_bytes(path.read_bytes()[:100])
-    assert main(["precompile", "load", str(bad), "--model", "fingerprint_models:model_a"]) == 2
+    assert main(["precompile", "load", str(bad), "--model", "fingerprint_models:model_a"]) == 3
     assert "truncated" in capsys.readouterr().err
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import fp8conf
 from conformance.api.backend import Backend
 from conformance.api.types import Compiled, Provenance, Region, StageSplit
@@ -64,11 +66,19 @@ class ReferenceBackend(Backend):
     def fingerprint(self, model, *, strict=True):
         return fp8conf.QuantizationSignature.from_model(model, strict=strict).sha256
 
+    @functools.cached_property
+    def artifact_key(self) -> bytes:
+        """The key this backend signs and verifies its artifacts with: its own, made per
+        instance, so that the suite's runs depend on no user's key."""
+        import secrets
+
+        return secrets.token_bytes(32)
+
     def save_artifact(self, path, model, args, *, strict=True):
-        fp8conf.precompile_model(path, model, args, strict=strict)
+        fp8conf.precompile_model(path, model, args, strict=strict, key=self.artifact_key)
 
     def load_artifact(self, path, model, *, strict=True):
-        compiled = fp8conf.load_for_model(path, model, strict=strict)
+        compiled = fp8conf.load_for_model(path, model, strict=strict, key=self.artifact_key)
         return lambda args, grad_outputs: compiled.run(model, args, grad_outputs)
 
     def compile(self, gm, *, mode, cudagraph=False):

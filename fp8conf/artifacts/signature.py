@@ -30,6 +30,7 @@ import enum
 import functools
 import hashlib
 import json
+import re
 from typing import Any
 
 from fp8conf.errors import FP8ConfigError
@@ -40,6 +41,7 @@ __all__ = [
     "ModuleSignature",
     "QuantizationSignature",
     "format_differences",
+    "describe_changes",
 ]
 
 #: Identifies the layout of the JSON; bumped when fields are added or renamed.
@@ -318,3 +320,48 @@ def _short(value: Any) -> str:
     if isinstance(value, dict) and {"kind", "recipe", "emulate"} <= set(value):
         return f"<{value['kind']} recipe={value['recipe']!r} emulate={value['emulate']}>"
     return repr(value)
+
+
+_MODULE_FIELD = re.compile(r"modules\[(?P<fqn>[^\]]*)\](?:\.(?P<field>.+))?")
+
+
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else repr(value) if isinstance(value, (bool, type(None))) else json.dumps(value, sort_keys=True)
+
+
+def _module_change(fields: dict[str, tuple[Any, Any]]) -> str:
+    """What changed in one module, as its owner would say it."""
+    if "" in fields:  # quantized on one side only
+        old, new = fields[""]
+        if old is ABSENT:
+            return f"now quantized ({new['kind']} recipe {new['recipe']}, emulate={new['emulate']})"
+        return f"no longer quantized (was {old['kind']} recipe {old['recipe']}, emulate={old['emulate']})"
+    said = [f"{name} {_plain(fields[name][0])} \u2192 {_plain(fields[name][1])}" for name in ("kind", "recipe", "emulate") if name in fields]
+    config = sorted(name[len("config."):] for name in fields if name.startswith("config."))
+    if config and not said:  # a config edited by hand rather than a recipe change: its fields are the change
+        if len(config) == 1:
+            old, new = fields["config." + config[0]]
+            said.append(f"config {config[0]} {_plain(old)} \u2192 {_plain(new)}")
+        else:
+            said.append(f"{len(config)} config fields ({', '.join(config[:3])}{', ...' if len(config) > 3 else ''})")
+    return "; ".join(said)
+
+
+def describe_changes(differences) -> list[str]:
+    """The changes a :meth:`QuantizationSignature.diff` records, once each, as a person made them:
+    ``["fc1, fc2: recipe tensorwise \u2192 rowwise", "strict True \u2192 False"]``. Modules
+    with the same change share a line; the field-level detail is :func:`format_differences`'s."""
+    per_module: dict[str, dict[str, tuple[Any, Any]]] = {}
+    lines = []
+    for path, old, new in differences:
+        found = _MODULE_FIELD.fullmatch(path)
+        if found:
+            per_module.setdefault(found["fqn"], {})[found["field"] or ""] = (old, new)
+        elif path.startswith("versions."):
+            lines.append(f"{path[len('versions.'):]} {_plain(old)} \u2192 {_plain(new)}")
+        else:
+            lines.append(f"{path} {_plain(old)} \u2192 {_plain(new)}")
+    by_change: dict[str, list[str]] = {}
+    for fqn in sorted(per_module):
+        by_change.setdefault(_module_change(per_module[fqn]), []).append(fqn or "<root>")
+    return [f"{', '.join(fqns)}: {change}" for change, fqns in by_change.items()] + lines

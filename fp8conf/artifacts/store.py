@@ -12,26 +12,34 @@ torch's own serialization of the compiled graph:
 * ``graph_pickler``: the traced graph itself, pickled by ``torch.fx._graph_pickler.GraphPickler``
   and compiled when loaded. ``mechanism="auto"`` falls back to it, with a warning, when
   ``standalone_compile`` cannot compile or save a graph.
+* ``regional``: the joint graph compiled by :func:`fp8conf.compile_joint` in ``regional`` mode,
+  each FP8 region's compiled code with its identity and the eager remainder
+  (:mod:`fp8conf.artifacts.regional`, which also saves a GraphPP split's three callables).
+  Loading compiles nothing.
 
-:func:`load_artifact` checks, in this order and before torch deserializes anything, that the file
-is an fp8conf artifact of a known format (:class:`~fp8conf.errors.ArtifactError` otherwise), that
-it is complete and uncorrupted (payload size and sha256; ``ArtifactError``), and that its
-signature equals the expected one; a different signature raises
-:class:`~fp8conf.errors.FingerprintMismatchError` naming every differing field, and the payload is
-never touched. Payloads are pickles: load only artifacts you trust.
+:func:`load_artifact` reads nothing of the payload until the file has proven itself, in this
+order: it is an fp8conf artifact of this format (:class:`~fp8conf.errors.ArtifactError`), intact
+(its digest over header and payload: :class:`~fp8conf.errors.ArtifactIntegrityError`), signed
+with the loader's key (its HMAC-SHA256: :class:`~fp8conf.errors.ArtifactAuthenticityError`, see
+:mod:`fp8conf.artifacts.keys`), built for the expected signature
+(:class:`~fp8conf.errors.FingerprintMismatchError`, naming the change and every differing field)
+and, in :func:`load_for_model`, for the model's parameter, buffer and input shapes
+(:class:`~fp8conf.errors.StaleArtifactError`). An artifact is executable code: a valid MAC says
+a holder of the key wrote it, which is what makes loading it safe.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import warnings
 from typing import Any, Callable
 
-from fp8conf.artifacts.format import FORMAT_VERSION, MECHANISMS, ArtifactHeader, encode, read_artifact, read_header, write_atomic
-from fp8conf.artifacts.signature import QuantizationSignature, format_differences
-from fp8conf.errors import ArtifactError, FingerprintMismatchError, FP8ConfigError
+from fp8conf.artifacts.format import FORMAT_VERSION, MECHANISMS, ArtifactHeader, read_artifact, read_header, seal, write_atomic
+from fp8conf.artifacts.keys import ENV_KEY_FILE, resolve_key
+from fp8conf.artifacts.shapes import stale_inputs
+from fp8conf.artifacts.signature import QuantizationSignature, describe_changes, format_differences
+from fp8conf.errors import ArtifactError, FingerprintMismatchError, FP8ConfigError, StaleArtifactError
 
 __all__ = [
     "PrecompiledJoint",
@@ -141,11 +149,13 @@ class PrecompiledJoint:
     Attributes:
         inputs / outputs: what each flat input and output is, as the header records it.
         joint_signature: the same as a :class:`~fp8conf.JointSignature`.
-        mechanism: ``"standalone_compile"`` or ``"graph_pickler"``.
+        mechanism: ``"standalone_compile"``, ``"graph_pickler"`` or ``"regional"``.
+        regions: the identities of the compiled FP8 regions (``regional``; empty otherwise).
         signature: the quantization signature it was loaded with (``None`` when freshly compiled).
     """
 
-    def __init__(self, fn: Callable, inputs: list[dict], outputs: list[dict], mechanism: str, *, artifact=None, graph=None, modules=None):
+    def __init__(self, fn: Callable, inputs: list[dict], outputs: list[dict], mechanism: str, *, artifact=None, graph=None, modules=None,
+                 regions=()):
         self._fn = fn
         self.inputs = inputs
         self.outputs = outputs
@@ -154,6 +164,7 @@ class PrecompiledJoint:
         self.artifact = artifact  # torch's CompiledArtifact, when there is one
         self.graph = graph  # the flat GraphModule, for the graph_pickler mechanism
         self.modules = modules  # QuantizationConfig by FQN of the traced graph, when known
+        self.regions = list(regions)
         self.signature: QuantizationSignature | None = None
 
     def __call__(self, *flat_inputs):
@@ -197,19 +208,27 @@ def _compile_full(gm, example_inputs=None):
     return compile_joint(gm, mode="full", example_inputs=example_inputs).artifact
 
 
-def precompile_joint(gm, example_inputs=None) -> PrecompiledJoint:
-    """Compile a joint graph of :func:`fp8conf.trace_joint` whole (:func:`fp8conf.compile_joint`,
-    ``mode="full"``: Inductor's ``standalone_compile``), in a form :func:`save_artifact` saves.
-
-    ``example_inputs`` are the flat inputs in placeholder order (tensors like the traced ones when
-    omitted); the result is specialized to their shapes.
+def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> PrecompiledJoint:
+    """Compile a joint graph of :func:`fp8conf.trace_joint` with :func:`fp8conf.compile_joint`,
+    in a form :func:`save_artifact` saves: ``mode="full"`` (Inductor's ``standalone_compile``; the
+    result is specialized to ``example_inputs``, the flat inputs in placeholder order, tensors like
+    the traced ones when omitted) or ``"regional"`` (the complete FP8 regions, strictly).
     """
+    from fp8conf.artifacts.regional import region_specs
+    from fp8conf.graph.compile import compile_joint
     from fp8conf.graph.trace import trace_info
 
+    if mode not in ("full", "regional"):
+        raise FP8ConfigError(f"precompile_joint(mode={mode!r}): choose 'full' or 'regional'")
     inputs, outputs = _describe(gm)
-    artifact = _compile_full(gm, example_inputs)
     info = trace_info(gm)
-    return PrecompiledJoint(artifact, inputs, outputs, "standalone_compile", artifact=artifact, modules=info.modules if info else None)
+    modules = info.modules if info else None
+    if mode == "full":
+        artifact = _compile_full(gm, example_inputs)
+        return PrecompiledJoint(artifact, inputs, outputs, "standalone_compile", artifact=artifact, modules=modules)
+    compiled = compile_joint(gm, mode="regional", strict=True)
+    flat = lambda *values: compiled.artifact(list(values))  # noqa: E731  (regional_inductor's graph takes one list)
+    return PrecompiledJoint(flat, inputs, outputs, "regional", artifact=compiled.artifact, modules=modules, regions=region_specs(compiled))
 
 
 def _check_signature_describes(signature: QuantizationSignature, modules, path) -> None:
@@ -235,19 +254,37 @@ def _check_signature_describes(signature: QuantizationSignature, modules, path) 
         )
 
 
-def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, example_inputs=None, *, mechanism: str = "auto") -> ArtifactHeader:
-    """Save a compiled joint graph with ``signature`` at ``path`` (atomically) and return its header.
+def _signing_key(key, unsigned: bool, path: str) -> bytes | None:
+    if unsigned:
+        if key is not None:
+            raise FP8ConfigError("save_artifact: pass a key or unsigned=True, not both")
+        return None
+    found = resolve_key(key)
+    if found is None:
+        raise FP8ConfigError(
+            f"cannot save artifact {path!r}: no key to sign it with. Make one with `fp8conf precompile keygen --out FILE` "
+            f"and set ${ENV_KEY_FILE}=FILE (or pass key=); unsigned=True writes an artifact that loads only with trust_unsigned=True"
+        )
+    return found
+
+
+def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, example_inputs=None, *, mechanism: str = "auto",
+                  key=None, unsigned: bool = False) -> ArtifactHeader:
+    """Save a compiled joint graph with ``signature`` at ``path`` (atomically), signed with ``key``
+    (bytes or a key file; by default the environment's, see :mod:`fp8conf.artifacts.keys`), and
+    return its header. ``unsigned=True`` writes it without a MAC.
 
     ``gm_or_compiled`` is a joint graph of :func:`fp8conf.trace_joint` (compiled here) or a
     :class:`PrecompiledJoint` from :func:`precompile_joint`. ``mechanism`` is ``"standalone_compile"``,
-    ``"graph_pickler"`` or ``"auto"`` (the first, falling back to the second with a warning when
-    the graph cannot be compiled or saved).
+    ``"graph_pickler"``, ``"regional"`` or ``"auto"`` (the first, falling back to the second with a
+    warning when the graph cannot be compiled or saved).
     """
     import torch
 
     import fp8conf
 
     path = os.fspath(path)
+    signing_key = _signing_key(key, unsigned, path)
     if not isinstance(signature, QuantizationSignature):
         raise FP8ConfigError(f"save_artifact: signature must be a QuantizationSignature, got {type(signature).__qualname__}")
     if mechanism not in (*MECHANISMS, "auto"):
@@ -255,30 +292,18 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
     note = ""
     if isinstance(gm_or_compiled, PrecompiledJoint):
         compiled = gm_or_compiled
-        if mechanism == "graph_pickler":
-            raise ArtifactError("save_artifact: a PrecompiledJoint is saved with standalone_compile; pass the traced graph for graph_pickler", path=path)
+        if mechanism not in ("auto", compiled.mechanism):
+            raise ArtifactError(f"save_artifact: this PrecompiledJoint is saved with {compiled.mechanism}, not {mechanism}; pass the traced graph", path=path)
         _check_signature_describes(signature, compiled.modules, path)
-        payload = _standalone_payload(compiled.artifact, path)
-        inputs, outputs, used = compiled.inputs, compiled.outputs, "standalone_compile"
+        payload, parts = _compiled_payload(compiled, path)
+        inputs, outputs, used = compiled.inputs, compiled.outputs, compiled.mechanism
     elif isinstance(gm_or_compiled, torch.fx.GraphModule):
         from fp8conf.graph.trace import trace_info
 
-        gm = gm_or_compiled
-        info = trace_info(gm)
+        info = trace_info(gm_or_compiled)
         _check_signature_describes(signature, info.modules if info else None, path)
-        inputs, outputs = _describe(gm)
-        payload, used = None, mechanism
-        if mechanism in ("auto", "standalone_compile"):
-            try:
-                payload = _standalone_payload(precompile_joint(gm, example_inputs).artifact, path)
-                used = "standalone_compile"
-            except Exception as exc:
-                if mechanism == "standalone_compile":
-                    raise ArtifactError(f"cannot compile and save {path!r} with standalone_compile: {type(exc).__name__}: {exc}", path=path) from exc
-                note = f"standalone_compile failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); saved the traced graph, compiled on load"
-                warnings.warn(f"fp8conf.save_artifact: {note}", stacklevel=2)
-        if payload is None:
-            payload, used = _pickled_graph_payload(gm, path), "graph_pickler"
+        inputs, outputs = _describe(gm_or_compiled)
+        payload, used, parts, note = _compile_for_saving(gm_or_compiled, mechanism, example_inputs, path)
     else:
         raise FP8ConfigError(f"save_artifact: expected a torch.fx.GraphModule from trace_joint or a PrecompiledJoint, got {type(gm_or_compiled).__qualname__}")
     header = ArtifactHeader(
@@ -287,14 +312,42 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         signature=signature,
         fingerprint=signature.sha256,
         payload_size=len(payload),
-        payload_sha256=hashlib.sha256(payload).hexdigest(),
         inputs=inputs,
         outputs=outputs,
         fp8conf_version=fp8conf.__version__,
         note=note,
+        parts=parts,
     )
-    write_atomic(path, encode(header, payload))
+    header, data = seal(header, payload, signing_key)
+    write_atomic(path, data)
     return header
+
+
+def _compile_for_saving(gm, mechanism: str, example_inputs, path: str) -> tuple[bytes, str, list[dict], str]:
+    """``(payload, mechanism used, parts, note)`` of the traced graph ``gm`` compiled as asked."""
+    if mechanism == "regional":
+        payload, parts = _compiled_payload(precompile_joint(gm, mode="regional"), path)
+        return payload, "regional", parts, ""
+    if mechanism in ("auto", "standalone_compile"):
+        try:
+            return _standalone_payload(precompile_joint(gm, example_inputs).artifact, path), "standalone_compile", [], ""
+        except Exception as exc:
+            if mechanism == "standalone_compile":
+                raise ArtifactError(f"cannot compile and save {path!r} with standalone_compile: {type(exc).__name__}: {exc}", path=path) from exc
+            note = f"standalone_compile failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); saved the traced graph, compiled on load"
+            warnings.warn(f"fp8conf.save_artifact: {note}", stacklevel=3)
+            return _pickled_graph_payload(gm, path), "graph_pickler", [], note
+    return _pickled_graph_payload(gm, path), "graph_pickler", [], ""
+
+
+def _compiled_payload(compiled: PrecompiledJoint, path) -> tuple[bytes, list[dict]]:
+    """``(payload, parts)`` of a compiled joint graph."""
+    if compiled.mechanism == "regional":
+        from fp8conf.artifacts.regional import pack_part
+
+        payload, part = pack_part("joint", compiled.artifact, compiled.regions, path)
+        return payload, [part]
+    return _standalone_payload(compiled.artifact, path), []
 
 
 def _standalone_payload(artifact, path) -> bytes:
@@ -325,42 +378,61 @@ def _pickled_graph_payload(gm, path) -> bytes:
 def _mismatch(path, header: ArtifactHeader, expected: QuantizationSignature) -> FingerprintMismatchError:
     differences = header.signature.diff(expected)
     message = (
-        f"artifact {path!r} was built for another FP8 configuration and is not used: fingerprint "
-        f"{header.fingerprint[:16]} (artifact) != {expected.sha256[:16]} (current). Differing fields "
-        f"({len(differences)}): " + ", ".join(d[0] for d in differences) + "\n"
+        f"artifact {path!r} was built for another FP8 configuration and is not used:\n"
+        + "\n".join(f"  {line}" for line in describe_changes(differences))
+        + f"\nFields that differ ({len(differences)}):\n"
         + format_differences(differences, left="artifact", right="current", limit=40)
-        + "\nRecompile and save it again (`fp8conf precompile save`) for the current configuration."
+        + f"\nFingerprint {header.fingerprint[:16]} (artifact) != {expected.sha256[:16]} (current). "
+        "Recompile and save it again (`fp8conf precompile save`) for the current configuration."
     )
     return FingerprintMismatchError(
         message, path=path, differences=differences, artifact_fingerprint=header.fingerprint, current_fingerprint=expected.sha256,
     )
 
 
-def load_artifact(path, expected_signature: QuantizationSignature) -> PrecompiledJoint:
-    """Load the artifact at ``path`` if, and only if, it was built for ``expected_signature``.
-
-    Raises :class:`ArtifactError` for a file that is not a complete, intact artifact or that torch
-    cannot load, and :class:`FingerprintMismatchError` (naming the differing fields) for an
-    artifact of another signature; in both cases nothing of the payload is deserialized.
-    """
-    path = os.fspath(path)
+def _verified(path, expected_signature, key, trust_unsigned) -> tuple[ArtifactHeader, bytes]:
+    """The header and payload of an artifact that is intact, authentic and built for ``expected_signature``."""
     if not isinstance(expected_signature, QuantizationSignature):
         raise FP8ConfigError(f"load_artifact: expected_signature must be a QuantizationSignature, got {type(expected_signature).__qualname__}")
-    header, payload = read_artifact(path)
+    header, payload = read_artifact(path, key=key, trust_unsigned=trust_unsigned)
     if header.signature != expected_signature or header.fingerprint != expected_signature.sha256:
         raise _mismatch(path, header, expected_signature)
+    return header, payload
+
+
+def load_artifact(path, expected_signature: QuantizationSignature, *, key=None, trust_unsigned: bool = False) -> PrecompiledJoint:
+    """Load the artifact at ``path`` if, and only if, it is intact, signed with ``key`` (bytes or
+    a key file; by default the environment's) and was built for ``expected_signature``.
+
+    Raises :class:`~fp8conf.errors.ArtifactIntegrityError` (altered, truncated),
+    :class:`~fp8conf.errors.ArtifactAuthenticityError` (no valid MAC; ``trust_unsigned=True``
+    loads it anyway, with a warning: its payload is code that runs), :class:`FingerprintMismatchError`
+    (another signature; naming the differing fields) or :class:`ArtifactError` (not an artifact,
+    or torch cannot load it). Nothing of the payload is deserialized before these checks pass.
+    """
+    path = os.fspath(path)
+    header, payload = _verified(path, expected_signature, key, trust_unsigned)
+    return _deserialize(path, header, payload)
+
+
+def _deserialize(path: str, header: ArtifactHeader, payload: bytes) -> PrecompiledJoint:
+    if header.split is not None:
+        raise ArtifactError(f"artifact {path!r} holds a GraphPP split; load it with fp8conf.artifacts.regional.load_split_artifact", path=path)
+    loaders = {"standalone_compile": _load_standalone, "graph_pickler": _load_pickled_graph, "regional": _load_regional}
+    compiled = _deserialize_guarded(path, header, lambda: loaders[header.mechanism](payload, header, path))
+    compiled.signature = header.signature
+    return compiled
+
+
+def _deserialize_guarded(path: str, header: ArtifactHeader, load: Callable):
+    """``load()``, torch's failures as an :class:`ArtifactError` naming the artifact."""
     _register_fp8conf_ops()
     try:
-        if header.mechanism == "standalone_compile":
-            compiled = _load_standalone(payload, header)
-        else:
-            compiled = _load_pickled_graph(payload, header)
+        return load()
     except ArtifactError:
         raise
     except Exception as exc:
         raise ArtifactError(f"torch could not load artifact {path!r} ({header.mechanism}): {type(exc).__name__}: {exc}", path=path) from exc
-    compiled.signature = header.signature
-    return compiled
 
 
 def _register_fp8conf_ops() -> None:
@@ -370,7 +442,7 @@ def _register_fp8conf_ops() -> None:
         pass
 
 
-def _load_standalone(payload: bytes, header: ArtifactHeader) -> PrecompiledJoint:
+def _load_standalone(payload: bytes, header: ArtifactHeader, path: str) -> PrecompiledJoint:
     from torch._inductor.standalone_compile import CompiledArtifact
 
     with tempfile.TemporaryDirectory(prefix="fp8conf-load-") as tmp:
@@ -381,7 +453,7 @@ def _load_standalone(payload: bytes, header: ArtifactHeader) -> PrecompiledJoint
     return PrecompiledJoint(artifact, header.inputs, header.outputs, "standalone_compile", artifact=artifact)
 
 
-def _load_pickled_graph(payload: bytes, header: ArtifactHeader) -> PrecompiledJoint:
+def _load_pickled_graph(payload: bytes, header: ArtifactHeader, path: str) -> PrecompiledJoint:
     from torch._subclasses import FakeTensorMode
     from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -391,24 +463,48 @@ def _load_pickled_graph(payload: bytes, header: ArtifactHeader) -> PrecompiledJo
     return PrecompiledJoint(artifact, header.inputs, header.outputs, "graph_pickler", artifact=artifact, graph=flat)
 
 
+def _load_regional(payload: bytes, header: ArtifactHeader, path: str) -> PrecompiledJoint:
+    from fp8conf.artifacts.regional import unpack_parts
+
+    fn = unpack_parts(payload, header, path)["joint"]
+    return PrecompiledJoint(fn, header.inputs, header.outputs, "regional", regions=header.parts[0]["regions"])
+
+
 # --- model-level entry points -------------------------------------------------------------------
 
 
-def precompile_model(path, model, args, *, strict: bool = True, mechanism: str = "auto") -> ArtifactHeader:
+def precompile_model(path, model, args, *, strict: bool = True, mechanism: str = "auto", key=None, unsigned: bool = False) -> ArtifactHeader:
     """Trace ``model(*args)``'s training step, validate it (strictly when ``strict``), compile it
-    and save it at ``path`` with the model's quantization signature."""
+    and save it at ``path`` with the model's quantization signature, signed with ``key`` (see
+    :func:`save_artifact`)."""
     from fp8conf.graph.trace import trace_joint
     from fp8conf.graph.validate import validate_fp8_graph
 
+    path = os.fspath(path)
+    signing_key = _signing_key(key, unsigned, path)  # before the compile it would waste
     signature = QuantizationSignature.from_model(model, strict=strict)
     gm = trace_joint(model, args)
     validate_fp8_graph(gm, strict=strict)  # a strict artifact is one whose graph passed strict validation
-    return save_artifact(path, gm, signature, mechanism=mechanism)
+    return save_artifact(path, gm, signature, mechanism=mechanism, key=signing_key, unsigned=signing_key is None)
 
 
-def load_for_model(path, model, *, strict: bool = True) -> PrecompiledJoint:
-    """Load the artifact at ``path`` for ``model``'s current FP8 configuration (see :func:`load_artifact`)."""
-    return load_artifact(path, QuantizationSignature.from_model(model, strict=strict))
+def load_for_model(path, model, args=None, *, strict: bool = True, key=None, trust_unsigned: bool = False) -> PrecompiledJoint:
+    """Load the artifact at ``path`` for ``model``'s current FP8 configuration (see
+    :func:`load_artifact`), refusing it with a :class:`~fp8conf.errors.StaleArtifactError` naming
+    what differs when it was compiled for other parameter or buffer shapes or dtypes, or (given
+    ``args``, the model's positional inputs) other input shapes, before any of it is deserialized."""
+    path = os.fspath(path)
+    header, payload = _verified(path, QuantizationSignature.from_model(model, strict=strict), key, trust_unsigned)
+    stale = stale_inputs(header, model, args)  # from the header alone: nothing is deserialized yet
+    if stale:
+        lines = "\n".join(f"  {name}: {old} (artifact) -> {new} (current)" for name, old, new in stale)
+        raise StaleArtifactError(
+            f"artifact {path!r} was compiled for other shapes than {type(model).__qualname__}'s and is not used "
+            f"({len(stale)} input{'s' if len(stale) != 1 else ''} differ):\n{lines}\n"
+            "Recompile and save it again (`fp8conf precompile save`) for the current model.",
+            path=path, differences=tuple(stale),
+        )
+    return _deserialize(path, header, payload)
 
 
 def describe(header: ArtifactHeader) -> dict[str, Any]:

@@ -44,7 +44,10 @@ class CompiledJoint:
         mode: ``"full"`` or ``"regional"``.
         regions: the regions identified and tagged (``regional``).
         compiled_nodes / eager_nodes: names of the graph's nodes Inductor runs, and those left eager.
-        artifact: torch's ``CompiledArtifact`` of a ``full`` compile (what an artifact saves), or ``None``.
+        artifact: what a precompiled artifact (:mod:`fp8conf.artifacts.store`) saves: torch's
+            ``CompiledArtifact`` of a ``full`` compile, or the flat graph ``regional_inductor``
+            returned (its regions' compiled code and the eager remainder); ``None`` when nothing
+            was compiled.
     """
 
     fn: Callable
@@ -156,11 +159,18 @@ def _regional(gm, flat, names, strict) -> CompiledJoint:
         fn = lambda *flat_args: compiled(list(flat_args))  # noqa: E731
     else:
         fn = compiled
-    return CompiledJoint(fn, "regional", regions, names - eager, eager)
+    return CompiledJoint(fn, "regional", regions, names - eager, eager, compiled)
 
 
 def _tracing(gm):
     fake_mode = next(n.meta["val"].fake_mode for n in gm.graph.find_nodes(op="placeholder") if isinstance(n.meta.get("val"), torch.Tensor))
+    if fake_mode.shape_env is None:
+        # Inductor caches a compiled region, and makes it serializable (a regional artifact), only
+        # under a fake mode with a ShapeEnv; without one it bypasses its caches ("No shape env").
+        # Shapes stay static: the mode keeps static_shapes.
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        fake_mode.shape_env = ShapeEnv()
     return torch._guards.tracing(torch._guards.TracingContext(fake_mode))
 
 
