@@ -194,7 +194,8 @@ def _compile_full(gm, example_inputs=None):
     """``gm`` compiled whole by :func:`fp8conf.compile_joint`: torch's ``CompiledArtifact``."""
     from fp8conf.graph.compile import compile_joint
 
-    return compile_joint(gm, mode="full", example_inputs=example_inputs).artifact
+    # Unpartitioned: an artifact holds one compiled joint graph (a partitioned compile makes two).
+    return compile_joint(gm, mode="full", example_inputs=example_inputs, partition=False).artifact
 
 
 def precompile_joint(gm, example_inputs=None) -> PrecompiledJoint:
