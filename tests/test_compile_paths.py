@@ -4,6 +4,8 @@ Both are checked against the eager joint graph on CPU."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -31,6 +33,7 @@ def inductor_calls(monkeypatch):
     calls = []
     real = torch._inductor.standalone_compile
 
+    @functools.wraps(real)  # keeps its signature, which compile_joint inspects
     def counting(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -97,8 +98,11 @@ def compile_regions(gm: torch.fx.GraphModule, regions: list[Region], cache: dict
 def _compile_region(submodule, fake_inputs) -> Callable:
     # As regional_inductor does: shapes from the tracing context (the joint graph's fake mode),
     # and no second rematerialisation pass inside an already partitioned graph.
+    # aot=True bundles the region's AOTAutograd state in the artifact, as regional_inductor
+    # asks for; a torch whose standalone_compile lacks it compiles the same graph without.
+    options = {"aot": True} if "aot" in inspect.signature(torch._inductor.standalone_compile).parameters else {}
     with _no_nested_remat():
-        return torch._inductor.standalone_compile(submodule, fake_inputs, dynamic_shapes="from_tracing_context", aot=True)
+        return torch._inductor.standalone_compile(submodule, fake_inputs, dynamic_shapes="from_tracing_context", **options)
 
 
 def _no_nested_remat():
