@@ -2,13 +2,14 @@
 
 :func:`compile_joint` is fp8conf's one way to compile: GraphPP (:func:`fp8conf.compile_split`)
 compiles each callable with it and precompiled artifacts (:mod:`fp8conf.artifacts.store`) save
-what its ``full`` mode made. Both modes work on a flat copy of the graph (placeholders in,
-a flat list out) with torch's own machinery: ``full`` compiles the whole graph with
-``torch._inductor.standalone_compile`` (whose result can be saved); ``regional`` tags the complete
-FP8 regions (:mod:`fp8conf.graph.regions`) and runs ``torch.fx.passes.regional_inductor``, which
-cuts each tagged region out, compiles it and leaves everything else eager. On CUDA,
-``cudagraph=True`` captures the compiled callable in a CUDA graph and replays it, parameters and
-buffers being static inputs.
+what its unpartitioned ``full`` mode made. Both modes work on a flat copy of the graph
+(placeholders in, a flat list out) with torch's own machinery. A whole joint graph is first cut
+into forward and backward by the min-cut partitioner, as ``torch.compile`` does
+(:mod:`fp8conf.graph.partition`). ``full`` then compiles each graph with
+``torch._inductor.standalone_compile``; ``regional`` tags the complete FP8 regions of each
+(:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct region once, leaving
+everything else eager (:mod:`fp8conf.graph.region_compile`). On CUDA, ``cudagraph=True`` captures
+the compiled callable in a CUDA graph and replays it, parameters and buffers being static inputs.
 
 The result is a :class:`CompiledJoint` called like the graph it was made from (a joint graph:
 ``fn(primals, tangents)``, so :func:`fp8conf.run_joint` runs it too; a GraphPP callable:
