@@ -1,21 +1,34 @@
-"""Throughput and peak memory of one FP8 training step (forward + backward), compiled six ways.
+"""Throughput, peak memory and first-step time of one FP8 training step (forward + backward),
+fp8conf's compiled joint graphs side by side with eager execution and ``torch.compile``.
 
-Variants: eager bf16 (no FP8); eager Float8Linear; ``torch.compile`` of the Float8Linear model;
-fp8conf full compile of the joint graph; fp8conf regional compile; regional + CUDA graphs.
-Models: a transformer-like stack (dim 256, 6 blocks) and a matmul-bound one (dim 4096, 2
-blocks), bf16 weights, for the tensorwise and rowwise recipes. Prints one Markdown table with
-ratios against eager Float8Linear and against ``torch.compile``, plus cold compile seconds, and
-appends it with date, versions and device to ``benchmarks/RESULTS.md`` (``--write``).
+Models: a Llama-shaped model (``benchmarks/llama.py``: RMSNorm, causal SDPA attention with FP8
+q/k/v/o, SwiGLU feed-forward with FP8 projections, bf16 head) at the Llama-3 debug shape (dim
+256, 6 layers, 16 heads, vocab 2048) and a matmul-bound one (dim 2048, 4 layers); and the block
+stack of ``fp8conf.tools.example_models`` (``--model stack``). Variants: eager bf16, eager
+Float8Linear, ``torch.compile``, fp8conf full, fp8conf regional, the last three also with CUDA
+graphs (``torch.compile(mode="reduce-overhead")`` for torch's).
 
-    python benchmarks/bench_compile.py --write            # on a GPU (sm89+)
-    python benchmarks/bench_compile.py --device cpu --quick   # smoke test of the script itself
-    python benchmarks/bench_compile.py --recipes rowwise --jsonl rows.jsonl   # a part; then
-    python benchmarks/bench_compile.py --from-jsonl a.jsonl rows.jsonl --write   # one table
+Every variant of a configuration is built first (its first step timed, with one empty Inductor
+cache per configuration, shared by its variants in the order above); then ``--repeats`` rounds
+time each variant in turn, so that drift hits all of them alike; a figure is the median over the
+rounds, with min–max, and every ratio is taken within the run. Peak memory is what a variant
+allocates itself (parameters, gradients, activations, CUDA-graph pools) above what was allocated
+before it was built.
+
+``--depth 2 8 32`` measures instead the first step (trace, compile and run, an empty Inductor
+cache each) of torch.compile, fp8conf full and fp8conf regional at each depth of the Llama
+model at the debug shape: cold start versus depth.
+
+    python benchmarks/bench_compile.py --jsonl rows.jsonl                 # on a GPU (sm89+)
+    python benchmarks/bench_compile.py --depth 2 8 32 --jsonl depth.jsonl
+    python benchmarks/bench_compile.py --from-jsonl rows.jsonl depth.jsonl --write   # the tables
+    python benchmarks/bench_compile.py --device cpu --quick               # smoke test of the script
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 
@@ -25,13 +38,20 @@ from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 import fp8conf
 from fp8conf.tools.example_models import build_stack
 
-import results  # benchmarks/results.py, beside this script
+import goals  # benchmarks/goals.py, beside this script
+import results  # benchmarks/results.py
+from llama import build_llama
 
-CONFIGS = {"dim256x6": (256, 6), "dim4096x2": (4096, 2)}
-
-
-def build(dim, blocks, recipe, device, fp8=True):
-    return build_stack(dim, blocks, recipe if fp8 else None, head=False, device=device, dtype=torch.bfloat16)
+CONFIGS = {
+    "llama": {"dim256x6": (256, 6), "dim2048x4": (2048, 4)},
+    "stack": {"dim256x6": (256, 6), "dim4096x2": (4096, 2)},
+}
+VOCAB, HEADS, SEQ = 2048, 16, 2048
+VARIANTS = (
+    "eager bf16", "eager Float8Linear", "torch.compile", "torch.compile + CUDA graphs",
+    "fp8conf full", "fp8conf full + CUDA graphs", "fp8conf regional", "fp8conf regional + CUDA graphs",
+)
+DEPTH_VARIANTS = ("fp8conf regional", "torch.compile", "fp8conf full")
 
 
 def _sync(device):
@@ -39,19 +59,32 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def measure(step, device, warmup, iters):
-    for _ in range(warmup):
-        step()
-    _sync(device)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    _sync(device)
-    seconds = (time.perf_counter() - start) / iters
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    return seconds, peak
+class Workload:
+    """A model family at one shape, with its inputs and output gradient."""
+
+    def __init__(self, model, dim, blocks, recipe, device, tokens, quick=False):
+        self.kind, self.dim, self.blocks, self.recipe, self.device = model, dim, blocks, recipe, device
+        self.heads, self.vocab = (4, 256) if quick else (HEADS, VOCAB)
+        if model == "llama":
+            seq = min(SEQ, tokens)
+            self.x = torch.randint(0, self.vocab, (tokens // seq, seq), device=device)
+            self.grad = torch.randn(tokens // seq, seq, self.vocab, device=device, dtype=torch.bfloat16)
+        else:
+            self.x = torch.randn(tokens, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+            self.grad = torch.randn_like(self.x)
+
+    def build(self, fp8=True):
+        recipe = self.recipe if fp8 else None
+        if self.kind == "llama":
+            return build_llama(self.dim, self.blocks, recipe, device=self.device, heads=self.heads, vocab=self.vocab)
+        return build_stack(self.dim, self.blocks, recipe, head=False, device=self.device, dtype=torch.bfloat16)
+
+    def fp8_flops(self, model) -> float:
+        """FLOPs of the FP8 matmuls in one step: 2 per multiply-add, forward and two backward."""
+        from torchao.float8.float8_linear import Float8Linear
+
+        tokens = self.x.shape[0] * (self.x.shape[1] if self.kind == "llama" else 1)
+        return sum(6.0 * m.in_features * m.out_features * tokens for m in model.modules() if isinstance(m, Float8Linear))
 
 
 def eager_step(model, x, grad):
@@ -72,24 +105,48 @@ def joint_step(gm, model, x, grad, fn):
     return step
 
 
-def variants(dim, blocks, recipe, device, tokens):
-    x = torch.randn(tokens, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
-    grad = torch.randn_like(x)
-    yield "eager bf16", lambda: eager_step(build(dim, blocks, recipe, device, fp8=False), x, grad)
-    yield "eager Float8Linear", lambda: eager_step(build(dim, blocks, recipe, device), x, grad)
-    yield "torch.compile", lambda: eager_step(torch.compile(build(dim, blocks, recipe, device)), x, grad)
-    modes = [("full", False), ("regional", False)]
-    modes += [("full", True), ("regional", True)] if device == "cuda" else []
-    for mode, cudagraph in modes:
-        label = f"fp8conf {mode}" + (" + CUDA graphs" if cudagraph else "")
+def make_variant(label, work: Workload):
+    """Build ``label``'s model and step; returns ``(step, model, info)``."""
+    model = work.build(fp8=label != "eager bf16")
+    if label.startswith("eager"):
+        return eager_step(model, work.x, work.grad), model, {}
+    if label.startswith("torch.compile"):
+        mode = "reduce-overhead" if "CUDA graphs" in label else None
+        return eager_step(torch.compile(model, mode=mode), work.x, work.grad), model, {}
+    mode = "full" if "full" in label else "regional"
+    gm = fp8conf.trace_joint(model, (work.x,))
+    compiled = fp8conf.compile_joint(gm, mode=mode, cudagraph="CUDA graphs" in label)
+    info = {"inductor_compiles": compiled.inductor_compiles, "regions": sum(r.complete for r in compiled.regions)}
+    return joint_step(gm, model, work.x, work.grad, compiled), model, info
 
-        def make(mode=mode, cudagraph=cudagraph):
-            model = build(dim, blocks, recipe, device)
-            gm = fp8conf.trace_joint(model, (x,))
-            compiled = fp8conf.compile_joint(gm, mode=mode, cudagraph=cudagraph)
-            return joint_step(gm, model, x, grad, compiled)
 
-        yield label, make
+def cold_build(label, work, device):
+    """Build a variant and run its first step: ``(step, model, info, seconds, own peak GiB)``."""
+    _sync(device)
+    before = torch.cuda.memory_allocated() if device == "cuda" else 0
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    step, model, info = make_variant(label, work)
+    step()  # the first step compiles
+    _sync(device)
+    seconds = time.perf_counter() - start
+    for _ in range(2):  # CUDA-graph variants capture on a later step: count their pools too
+        step()
+    _sync(device)
+    peak = (torch.cuda.max_memory_allocated() - before) / 2**30 if device == "cuda" else float("nan")
+    return step, model, info, seconds, peak
+
+
+def timed(step, device, warmup, iters) -> float:
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    _sync(device)
+    return (time.perf_counter() - start) / iters
 
 
 def gpu_profile(step, steps=3):
@@ -107,70 +164,82 @@ def gpu_profile(step, steps=3):
     return len(kernels) / steps, busy_us / steps / 1e3
 
 
-def run(args, sink):
-    for name, (dim, blocks) in CONFIGS.items():
-        if name not in args.configs:
-            continue
-        if args.quick:
-            dim, blocks = min(dim, 64), 2
-        for recipe in args.recipes:
-            for label, make in variants(dim, blocks, recipe, args.device, args.tokens):
-                if args.variants and label not in args.variants:
-                    continue
-                torch._dynamo.reset()
-                # Cold: an empty Inductor (and Triton) cache per variant; identical regions within
-                # one compilation may still share cached kernels, as they would on a user's machine.
-                with temporary_cache_dir(tempfile.mkdtemp(prefix="bench-compile-")):
-                    start = time.perf_counter()
-                    step = make()
-                    step()  # the first step compiles
-                    _sync(args.device)
-                    cold = time.perf_counter() - start
-                seconds, peak = measure(step, args.device, args.warmup, args.iters)
-                kernels, busy_ms = gpu_profile(step) if args.device == "cuda" else (float("nan"), float("nan"))
-                row = dict(model=name, recipe=recipe, variant=label, tokens_per_s=args.tokens / seconds,
-                           step_ms=seconds * 1e3, peak_gib=peak, first_step_s=cold, kernels=kernels, gpu_busy_ms=busy_ms)
-                print(f"{name} {recipe:10s} {label:28s} {row['tokens_per_s'] / 1e6:8.3f} Mtok/s  peak {peak:6.2f} GiB  "
-                      f"first step {cold:6.1f} s  kernels/step {kernels:6.0f}  GPU busy {busy_ms:7.2f} of {seconds * 1e3:7.2f} ms",
-                      flush=True)
-                sink(row)
-                del step
-                if args.device == "cuda":
-                    torch.cuda.empty_cache()
+def _labels(args):
+    labels = [v for v in VARIANTS if not args.variants or v in args.variants]
+    return [v for v in labels if "CUDA graphs" not in v or args.device == "cuda"]
 
 
-def table(rows) -> str:
-    lines = [
-        "| model | recipe | variant | Mtok/s | vs eager Float8Linear | vs torch.compile | peak GiB | vs torch.compile peak | first step s | kernels/step | GPU busy % |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    by_key = {(r["model"], r["recipe"], r["variant"]): r for r in rows}
-    for r in rows:
-        base = by_key.get((r["model"], r["recipe"], "eager Float8Linear"))
-        peer = by_key.get((r["model"], r["recipe"], "torch.compile"))
-        ratio = lambda other, key: f"{r[key] / other[key]:.2f}x" if other else "n/a"
-        busy = f"{100 * r['gpu_busy_ms'] / r['step_ms']:.0f}" if r["gpu_busy_ms"] == r["gpu_busy_ms"] else "n/a"
-        kernels = f"{r['kernels']:.0f}" if r["kernels"] == r["kernels"] else "n/a"
-        lines.append(
-            f"| {r['model']} | {r['recipe']} | {r['variant']} | {r['tokens_per_s'] / 1e6:.3f} | {ratio(base, 'tokens_per_s')} | "
-            f"{ratio(peer, 'tokens_per_s')} | {r['peak_gib']:.2f} | {ratio(peer, 'peak_gib')} | {r['first_step_s']:.1f} | {kernels} | {busy} |"
-        )
-    return "\n".join(lines)
+def run_config(args, name, dim, blocks, recipe, sink):
+    work = Workload(args.model, dim, blocks, recipe, args.device, args.tokens, args.quick)
+    live, rows = {}, {}
+    torch._dynamo.reset()
+    with temporary_cache_dir(tempfile.mkdtemp(prefix="bench-compile-")):
+        for label in _labels(args):
+            row = dict(model=f"{args.model}-{name}", recipe=recipe, variant=label, tokens=args.tokens)
+            try:
+                step, model, info, cold, peak = cold_build(label, work, args.device)
+            except Exception as exc:  # a variant that cannot run is recorded, not fatal to the others
+                rows[label] = dict(row, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                print(f"{name} {label}: {rows[label]['error']}", flush=True)
+                continue
+            live[label] = step
+            rows[label] = dict(row, first_step_s=cold, peak_gib=peak, fp8_flops=work.fp8_flops(model), seconds=[], **info)
+            print(f"{name} {label:32s} first step {cold:6.1f} s  peak {peak:6.2f} GiB", flush=True)
+        for _ in range(args.repeats):
+            for label, step in live.items():
+                rows[label]["seconds"].append(timed(step, args.device, args.warmup, args.iters))
+    for label, step in live.items():
+        row = rows[label]
+        row["kernels"], row["gpu_busy_ms"] = gpu_profile(step) if args.device == "cuda" else (float("nan"), float("nan"))
+        median = statistics.median(row["seconds"])
+        print(f"{name} {label:32s} {args.tokens / median / 1e6:8.3f} Mtok/s (median of {len(row['seconds'])})  "
+              f"kernels/step {row['kernels']:6.0f}  GPU busy {row['gpu_busy_ms']:7.2f} of {median * 1e3:7.2f} ms", flush=True)
+    for row in rows.values():
+        sink(row)
+    live.clear()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_depth(args, sink):
+    dim = 64 if args.quick else 256
+    for label in args.depth_variants:
+        for blocks in args.depth:
+            work = Workload("llama", dim, blocks, args.recipes[0], args.device, args.tokens, args.quick)
+            torch._dynamo.reset()
+            row = dict(model=f"llama-dim{dim}", recipe=args.recipes[0], variant=label, blocks=blocks, tokens=args.tokens, depth=True)
+            try:
+                with temporary_cache_dir(tempfile.mkdtemp(prefix="bench-depth-")):
+                    _, _, info, cold, _ = cold_build(label, work, args.device)
+                row.update(first_step_s=cold, **info)
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            print(f"depth {blocks:3d} {label:20s} {row.get('first_step_s', float('nan')):7.1f} s {row.get('error', '')}", flush=True)
+            sink(row)
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", default="llama", choices=list(CONFIGS))
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--recipes", nargs="+", default=["tensorwise", "rowwise"])
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; figures are their medians")
+    parser.add_argument("--configs", nargs="+", help="configurations of --model (default: all)")
+    parser.add_argument("--recipes", nargs="+", default=["tensorwise"])
     parser.add_argument("--variants", nargs="+", help="measure only these variants (labels as printed)")
+    parser.add_argument("--depth", nargs="+", type=int, help="measure cold start at these depths instead")
+    parser.add_argument("--depth-variants", nargs="+", default=list(DEPTH_VARIANTS), choices=DEPTH_VARIANTS)
     results.jsonl_arguments(parser)
-    parser.add_argument("--quick", action="store_true", help="tiny models: checks the script, measures nothing")
-    parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--quick", action="store_true", help="tiny models, one round: checks the script, measures nothing")
+    parser.add_argument("--write", action="store_true", help="append the tables to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    if args.quick:
+        args.tokens, args.warmup, args.iters, args.repeats = 256, 1, 1, 1
+        args.depth = args.depth and [1, 2]
     rows = []
     if args.from_jsonl:
         rows = results.read_jsonl(args.from_jsonl)
@@ -186,16 +255,19 @@ def main():
             rows.append(row)
             results.append_jsonl(args.jsonl, row)
 
-        run(args, sink)
-    text = table(rows)
+        if args.depth:
+            run_depth(args, sink)
+        for name, (dim, blocks) in ({} if args.depth else CONFIGS[args.model]).items():
+            if args.configs and name not in args.configs:
+                continue
+            if args.quick:
+                dim, blocks = 64, 2
+            for recipe in args.recipes:
+                run_config(args, name, dim, blocks, recipe, sink)
+    text = goals.report(rows)
     print(text)
     if args.write:
-        results.append(
-            "bench_compile",
-            f"{environment}; first step includes cold compilation (an empty Inductor cache per variant); "
-            "kernels/step and GPU busy from torch.profiler over 3 steps.",
-            text,
-        )
+        results.append("bench_compile", f"{environment}. {goals.CONDITIONS}", text)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Regionally compiled graphs in an artifact: the joint graph, or the three GraphPP callables.
 
 Regional compilation (:func:`fp8conf.compile_joint`, ``mode="regional"``) is the mode whose
-point is a short cold start, so its result can be saved too. What ``regional_inductor`` returns
+point is a short cold start, so its result can be saved too. What it returns (unpartitioned)
 is a flat graph in which every compiled FP8 region is one call of an
 ``AOTCompiledArtifact`` (Inductor's generated code for that region) and everything else is the
 eager remainder; ``torch.fx._graph_pickler.GraphPickler`` serializes exactly that graph, with
@@ -73,7 +73,7 @@ def unpack_parts(payload: bytes, header: ArtifactHeader, path: str) -> dict[str,
         graph = GraphPickler.loads(data, FakeTensorMode(shape_env=ShapeEnv()))
         graph.recompile()
         _check_regions_compiled(graph, part, path)
-        fns[part["name"]] = _flat_callable(graph)
+        fns[part["name"]] = flat_callable(graph)
     return fns
 
 
@@ -89,11 +89,12 @@ def _check_regions_compiled(graph, part: dict, path: str) -> None:
             )
 
 
-def _flat_callable(graph) -> Callable:
+def flat_callable(graph) -> Callable:
+    """``graph`` (a regionally compiled flat graph) called on flat inputs."""
     import torch
 
     if isinstance(graph.graph._codegen, getattr(torch.fx.graph, "_BoxedCodeGen", ())):
-        return lambda *flat: graph(list(flat))  # regional_inductor's graph takes one list
+        return lambda *flat: graph(list(flat))  # a boxed graph takes one list
     return graph
 
 

@@ -205,7 +205,8 @@ def _compile_full(gm, example_inputs=None):
     """``gm`` compiled whole by :func:`fp8conf.compile_joint`: torch's ``CompiledArtifact``."""
     from fp8conf.graph.compile import compile_joint
 
-    return compile_joint(gm, mode="full", example_inputs=example_inputs).artifact
+    # Unpartitioned: an artifact holds one compiled joint graph (a partitioned compile makes two).
+    return compile_joint(gm, mode="full", example_inputs=example_inputs, partition=False).artifact
 
 
 def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> PrecompiledJoint:
@@ -214,7 +215,7 @@ def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> Precompi
     result is specialized to ``example_inputs``, the flat inputs in placeholder order, tensors like
     the traced ones when omitted) or ``"regional"`` (the complete FP8 regions, strictly).
     """
-    from fp8conf.artifacts.regional import region_specs
+    from fp8conf.artifacts.regional import flat_callable, region_specs
     from fp8conf.graph.compile import compile_joint
     from fp8conf.graph.trace import trace_info
 
@@ -226,8 +227,9 @@ def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> Precompi
     if mode == "full":
         artifact = _compile_full(gm, example_inputs)
         return PrecompiledJoint(artifact, inputs, outputs, "standalone_compile", artifact=artifact, modules=modules)
-    compiled = compile_joint(gm, mode="regional", strict=True)
-    flat = lambda *values: compiled.artifact(list(values))  # noqa: E731  (regional_inductor's graph takes one list)
+    # Unpartitioned, like a full artifact: one flat graph calling its regions' compiled code.
+    compiled = compile_joint(gm, mode="regional", strict=True, partition=False)
+    flat = flat_callable(compiled.artifact)
     return PrecompiledJoint(flat, inputs, outputs, "regional", artifact=compiled.artifact, modules=modules, regions=region_specs(compiled))
 
 

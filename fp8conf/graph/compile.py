@@ -2,13 +2,14 @@
 
 :func:`compile_joint` is fp8conf's one way to compile: GraphPP (:func:`fp8conf.compile_split`)
 compiles each callable with it and precompiled artifacts (:mod:`fp8conf.artifacts.store`) save
-what its ``full`` mode made. Both modes work on a flat copy of the graph (placeholders in,
-a flat list out) with torch's own machinery: ``full`` compiles the whole graph with
-``torch._inductor.standalone_compile`` (whose result can be saved); ``regional`` tags the complete
-FP8 regions (:mod:`fp8conf.graph.regions`) and runs ``torch.fx.passes.regional_inductor``, which
-cuts each tagged region out, compiles it and leaves everything else eager. On CUDA,
-``cudagraph=True`` captures the compiled callable in a CUDA graph and replays it, parameters and
-buffers being static inputs.
+what its unpartitioned ``full`` mode made. Both modes work on a flat copy of the graph
+(placeholders in, a flat list out) with torch's own machinery. A whole joint graph is first cut
+into forward and backward by the min-cut partitioner, as ``torch.compile`` does
+(:mod:`fp8conf.graph.partition`). ``full`` then compiles each graph with
+``torch._inductor.standalone_compile``; ``regional`` tags the complete FP8 regions of each
+(:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct region once, leaving
+everything else eager (:mod:`fp8conf.graph.region_compile`). On CUDA, ``cudagraph=True`` captures
+the compiled callable in a CUDA graph and replays it, parameters and buffers being static inputs.
 
 The result is a :class:`CompiledJoint` called like the graph it was made from (a joint graph:
 ``fn(primals, tangents)``, so :func:`fp8conf.run_joint` runs it too; a GraphPP callable:
@@ -27,6 +28,8 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fp8conf import errors
+from fp8conf.graph.partition import partition_joint, run_partitioned
+from fp8conf.graph.region_compile import compile_regions
 from fp8conf.graph.regions import Region, tag_fp8_regions
 from fp8conf.graph.trace import flat_graph_module, joint_signature
 
@@ -44,10 +47,12 @@ class CompiledJoint:
         mode: ``"full"`` or ``"regional"``.
         regions: the regions identified and tagged (``regional``).
         compiled_nodes / eager_nodes: names of the graph's nodes Inductor runs, and those left eager.
-        artifact: what a precompiled artifact (:mod:`fp8conf.artifacts.store`) saves: torch's
-            ``CompiledArtifact`` of a ``full`` compile, or the flat graph ``regional_inductor``
-            returned (its regions' compiled code and the eager remainder); ``None`` when nothing
-            was compiled.
+        artifact: what a precompiled artifact (:mod:`fp8conf.artifacts`) saves: torch's
+            ``CompiledArtifact`` of a ``full`` compile, or for ``regional`` the flat graph that calls
+            its regions' compiled code; a ``(forward, backward)`` pair when the joint graph was
+            partitioned first; ``None`` when nothing was compiled.
+        inductor_compiles: how many graphs Inductor compiled: 1 or 2 (forward, backward) for
+            ``full``; for ``regional``, one per structurally distinct region, however often it recurs.
     """
 
     fn: Callable
@@ -56,13 +61,14 @@ class CompiledJoint:
     compiled_nodes: frozenset[str]
     eager_nodes: frozenset[str]
     artifact: Any = None
+    inductor_compiles: int = 1
 
     def __call__(self, *args):
         return self.fn(*args)
 
 
 def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: bool = True, cudagraph: bool = False,
-                  example_inputs=None) -> CompiledJoint:
+                  example_inputs=None, partition: bool = True) -> CompiledJoint:
     """Compile ``gm``, a joint graph made by :func:`fp8conf.trace_joint` or a graph cut from one
     (a GraphPP callable); ``gm`` itself is not changed.
 
@@ -70,6 +76,9 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     an incomplete region is an :class:`~fp8conf.errors.IncompleteRegionError`, a tagged region
     left eager a :class:`~fp8conf.errors.RegionCompileError`). ``example_inputs`` (flat, in
     placeholder order) are what ``full`` specializes to; by default, tensors like the traced ones.
+    With ``partition`` (the default), a joint graph is first cut into forward and backward by the
+    min-cut partitioner, as ``torch.compile`` does (:mod:`fp8conf.graph.partition`); graphs
+    without tangents are compiled whole either way.
     """
     if mode not in MODES:
         raise errors.FP8ConfigError(f"compile_joint(mode={mode!r}): choose one of {MODES}")
@@ -79,16 +88,30 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     flat = flat_graph_module(gm)
     if not flat.graph.find_nodes(op="placeholder"):
         # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
-        return CompiledJoint(gm, mode, (), frozenset(), names)
+        return CompiledJoint(gm, mode, (), frozenset(), names, inductor_compiles=0)
+    parts = partition_joint(flat) if partition else None
     if mode == "full":
-        artifact = _standalone_compile(flat, _examples(flat, example_inputs))
-        compiled = CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
+        compiled = _full(flat, parts, names, example_inputs)
+    elif parts is None:
+        compiled = _regional(gm, [flat], names, strict)
     else:
-        compiled = _regional(gm, flat, names, strict)
+        compiled = _regional(gm, [parts.forward, parts.backward], names, strict)
+        forward_fn, backward_fn = compiled.fn
+        compiled = dataclasses.replace(compiled, fn=run_partitioned(parts, forward_fn, backward_fn))
     fn = compiled.fn
     if cudagraph:
         fn = _cuda_graphed(fn, _static_inputs(gm))
     return dataclasses.replace(compiled, fn=_with_convention(gm, fn))
+
+
+def _full(flat, parts, names, example_inputs) -> CompiledJoint:
+    examples = _examples(flat, example_inputs)
+    if parts is None:
+        artifact = _standalone_compile(flat, examples)
+        return CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
+    forward = _standalone_compile(parts.forward, examples[: parts.num_primals])
+    backward = _standalone_compile(parts.backward, _examples(parts.backward, None))
+    return CompiledJoint(run_partitioned(parts, forward, backward), "full", (), names, frozenset(), (forward, backward), 2)
 
 
 def _standalone_compile(flat: torch.fx.GraphModule, example_inputs) -> Callable:
@@ -133,72 +156,41 @@ def _with_convention(gm, flat_fn) -> Callable:
     return run
 
 
-def _regional(gm, flat, names, strict) -> CompiledJoint:
-    """Tag the complete FP8 regions on the flat copy and run ``regional_inductor`` on it."""
-    from torch.fx.passes.regional_inductor import regional_inductor
-
-    regions = tuple(tag_fp8_regions(flat, strict=strict))
-    try:
-        with _tracing(flat):  # regional_inductor compiles under the tracing context the compile-joint APIs set up
-            compiled = regional_inductor(flat)
-    except Exception as exc:
-        raise _region_error(gm, regions, exc) from exc
-    eager = frozenset(n.name for n in compiled.graph.nodes if n.op == "call_function" and n.name in names)
+def _regional(gm, graphs, names, strict) -> CompiledJoint:
+    """Tag the complete FP8 regions of each of ``graphs`` (the flat joint graph, or its forward
+    and backward) and compile them, each structurally distinct region once; ``fn`` is one flat
+    callable, or a list of them when several graphs are given."""
+    regions, fns, compiled_names, cache = [], [], set(), {}
+    for graph in graphs:
+        found = tag_fp8_regions(graph, strict=strict)
+        regions += found
+        fn, fused = compile_regions(graph, [r for r in found if r.complete], cache, error=_region_error)
+        fns.append(fn)
+        compiled_names |= fused
     tagged = {n.name for r in regions if r.complete for n in r.nodes}
-    left_eager = tagged & eager
+    left_eager = tagged - compiled_names
     if left_eager and strict:
         region = next(r for r in regions if any(n.name in left_eager for n in r.nodes))
         raise errors.RegionCompileError(
             f"FP8 region {region.id} of module '{region.module_fqn}' was tagged but runs eagerly "
-            f"(nodes {sorted(left_eager)[:5]}); regional_inductor did not cut it out",
+            f"(nodes {sorted(left_eager)[:5]}); it could not be cut out of the graph",
             module_fqn=region.module_fqn,
             pass_name=region.pass_name,
         )
-    # Newer torch returns a boxed graph module (one flat list in); older keeps the flat convention.
-    if isinstance(compiled.graph._codegen, getattr(torch.fx.graph, "_BoxedCodeGen", ())):
-        fn = lambda *flat_args: compiled(list(flat_args))  # noqa: E731
-    else:
-        fn = compiled
-    return CompiledJoint(fn, "regional", regions, names - eager, eager, compiled)
+    compiled = frozenset(compiled_names) & names
+    fn = fns[0] if len(fns) == 1 else fns
+    # The graphs now call their regions' compiled code: what a regional artifact saves.
+    artifact = graphs[0] if len(graphs) == 1 else tuple(graphs)
+    return CompiledJoint(fn, "regional", tuple(regions), compiled, names - compiled, artifact, len(cache))
 
 
-def _tracing(gm):
-    fake_mode = next(n.meta["val"].fake_mode for n in gm.graph.find_nodes(op="placeholder") if isinstance(n.meta.get("val"), torch.Tensor))
-    if fake_mode.shape_env is None:
-        # Inductor caches a compiled region, and makes it serializable (a regional artifact), only
-        # under a fake mode with a ShapeEnv; without one it bypasses its caches ("No shape env").
-        # Shapes stay static: the mode keeps static_shapes.
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-        fake_mode.shape_env = ShapeEnv()
-    return torch._guards.tracing(torch._guards.TracingContext(fake_mode))
-
-
-def _region_error(gm, regions, exc) -> errors.RegionCompileError:
-    # Inductor's error names a submodule, not a module: find the region it fails on alone.
-    from torch.fx.passes.regional_inductor import regional_inductor
-
-    for region in (r for r in regions if r.complete):
-        alone = flat_graph_module(gm)
-        tag_fp8_regions(alone, [_same_region(alone, region)], strict=False)
-        try:
-            with _tracing(alone):
-                regional_inductor(alone)
-        except Exception as culprit:
-            return errors.RegionCompileError(
-                f"Inductor rejected FP8 region {region.id} of module '{region.module_fqn}' "
-                f"({region.pass_name} pass): {type(culprit).__name__}: {culprit}",
-                module_fqn=region.module_fqn,
-                pass_name=region.pass_name,
-            )
-    return errors.RegionCompileError(f"regional Inductor compilation failed: {type(exc).__name__}: {exc}")
-
-
-def _same_region(gm, region: Region) -> Region:
-    by_name = {n.name: n for n in gm.graph.nodes}
-    nodes = tuple(by_name[n.name] for n in region.nodes)
-    computes = tuple(by_name[n.name] for n in region.compute_nodes)
-    return dataclasses.replace(region, nodes=nodes, compute_nodes=computes)
+def _region_error(region: Region, exc: Exception) -> errors.RegionCompileError:
+    return errors.RegionCompileError(
+        f"Inductor rejected FP8 region {region.id} of module '{region.module_fqn}' "
+        f"({region.pass_name} pass): {type(exc).__name__}: {exc}",
+        module_fqn=region.module_fqn,
+        pass_name=region.pass_name,
+    )
 
 
 def _static_inputs(gm) -> tuple[bool, ...]:

@@ -1,0 +1,152 @@
+"""Tables of ``bench_compile.py``'s rows: throughput and memory per configuration, cold start
+versus depth, and the compile goals with a verdict each."""
+
+from __future__ import annotations
+
+import statistics
+
+CONDITIONS = (
+    "Throughput: median of interleaved rounds (min-max in brackets), ratios between medians of the same run. "
+    "Peak: what the variant allocates itself. First step: build, trace, compile and one step, with one empty "
+    "Inductor cache per configuration shared by its variants in table order (each depth row: an empty cache of its own). "
+    "Kernels/step and GPU busy from torch.profiler over 3 steps."
+)
+#: The depths the cold-start goals compare (the issue's 2 and 32 blocks).
+GOAL_DEPTHS = (2, 32)
+#: Dense FP8 matrix rate of an H200 (SXM) by its datasheet, FLOP/s.
+H200_DENSE_FP8 = 1979e12
+
+
+def _median(row):
+    return statistics.median(row["seconds"])
+
+
+def _rate(row):
+    return row["tokens"] / _median(row)
+
+
+def _key(row):
+    return row["model"], row["recipe"]
+
+
+def throughput_table(rows) -> str:
+    lines = [
+        "| model | recipe | variant | Mtok/s (min-max) | vs eager Float8Linear | vs torch.compile | peak GiB | peak vs torch.compile "
+        "| first step s | kernels/step | GPU busy % |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    by = {(*_key(r), r["variant"]): r for r in rows if r.get("seconds")}
+    for r in rows:
+        if r.get("depth"):
+            continue
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['recipe']} | {r['variant']} | failed: {r['error'][:120]} | | | | | | | |")
+            continue
+        base, peer = by.get((*_key(r), "eager Float8Linear")), by.get((*_key(r), "torch.compile"))
+        low, high = (r["tokens"] / max(r["seconds"]) / 1e6, r["tokens"] / min(r["seconds"]) / 1e6)
+        speed = lambda other: f"{_rate(r) / _rate(other):.2f}x" if other else "n/a"  # noqa: E731
+        peak = f"{r['peak_gib'] / peer['peak_gib']:.2f}x" if peer and peer["peak_gib"] == peer["peak_gib"] else "n/a"
+        busy = f"{100 * r['gpu_busy_ms'] / (_median(r) * 1e3):.0f}" if r["gpu_busy_ms"] == r["gpu_busy_ms"] else "n/a"
+        kernels = f"{r['kernels']:.0f}" if r["kernels"] == r["kernels"] else "n/a"
+        lines.append(
+            f"| {r['model']} | {r['recipe']} | {r['variant']} | {_rate(r) / 1e6:.3f} ({low:.3f}-{high:.3f}) | {speed(base)} | "
+            f"{speed(peer)} | {r['peak_gib']:.2f} | {peak} | {r['first_step_s']:.1f} | {kernels} | {busy} |"
+        )
+    return "\n".join(lines)
+
+
+def depth_table(rows) -> str:
+    depth = [r for r in rows if r.get("depth")]
+    if not depth:
+        return ""
+    cold = {(r["variant"], r["blocks"]): r for r in depth}
+    blocks = sorted({r["blocks"] for r in depth})
+    lines = [
+        "| blocks | torch.compile s | fp8conf full s | fp8conf regional s | regional vs torch.compile | regional vs its own at "
+        f"{blocks[0]} blocks | regions / Inductor compiles (regional) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def seconds(variant, n):
+        r = cold.get((variant, n))
+        if r is None:
+            return None, "not run"
+        if "error" in r:
+            return None, "failed"
+        return r["first_step_s"], f"{r['first_step_s']:.1f}"
+
+    for n in blocks:
+        tc, tc_text = seconds("torch.compile", n)
+        _, full_text = seconds("fp8conf full", n)
+        reg, reg_text = seconds("fp8conf regional", n)
+        first, _ = seconds("fp8conf regional", blocks[0])
+        ratio = f"{reg / tc:.2f}x" if reg and tc else "n/a"
+        own = f"{reg / first:.2f}x" if reg and first else "n/a"
+        r = cold.get(("fp8conf regional", n), {})
+        compiles = f"{r['regions']} / {r['inductor_compiles']}" if "inductor_compiles" in r else "n/a"
+        lines.append(f"| {n} | {tc_text} | {full_text} | {reg_text} | {ratio} | {own} | {compiles} |")
+    return "\n".join(lines)
+
+
+def _verdict(value, bound, above: bool) -> tuple[str, str]:
+    if value is None or value != value:  # absent, or NaN (no CUDA memory statistics on CPU)
+        return "n/a", "not measured"
+    met = value >= bound if above else value <= bound
+    return f"{value:.2f}", "met" if met else "missed"
+
+
+def goal_table(rows) -> str:
+    by = {(*_key(r), r["variant"]): r for r in rows if r.get("seconds")}
+    cold = {(r["variant"], r["blocks"]): r.get("first_step_s") for r in rows if r.get("depth")}
+    configs = sorted({_key(r) for r in rows if r.get("seconds") and r["model"].startswith("llama")})
+    lines = ["| goal | config | measured | bound | verdict |", "|---|---|---:|---:|---|"]
+
+    def ratio(config, variant, field):
+        a, b = by.get((*config, variant)), by.get((*config, "torch.compile"))
+        if not a or not b:
+            return None
+        return _rate(a) / _rate(b) if field == "speed" else a[field] / b[field]
+
+    def add(goal, config, value, bound, above):
+        measured, verdict = _verdict(value, bound, above)
+        lines.append(f"| {goal} | {config} | {measured} | {'>=' if above else '<='} {bound} | {verdict} |")
+
+    if cold:
+        low, high = GOAL_DEPTHS
+        reg_low, reg_high, tc_high = cold.get(("fp8conf regional", low)), cold.get(("fp8conf regional", high)), cold.get(("torch.compile", high))
+        add(f"regional cold start at {high} blocks vs its own at {low}", "llama dim256", reg_high / reg_low if reg_low and reg_high else None, 1.5, False)
+        add(f"regional cold start vs torch.compile at {high} blocks", "llama dim256", reg_high / tc_high if reg_high and tc_high else None, 0.4, False)
+    for config in configs:
+        name = f"{config[0]} {config[1]}"
+        debug = "dim256" in config[0]
+        if debug:
+            add("regional first step vs torch.compile", name, ratio(config, "fp8conf regional", "first_step_s"), 0.5, False)
+        add("regional peak vs torch.compile", name, ratio(config, "fp8conf regional", "peak_gib"), 1.1, False)
+        add("full throughput vs torch.compile", name, ratio(config, "fp8conf full", "speed"), 1.0, True)
+        add("full peak vs torch.compile", name, ratio(config, "fp8conf full", "peak_gib"), 1.05, False)
+        add("regional throughput vs torch.compile", name, ratio(config, "fp8conf regional", "speed"), 0.9 if debug else 1.0, True)
+        if debug:
+            add("regional + CUDA graphs throughput vs torch.compile", name, ratio(config, "fp8conf regional + CUDA graphs", "speed"), 1.5, True)
+    lines.append("| warm start from a regional artifact vs regional cold start | | n/a | <= 0.15 | not measured: regional artifacts do not exist yet |")
+    return "\n".join(lines)
+
+
+def fp8_share(rows) -> str:
+    """FP8 matmul FLOP rate of the best variant at the largest Llama configuration, as a share of the H200's dense FP8 rate."""
+    llama = [r for r in rows if r.get("seconds") and r["model"].startswith("llama") and r.get("fp8_flops")]
+    if not llama:
+        return ""
+    largest = max(r["fp8_flops"] for r in llama)
+    lines = []
+    for r in (r for r in llama if r["fp8_flops"] == largest):
+        rate = r["fp8_flops"] / _median(r)
+        lines.append(f"- {r['model']} {r['variant']}: {rate / 1e12:.0f} TFLOP/s of FP8 matmul, {100 * rate / H200_DENSE_FP8:.1f} % of the H200's dense FP8 peak ({H200_DENSE_FP8 / 1e12:.0f} TFLOP/s)")
+    return "\n".join(lines)
+
+
+def report(rows) -> str:
+    parts = [throughput_table(rows) if any(not r.get("depth") for r in rows) else ""]
+    parts += [depth_table(rows), fp8_share(rows)]
+    if any(r.get("seconds") for r in rows) or any(r.get("depth") for r in rows):
+        parts.append(goal_table(rows))
+    return "\n\n".join(p for p in parts if p)

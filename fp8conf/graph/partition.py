@@ -1,0 +1,140 @@
+"""Cutting a flat joint graph into a forward and a backward graph the way ``torch.compile`` does.
+
+``torch.compile`` never runs a joint graph as one piece: AOTAutograd hands it to the min-cut
+rematerialisation partitioner, which decides which forward values the backward keeps and which it
+recomputes (cheap pointwise chains, views), so that fewer activations stay alive between the
+passes. :func:`partition_joint` calls that same partitioner
+(``torch._functorch.partitioners.min_cut_rematerialization_partition``) on fp8conf's flat joint
+graph, and :func:`run_partitioned` calls the two compiled halves with the joint graph's own flat
+convention (primals then tangents in, forward outputs then gradients out), so every caller of
+:func:`fp8conf.compile_joint` sees no difference but the memory.
+
+Nodes keep their names and meta (provenance, ``partitioner_tag``, annotations) in both graphs;
+a forward node the backward recomputes appears in both, still tagged forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+__all__ = ["PartitionedJoint", "partition_joint", "run_partitioned"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionedJoint:
+    """A flat joint graph cut in two.
+
+    Attributes:
+        forward: takes the primals, returns the forward outputs then the values saved for the backward.
+        backward: takes, in its placeholder order, saved values and tangents; returns one gradient per primal.
+        num_primals / num_forward_outputs: how the joint graph's flat inputs and outputs divide.
+        backward_sources: for each backward placeholder, ``("saved", i)`` (the forward graph's
+            output ``i``) or ``("tangent", j)``.
+    """
+
+    forward: torch.fx.GraphModule
+    backward: torch.fx.GraphModule
+    num_primals: int
+    num_forward_outputs: int
+    backward_sources: tuple[tuple[str, int], ...]
+
+
+def partition_joint(flat: torch.fx.GraphModule) -> PartitionedJoint | None:
+    """Partition ``flat`` (a joint graph as :func:`fp8conf.graph.trace.flat_graph_module` makes
+    it) with the min-cut partitioner; ``None`` when it is no joint graph the partitioner can
+    read: the partitioner tells primals from tangents by placeholder name, as AOTAutograd names
+    them, and a graph without tangents has no backward to cut off."""
+    placeholders = flat.graph.find_nodes(op="placeholder")
+    primals = [p for p in placeholders if p.name.startswith("primals")]
+    tangents = [p for p in placeholders if p.name.startswith("tangents")]
+    if not tangents or len(primals) + len(tangents) != len(placeholders) or placeholders[: len(primals)] != primals:
+        return None
+    num_forward_outputs = _forward_output_count(flat, len(primals))
+    if num_forward_outputs is None:
+        return None
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    examples = [p.meta.get("val") for p in placeholders]
+    pinned = _pin_backward_regions(flat)
+    # No common-subexpression pass: it would merge a backward region's cast into the forward
+    # one it repeats, leaving the region incomplete and its nodes neither compiled nor eager.
+    with torch._functorch.config.patch(cse=False):
+        forward, backward = min_cut_rematerialization_partition(flat, examples, num_fwd_outputs=num_forward_outputs)
+    for graph in (flat, forward, backward):
+        for node in graph.graph.nodes:
+            if node.name in pinned:
+                node.meta["partitioner_tag"] = "is_backward"
+    saved = {node.name: i for i, node in enumerate(_output_nodes(forward))}
+    tangent_index = {node.name: j for j, node in enumerate(tangents)}
+    sources = []
+    for node in backward.graph.find_nodes(op="placeholder"):
+        if node.name in tangent_index:
+            sources.append(("tangent", tangent_index[node.name]))
+        elif node.name in saved and saved[node.name] >= num_forward_outputs:
+            sources.append(("saved", saved[node.name]))
+        else:
+            return None  # a backward input the forward does not hand over: not a cut we can call
+    forward.meta.update(flat.meta)
+    backward.meta.update(flat.meta)
+    return PartitionedJoint(forward, backward, len(primals), num_forward_outputs, tuple(sources))
+
+
+def _forward_output_count(flat, num_primals) -> int | None:
+    """How many forward outputs precede the gradients, when the graph is a whole joint graph:
+    AOTAutograd's joint returns the forward outputs, then one gradient (or None) per primal, as
+    its :class:`~fp8conf.JointSignature` records. A GraphPP callable has primals and tangents
+    too, but returns other things."""
+    from fp8conf.graph.trace import joint_signature
+
+    signature = joint_signature(flat)
+    outputs = _output_nodes(flat)
+    if signature is None or len(signature.outputs) != len(outputs) or len(outputs) < num_primals:
+        return None
+    count = len(outputs) - num_primals
+    grads = ("param_grad", "input_grad")
+    if any(o is not None and o.kind in grads for o in signature.outputs[:count]):
+        return None
+    if any(o is not None and o.kind not in grads for o in signature.outputs[count:]):
+        return None
+    return count
+
+
+def _pin_backward_regions(flat: torch.fx.GraphModule) -> set[str]:
+    """Keep the backward FP8 regions whole in the backward graph. Left to itself, the partitioner
+    moves what does not depend on the tangents (the weight's amax, scale and cast) into the
+    forward and saves its result, cutting the region in two; ``must_be_in_backward`` (a
+    partitioner tag) forbids that. Returns the names pinned, to be tagged back ``is_backward``."""
+    from fp8conf.graph.regions import identify_fp8_regions
+
+    pinned = set()
+    for region in identify_fp8_regions(flat):
+        if region.complete and region.pass_name == "backward":
+            for node in region.nodes:
+                node.meta = dict(node.meta, partitioner_tag="must_be_in_backward")
+                pinned.add(node.name)
+    return pinned
+
+
+def _output_nodes(gm: torch.fx.GraphModule) -> list:
+    return list(pytree.tree_leaves(gm.graph.find_nodes(op="output")[0].args[0], is_leaf=lambda x: x is None))
+
+
+def run_partitioned(partitioned: PartitionedJoint, forward_fn: Callable, backward_fn: Callable) -> Callable:
+    """A flat callable (primals then tangents in, the joint graph's flat outputs out) that runs
+    ``forward_fn`` and ``backward_fn``, the two graphs of ``partitioned`` compiled or not."""
+    num_primals, num_out, sources = partitioned.num_primals, partitioned.num_forward_outputs, partitioned.backward_sources
+
+    def run(*flat):
+        primals, tangents = flat[:num_primals], flat[num_primals:]
+        forward_out = list(forward_fn(*primals))
+        backward_in = [forward_out[i] if kind == "saved" else tangents[i] for kind, i in sources]
+        outputs = forward_out[:num_out]
+        del forward_out  # the saved values live on in backward_in only
+        return outputs + list(backward_fn(*backward_in))
+
+    return run

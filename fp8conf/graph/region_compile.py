@@ -1,0 +1,142 @@
+"""Compiling tagged FP8 regions, each structurally distinct region once.
+
+``torch.fx.passes.regional_inductor`` compiles every tagged region on its own, so a model of 32
+identical blocks pays 32 times for the same code, and cold start grows with depth. Here the
+regions are cut out with torch's own fuser (``fuse_by_partitions``, as regional_inductor does)
+and each submodule gets a **structural key**: its op sequence, argument structure and
+constants, with every value's shape, stride, dtype and device, but no node names and no module
+FQNs. Regions with equal keys compute the same function of their inputs, so the first one is
+compiled with ``torch._inductor.standalone_compile`` and the others call the same compiled code.
+
+Only complete regions reach this module (:mod:`fp8conf.graph.regions` checks that they are
+convex, so each is one piece that can be cut out alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from fp8conf.graph.regions import Region
+
+__all__ = ["REGION_SUBMODULE_PREFIX", "structural_key", "compile_regions"]
+
+#: Prefix of the submodules regions are cut into (one per region, before compilation).
+REGION_SUBMODULE_PREFIX = "fp8conf_region_"
+
+
+def structural_key(gm: torch.fx.GraphModule) -> tuple:
+    """What a compiled graph depends on, with node names left out: per node its op, target,
+    arguments (other nodes by position) and the metadata of its value."""
+    position: dict[torch.fx.Node, int] = {}
+    key = []
+    for i, node in enumerate(gm.graph.nodes):
+        position[node] = i
+        if node.op == "get_attr":
+            # A constant the region reads: equal only when it is the very same object.
+            target = ("get_attr", id(getattr(gm, node.target)))
+        elif node.op == "placeholder":
+            target = "placeholder"
+        else:
+            target = node.target
+        arguments = pytree.tree_map_only(torch.fx.Node, lambda n: ("node", position[n]), (node.args, node.kwargs))
+        key.append((node.op, target, repr(arguments), _describe(node.meta.get("val"))))
+    return tuple(key)
+
+
+def _describe(value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype, value.device.type)
+    if isinstance(value, (list, tuple)):
+        return tuple(_describe(v) for v in value)
+    return repr(value)
+
+
+def compile_regions(gm: torch.fx.GraphModule, regions: list[Region], cache: dict,
+                    error: Callable[[Region, Exception], Exception]) -> tuple[Callable, set[str]]:
+    """Cut ``regions`` (complete, tagged, nodes of ``gm``) out of ``gm`` in place and compile
+    them; ``cache`` maps structural keys to compiled regions and may be shared between graphs
+    (a joint graph's forward and backward). Returns a flat callable of ``gm`` and the names of
+    the nodes that now run compiled. ``error(region, exc)`` builds the exception raised when
+    Inductor rejects a region."""
+    if not regions:
+        return _flat_callable(gm), set()
+    from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    partitions = [dict.fromkeys(sorted(r.nodes, key=order.__getitem__)) for r in regions]
+    fused_names = {n.name for r in regions for n in r.nodes}
+    fuse_by_partitions(gm, partitions, prefix=REGION_SUBMODULE_PREFIX, always_return_tuple=True)
+    with _tracing(gm):
+        for node in list(gm.graph.find_nodes(op="call_module")):
+            if not node.target.startswith(REGION_SUBMODULE_PREFIX):
+                continue
+            region = regions[int(node.target[len(REGION_SUBMODULE_PREFIX):])]
+            submodule = getattr(gm, node.target)
+            key = structural_key(submodule)
+            if key not in cache:
+                try:
+                    cache[key] = _compile_region(submodule, [i.meta["val"] for i in node.all_input_nodes])
+                except Exception as exc:
+                    raise error(region, exc) from exc
+            with gm.graph.inserting_after(node):
+                call = gm.graph.call_function(_region_call(cache[key]), args=node.args, kwargs=node.kwargs)
+            call.meta = node.meta
+            node.replace_all_uses_with(call)
+            gm.graph.erase_node(node)
+            delattr(gm, node.target)
+    gm.recompile()
+    return _flat_callable(gm), fused_names
+
+
+def _compile_region(submodule, fake_inputs) -> Callable:
+    # As regional_inductor does: shapes from the tracing context (the joint graph's fake mode),
+    # and no second rematerialisation pass inside an already partitioned graph.
+    # aot=True bundles the region's AOTAutograd state in the artifact, as regional_inductor
+    # asks for; a torch whose standalone_compile lacks it compiles the same graph without.
+    options = {"aot": True} if "aot" in inspect.signature(torch._inductor.standalone_compile).parameters else {}
+    with _no_nested_remat():
+        return torch._inductor.standalone_compile(submodule, fake_inputs, dynamic_shapes="from_tracing_context", **options)
+
+
+def _no_nested_remat():
+    config = torch._functorch.config
+    if hasattr(config, "remat_using_tags_for_fwd_loss_bwd_graph"):
+        return config.patch(remat_using_tags_for_fwd_loss_bwd_graph=False)
+    return contextlib.nullcontext()
+
+
+def _region_call(compiled) -> Callable:
+    # A plain function, not the artifact object: FX code generation calls functions by name.
+    @functools.wraps(compiled)
+    def region(*args):
+        return compiled(*args)
+
+    return region
+
+
+def _flat_callable(gm: torch.fx.GraphModule) -> Callable:
+    return gm.forward
+
+
+def _tracing(gm):
+    fake_mode = next(
+        (n.meta["val"].fake_mode for n in gm.graph.find_nodes(op="placeholder") if isinstance(n.meta.get("val"), torch._subclasses.FakeTensor)),
+        None,
+    )
+    if fake_mode is None:
+        return contextlib.nullcontext()
+    if fake_mode.shape_env is None:
+        # Inductor caches a compiled region, and makes it serializable (a regional artifact), only
+        # under a fake mode with a ShapeEnv; without one it bypasses its caches ("No shape env").
+        # Shapes stay static: the mode keeps static_shapes.
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        fake_mode.shape_env = ShapeEnv()
+    return torch._guards.tracing(torch._guards.TracingContext(fake_mode))

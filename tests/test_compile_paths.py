@@ -1,0 +1,129 @@
+"""compile_joint's two cold-start and memory levers: structurally identical FP8 regions compile
+once, and joint graphs are cut into forward and backward by torch's min-cut partitioner first.
+Both are checked against the eager joint graph on CPU."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import fp8conf
+from fp8conf.graph.partition import partition_joint
+from fp8conf.graph.regions import identify_fp8_regions
+from fp8conf.graph.trace import flat_graph_module
+from fp8conf.tools.example_models import build_stack
+
+DIM, TOKENS = 32, 16
+# Per MLP block, four structurally distinct regions: up and down projection (different shapes),
+# forward and backward. Block 0's input needs a gradient like every other block's.
+DISTINCT_REGIONS_PER_STACK = 4
+
+
+def _traced(blocks, seed=0):
+    model = build_stack(DIM, blocks, seed=seed)
+    x = torch.randn(TOKENS, DIM, requires_grad=True)
+    return model, x, fp8conf.trace_joint(model, (x,))
+
+
+@pytest.fixture
+def inductor_calls(monkeypatch):
+    """Count the real ``standalone_compile`` calls (each one an Inductor compilation)."""
+    calls = []
+    real = torch._inductor.standalone_compile
+
+    @functools.wraps(real)  # keeps its signature, which compile_joint inspects
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", counting)
+    return calls
+
+
+def _assert_matches_eager(gm, model, x, fn, *, seed):
+    torch.manual_seed(seed)
+    args, grad = (torch.randn_like(x).requires_grad_(),), (torch.randn(TOKENS, DIM),)
+    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, grad)
+    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, grad, fn=fn)
+    torch.testing.assert_close(out_c, out_e, rtol=1e-3, atol=1e-5)
+    assert grads_c.keys() == grads_e.keys()
+    for name in grads_e:
+        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=lambda m: f"grad of {name}: {m}")
+
+
+@pytest.mark.parametrize("blocks", [2, 4])
+def test_identical_regions_compile_once_whatever_the_depth(blocks, inductor_calls):
+    model, x, gm = _traced(blocks)
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    complete = [r for r in compiled.regions if r.complete]
+    assert len(complete) == 4 * blocks  # two linears per block, forward and backward
+    assert len(inductor_calls) == compiled.inductor_compiles == DISTINCT_REGIONS_PER_STACK
+    for step in range(2):  # a shared compiled region must not keep one call site's values
+        _assert_matches_eager(gm, model, x, compiled.fn, seed=step)
+
+
+def test_regions_of_other_shapes_are_not_shared(inductor_calls):
+    # A stack whose blocks differ in width: same op sequence, other shapes, so nothing is shared.
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64, bias=False), torch.nn.Linear(64, 48, bias=False))
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(model)
+    x = torch.randn(TOKENS, 32, requires_grad=True)
+    gm = fp8conf.trace_joint(model, (x,))
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    assert len(inductor_calls) == compiled.inductor_compiles == len([r for r in compiled.regions if r.complete]) == 4
+
+
+def test_partitioned_graphs_hold_the_joint_graphs_regions_whole():
+    _, _, gm = _traced(2)
+    joint = {r.id: {n.name for n in r.nodes} for r in identify_fp8_regions(flat_graph_module(gm))}
+    parts = partition_joint(flat_graph_module(gm))
+    assert parts is not None
+    forward = {r.id: {n.name for n in r.nodes} for r in identify_fp8_regions(parts.forward)}
+    backward = {r.id: {n.name for n in r.nodes} for r in identify_fp8_regions(parts.backward)}
+    assert all("/forward/" in rid for rid in forward) and all("/backward/" in rid for rid in backward)
+    assert forward | backward == joint
+    assert all(r.complete for g in (parts.forward, parts.backward) for r in identify_fp8_regions(g))
+
+
+def test_partitioned_regional_compiles_exactly_the_tagged_regions():
+    model, x, gm = _traced(2)
+    probe = flat_graph_module(gm)
+    tagged = {n.name for r in fp8conf.tag_fp8_regions(probe) if r.complete for n in r.nodes}
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    assert set(compiled.compiled_nodes) == tagged
+    assert compiled.compiled_nodes | compiled.eager_nodes == {n.name for n in gm.graph.nodes if n.op == "call_function"}
+    _assert_matches_eager(gm, model, x, compiled.fn, seed=0)
+
+
+def test_partitioned_regional_equals_the_unpartitioned_one():
+    model, x, gm = _traced(2)
+    torch.manual_seed(3)
+    args, grad = (torch.randn_like(x).requires_grad_(),), (torch.randn(TOKENS, DIM),)
+    one = fp8conf.run_joint(gm, model, args, grad, fn=fp8conf.compile_joint(gm, mode="regional", partition=False).fn)
+    two = fp8conf.run_joint(gm, model, args, grad, fn=fp8conf.compile_joint(gm, mode="regional").fn)
+    # Same compiled regions, same eager remainder, only cut in two: the same arithmetic.
+    assert torch.equal(one[0][0], two[0][0])
+    assert all(torch.equal(one[1][k], two[1][k]) for k in one[1])
+
+
+def test_full_compiles_forward_and_backward_through_the_partitioner(inductor_calls):
+    model, x, gm = _traced(2)
+    compiled = fp8conf.compile_joint(gm, mode="full")
+    assert len(inductor_calls) == compiled.inductor_compiles == 2
+    forward, backward = compiled.artifact
+    assert inductor_calls[0].graph.find_nodes(op="placeholder")[0].name.startswith("primals")
+    assert any(p.name.startswith("tangents") for p in inductor_calls[1].graph.find_nodes(op="placeholder"))
+    for step in range(2):
+        _assert_matches_eager(gm, model, x, compiled.fn, seed=step)
+
+
+def test_graphs_without_tangents_are_compiled_whole(inductor_calls):
+    # A GraphPP forward callable has no tangents: there is no backward to cut off.
+    _, _, gm = _traced(1)
+    forward = fp8conf.split_stage(gm).parts["forward"]
+    assert partition_joint(flat_graph_module(forward)) is None
+    compiled = fp8conf.compile_joint(forward, mode="full")
+    assert len(inductor_calls) == compiled.inductor_compiles == 1
