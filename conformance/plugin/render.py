@@ -105,6 +105,7 @@ def _notes(report: dict[str, Any]) -> list[str]:
             )
         if row.get("reason"):
             notes.append(f"- {property_id} {row['status']}: {row['reason']}")
+        notes.extend(f"- {property_id} {row['status']}: {text}" for text in row.get("notes", ()))
     return ["## Notes", "", *notes, ""] if notes else []
 
 
