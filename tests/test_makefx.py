@@ -7,7 +7,6 @@ uses ``fp8conf-ci``, the profile backends are asked to run in their CI.
 
 from __future__ import annotations
 
-import pytest
 
 from mutants import peers
 from test_mutants import run_suite
