@@ -7,7 +7,7 @@ use AOT export, so its joint graph has no primals/tangents descriptors, and it r
   tangents) -> (outputs, param_grads, input_grads)``, traced by ``make_fx``; the backward is
   ``torch.autograd.grad`` inside the trace. Autograd hooks tell torch which forward op each
   backward op differentiates (``node.meta["seq_nr"]``), and every node gets the trainer's pass
-  tag, ``node.meta["train_phase"]``;
+  tag, ``node.meta["train_phase"]``: what was traced before the backward started is forward;
 * **provenance** in ``node.meta["custom"]``: ``module_fqn``, ``quantization_kind`` and
   ``quantization_emulate`` (no recipe), put on forward nodes by ``torch.fx.traceback.annotate``
   and copied to the backward nodes that differentiate them;
@@ -145,9 +145,14 @@ def _provenance_annotated(model, modules, calls):
 
 @contextlib.contextmanager
 def _backward_tagged(roots):
-    """While autograd runs the backward inside the trace, tag the ops it issues as backward and
-    give each the sequence number of the autograd node it belongs to (torch then records it as
-    ``node.meta["seq_nr"]``, equal to that of the forward op it differentiates)."""
+    """While autograd runs the backward inside the trace, give each op it issues the sequence
+    number of the autograd node it belongs to (torch then records it as ``node.meta["seq_nr"]``,
+    equal to that of the forward op it differentiates). Every node traced before is tagged
+    forward; what the backward adds is left untagged and becomes backward (:func:`_tag_phases`)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    for node in get_proxy_mode().tracer.graph.nodes:
+        node.meta.setdefault(PHASE_KEY, "forward")
     handles, seen, stack = [], set(), [r for r in roots if r is not None]
     while stack:
         node = stack.pop()
@@ -158,11 +163,9 @@ def _backward_tagged(roots):
         seq_nr = node._sequence_nr()
         handles.append(node.register_prehook(lambda grad_outputs, _s=seq_nr: fx_traceback.set_grad_fn_seq_nr(_s)))
         handles.append(node.register_hook(lambda grad_inputs, grad_outputs: fx_traceback.reset_grad_fn_seq_nr()))
-    fx_traceback._mark_autograd_backward()
     try:
         yield
     finally:
-        fx_traceback._reset_autograd_backward()
         for handle in handles:
             handle.remove()
 
@@ -254,7 +257,7 @@ def _tag_phases(gm, num_tangents: int) -> None:
     placeholders = gm.graph.find_nodes(op="placeholder")
     tangents = set(placeholders[len(placeholders) - num_tangents :])
     for node in gm.graph.nodes:
-        backward = node.meta.pop("autograd_backward", False) or node in tangents or node.op == "output"
+        backward = node.meta.get(PHASE_KEY) != "forward" or node in tangents or node.op == "output"
         node.meta[PHASE_KEY] = "backward" if backward else "forward"
 
 
