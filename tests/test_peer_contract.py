@@ -88,3 +88,13 @@ def test_notes_of_a_test_reach_its_report_row():
     record_outcome(records, Report())
     row = property_row(get_property("PROV-002"), list(records.values()))
     assert row["status"] == "pass" and row["notes"] == taken
+
+
+def test_the_run_device_is_the_one_serving_names_and_cpu_otherwise():
+    from conformance import harness
+    from conformance.backends.makefx import MakeFxBackend
+
+    assert harness.device() == "cpu"
+    with harness.serving(MakeFxBackend(), "cuda"):
+        assert harness.device() == "cuda"
+    assert harness.device() == "cpu"
