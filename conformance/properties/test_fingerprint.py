@@ -294,21 +294,24 @@ def test_FPR_005_signature_is_canonical_readable_json_that_diffs_field_by_field(
 # --- FPR-006 --------------------------------------------------------------------------------------
 
 
-def _job_configs(backend):
-    configs = call_backend("FPR-006", backend, "job_configs")
+# Session scope and a fixture, not the test body: a backend without job configurations is
+# skipped before Hypothesis draws anything.
+@pytest.fixture(scope="session")
+def job_configs(fp8_backend):
+    configs = call_backend("FPR-006", fp8_backend, "job_configs")
     if configs is None:
-        pytest.skip(f"{NOT_SUPPORTED} backend {backend.name!r} declares no job configuration of its own (job_configs() is None)")
-    if not isinstance(configs, JobConfigs):
-        fail("FPR-006", f"backend {backend.name!r}: job_configs() returned {type(configs).__qualname__}, expected conformance.JobConfigs or None")
-    if not configs.relevant:
-        fail("FPR-006", f"backend {backend.name!r}: job_configs() names no quantization-relevant variant: nothing to check")
+        pytest.skip(f"{NOT_SUPPORTED} backend {fp8_backend.name!r} declares no job configuration of its own (job_configs() is None)")
     return configs
 
 
 @pytest.mark.fp8_property("FPR-006")
 @given(spec=model_specs(), data=st.data())
-def test_FPR_006_the_backends_job_configuration_reaches_the_signature(fp8_backend, spec, data):
-    configs = _job_configs(fp8_backend)
+def test_FPR_006_the_backends_job_configuration_reaches_the_signature(fp8_backend, job_configs, spec, data):
+    configs = job_configs
+    if not isinstance(configs, JobConfigs):
+        fail("FPR-006", f"backend {fp8_backend.name!r}: job_configs() returned {type(configs).__qualname__}, expected conformance.JobConfigs or None")
+    if not configs.relevant:
+        fail("FPR-006", f"backend {fp8_backend.name!r}: job_configs() names no quantization-relevant variant: nothing to check")
     model, _ = build_model(spec)
     variants = [(label, config, True) for label, config in sorted(configs.relevant.items())]
     variants += [(label, config, False) for label, config in sorted(configs.unrelated.items())]
