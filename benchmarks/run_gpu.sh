@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one go: the GPU-marked tests of fp8conf, the conformance
-# suite on CUDA (NUM-004 included), and, where 2 GPUs exist, the GraphPP pipeline over NCCL. Runs from the repository root on a machine
+# suite on CUDA (NUM-004 included), its structural areas (PROV, VAL, EMU, REG, BND) with the
+# models themselves on CUDA (--fp8-device=cuda) for both in-tree backends, and, where 2 GPUs exist, the GraphPP pipeline over NCCL. Runs from the repository root on a machine
 # with CUDA, torch and torchao installed (fp8conf itself need not be installed).
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -28,3 +29,13 @@ python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
     --fp8-backend=conformance.backends.reference:ReferenceBackend --hypothesis-profile=fp8conf-ci \
     --fp8-report="$OUT/conformance-gpu.json" -n 8 conformance/properties \
     2>&1 | tee "$OUT/conformance-gpu.log" | tail -n 45
+# The structural areas with models built, traced and checked on CUDA (--fp8-device=cuda): a
+# backend whose passes only look at CUDA nodes is judged there.
+STRUCTURAL="conformance/properties/test_provenance.py conformance/properties/test_validation.py conformance/properties/test_emulation.py conformance/properties/test_regions.py conformance/properties/test_graphpp.py"
+for backend in conformance.backends.reference:ReferenceBackend conformance.backends.makefx:MakeFxBackend; do
+    name="${backend##*:}"
+    python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
+        --fp8-backend="$backend" --fp8-device=cuda --hypothesis-profile=fp8conf-ci \
+        --fp8-report="$OUT/structural-cuda-$name.json" -n 8 $STRUCTURAL \
+        2>&1 | tee "$OUT/structural-cuda-$name.log" | tail -n 25
+done

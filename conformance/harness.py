@@ -10,7 +10,11 @@
 * :func:`serving` scopes a test to one backend: model strategies draw only the quantized module
   kinds it claims, and reproducers of models it converts name it;
 * :func:`fail` prints the property ID, its spec line, what was expected versus seen, and the
-  drawn model as runnable Python.
+  drawn model as runnable Python;
+* :func:`names_module` / :func:`names_pass`: whether an error locates a module or a pass, by
+  its attribute or, for a backend that cannot set it, in its message;
+* :func:`require_subject`: a property whose subject is empty (no region reported, nothing to
+  break) fails saying so, rather than passing on nothing or erroring in a strategy.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import re
 
 import pytest
 
@@ -30,23 +35,33 @@ from conformance.models import ModelSpec, build_model
 
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "fresh_copy",
-    "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds",
+    "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
+    "require_subject",
 ]
 
 #: The backend the running test checks, set by :func:`serving` (for reproducers only).
 _SERVED = contextvars.ContextVar("conformance backend under test", default=None)
+#: The device models are built, traced and checked on (``--fp8-device``), set by :func:`serving`.
+_DEVICE = contextvars.ContextVar("conformance device", default="cpu")
 
 
 @contextlib.contextmanager
-def serving(backend):
+def serving(backend, device: str = "cpu"):
     """Run one test against ``backend``: models are drawn with only the quantized module kinds it
-    claims (:func:`supported_kinds`) and failing models print as code that builds them with it."""
-    token = _SERVED.set(backend)
+    claims (:func:`supported_kinds`), built on ``device``, and failing models print as code that
+    builds them with it."""
+    token, device_token = _SERVED.set(backend), _DEVICE.set(device)
     try:
         with strategies.supported_kinds(supported_kinds(backend)):
             yield
     finally:
         _SERVED.reset(token)
+        _DEVICE.reset(device_token)
+
+
+def device() -> str:
+    """The device of the models of this run (``--fp8-device``; ``"cpu"`` by default)."""
+    return _DEVICE.get()
 
 
 def supported_kinds(backend) -> tuple[str, ...]:
@@ -96,6 +111,33 @@ def strict_error(property_id: str, backend, gm):
     return None
 
 
+def _named(text: str, word: str) -> bool:
+    # "layers.1" must not be found inside "layers.10": a name ends where no name character follows.
+    return re.search(rf"(?<![\w.]){re.escape(word)}(?![\w.])", text) is not None
+
+
+def names_module(exc, fqn: str) -> bool:
+    """Whether ``exc`` locates module ``fqn``: its ``module_fqn`` attribute when the backend set
+    one (it must be right), else the FQN named in its message."""
+    given = getattr(exc, "module_fqn", None)
+    return given == fqn if given is not None else _named(str(exc), fqn)
+
+
+def names_pass(exc, pass_name: str) -> bool:
+    """Whether ``exc`` locates the ``pass_name`` pass, as :func:`names_module` does a module."""
+    given = getattr(exc, "pass_name", None)
+    return given == pass_name if given is not None else _named(str(exc), pass_name)
+
+
+def require_subject(items, property_id: str, what: str, spec: ModelSpec | None = None):
+    """``items`` when there are any; otherwise fail ``property_id``: ``what`` is empty, so the
+    property has nothing to judge (a backend reporting no region passes no region rule)."""
+    items = list(items)
+    if not items:
+        fail(property_id, f"{what}: the property has nothing to check, which is a failure, not a pass", spec)
+    return items
+
+
 @functools.lru_cache(maxsize=None)
 def _fp8_ops(backend) -> Fp8Ops:
     return Fp8Ops.of(backend)
@@ -131,9 +173,9 @@ class _NotBuilt(Exception):
 
 
 @functools.lru_cache(maxsize=256)
-def _trace(backend, spec: ModelSpec) -> TracedCase:
+def _trace(backend, spec: ModelSpec, device: str) -> TracedCase:
     try:
-        model, args = build_model(spec, mx=backend.convert_mx if "mx" in backend.capabilities else None)
+        model, args = build_model(spec, device, mx=backend.convert_mx if "mx" in backend.capabilities else None)
     except Exception as exc:
         raise _NotBuilt(f"{type(exc).__name__}: {exc}") from exc
     gm, oracle = trace_with_oracle(backend, model, args, list(spec.quantized_modules()), backend.is_backward)
@@ -147,7 +189,7 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
     rewrite it in place without another property seeing the change. The model is shared.
     """
     try:
-        cached = _trace(backend, spec)
+        cached = _trace(backend, spec, device())
     except _NotBuilt as exc:
         fail(property_id, f"backend {backend.name!r}: building the drawn model (MX layers through convert_mx()) raised {exc}", spec)
     except Exception as exc:
@@ -165,18 +207,21 @@ def fresh_copy(case: TracedCase):
     return gm, oracle
 
 
-def fresh_args(spec: ModelSpec, seed: int, device: str = "cpu") -> tuple:
-    """New inputs for ``spec``'s model, drawn from ``seed`` (not the traced example inputs)."""
+def fresh_args(spec: ModelSpec, seed: int, device: str | None = None) -> tuple:
+    """New inputs for ``spec``'s model, drawn from ``seed`` (not the traced example inputs), on
+    ``device`` (default: the run's)."""
     import torch
 
+    device = device or _DEVICE.get()
     generator = torch.Generator(device).manual_seed(seed)
     x = torch.randn(spec.batch, spec.in_features, device=device, generator=generator)
     return (x.requires_grad_(spec.input_requires_grad),)
 
 
-def grad_outputs(spec: ModelSpec, seed: int, device: str = "cpu") -> tuple:
-    """Gradients of ``spec``'s model output, drawn from ``seed``."""
+def grad_outputs(spec: ModelSpec, seed: int, device: str | None = None) -> tuple:
+    """Gradients of ``spec``'s model output, drawn from ``seed``, on ``device`` (default: the run's)."""
     import torch
 
+    device = device or _DEVICE.get()
     generator = torch.Generator(device).manual_seed(seed)
     return (torch.randn(spec.batch, spec.layers[-1].width, device=device, generator=generator),)

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from conformance.api.spec import PROPERTIES
-from mutants import backends, e8m0, graphpp, regions  # tests/ is on sys.path (tests/conftest.py)
+from mutants import backends, e8m0, graphpp, peers, regions  # tests/ is on sys.path (tests/conftest.py)
 
-MUTANTS = backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS
+MUTANTS = backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS + peers.MUTANTS
+#: Mutants of the makefx backend: the properties they break pass on makefx (tests/test_makefx.py).
+ALL_MUTANTS = MUTANTS + peers.MAKEFX_MUTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +46,7 @@ def run_suite(backend: str, property_ids, tmp_path: Path) -> dict:
 def test_every_must_property_of_a_claimed_capability_has_a_mutant():
     from conformance.backends.reference import ReferenceBackend
 
-    covered = {m.KILLED_BY for m in MUTANTS}
+    covered = {m.KILLED_BY for m in ALL_MUTANTS}
     # cudagraph (NUM-004) needs a GPU, which CI machines lack; its mutants live with the GPU run.
     claimed = ReferenceBackend.capabilities - {"cudagraph"}
     wanted = {p.id for p in PROPERTIES.values() if p.level == "MUST" and p.capability in claimed}
@@ -59,7 +61,7 @@ def test_reference_passes_every_property_it_claims(tmp_path):
     assert {m.KILLED_BY for m in MUTANTS} <= {k for k, v in statuses.items() if v["status"] == "pass"}
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", ALL_MUTANTS, ids=lambda m: m.name)
 def test_mutant_is_caught_by_its_property(mutant, tmp_path):
     statuses, out = run_suite(f"{mutant.__module__}:{mutant.__name__}", [mutant.KILLED_BY], tmp_path)
     status = statuses.get(mutant.KILLED_BY, {}).get("status")

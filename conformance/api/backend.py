@@ -28,6 +28,18 @@ Calling conventions:
   backend that claims ``mx``, MX layers that the backend converts itself (:meth:`Backend.convert_mx`).
 * Graphs the suite hands to a backend are the suite's copies: a backend may tag or rewrite
   them in place (``node.meta["custom"]`` included) without affecting other properties.
+* Models and their inputs are built on the suite's device (``--fp8-device=cpu|cuda``; CPU by
+  default): a backend traces what it is given and keeps it there.
+
+What a backend must record, per property (everything else is optional):
+
+* ``node.meta["val"]`` on every node (all properties); ``node.meta["seq_nr"]`` on forward and
+  backward nodes (PROV-003, and the suite's pairing of backward nodes with their module);
+* :class:`~conformance.api.types.Provenance` ``module_fqn``, ``kind`` and ``emulate`` (PROV,
+  BND-005); ``recipe`` only when :attr:`Backend.provenance_has_recipe` (PROV-002);
+* on a :class:`~conformance.api.errors.ValidationFailure`: the module and the pass it concerns
+  (VAL-002, VAL-006, VAL-007, EMU-002) and the node (VAL-003), each as the error's attribute or
+  named in its message; a backend that sets an attribute must set it right.
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ import abc
 from typing import TYPE_CHECKING, Any
 
 from conformance.api.spec import SPEC_VERSION
-from conformance.api.types import CAPABILITIES, Compiled, Provenance, Region, StageSplit, ValidationReport
+from conformance.api.types import CAPABILITIES, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
     import torch
@@ -56,6 +68,9 @@ class Backend(abc.ABC):
     #: The spec version the backend claims: properties added after it are skipped as
     #: not_supported (``--fp8-spec-version`` overrides it).
     spec_version: str = SPEC_VERSION
+    #: Whether :meth:`provenance` reports the recipe. A backend that records only the module,
+    #: kind and emulation sets it False: PROV-002 then checks those, and says so in the report.
+    provenance_has_recipe: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -114,28 +129,38 @@ class Backend(abc.ABC):
     # -- GraphPP ------------------------------------------------------------------------------
     def split_stage(self, gm: torch.fx.GraphModule, *, strict: bool = True) -> StageSplit:
         """Cut the joint graph of one pipeline stage into forward, backward-input (dI) and
-        backward-weight (dW) callables (capability ``graphpp``; see :class:`conformance.StageSplit`
-        for the calling convention). ``strict``: validate the whole stage first and raise its
+        backward-weight (dW) callables (capability ``graphpp``). The result carries the three
+        ``torch.fx.GraphModule`` callables and how they run: a runner (``StageSplit.run``, for
+        any tracer) or the AOT calling convention (see :class:`conformance.StageSplit`).
+        ``strict``: validate the whole stage first and raise its
         :class:`~conformance.api.errors.ValidationFailure` before cutting; a stage that cannot be
-        cut raises :class:`~conformance.api.errors.SplitFailure`. ``gm`` is not changed. Each callable keeps node
-        provenance, and :meth:`validate` and :meth:`regions` accept it."""
+        cut raises :class:`~conformance.api.errors.SplitFailure`. ``gm`` is not changed. Each
+        callable keeps node provenance, and :meth:`validate` and :meth:`regions` accept it."""
         raise NotImplementedError(f"backend {self.name!r} does not implement split_stage()")
 
     # -- fingerprint --------------------------------------------------------------------------
-    def quantization_signature(self, model: torch.nn.Module, *, strict: bool = True) -> str:
+    def quantization_signature(self, model: torch.nn.Module, *, strict: bool = True, config=None) -> str:
         """The quantization signature of ``model`` compiled under ``strict`` as canonical JSON
         text: a JSON object with sorted keys and ``(",", ":")`` separators, every quantized module
-        under a key equal to its FQN (capability ``fingerprint``)."""
+        under a key equal to its FQN (capability ``fingerprint``). ``config`` is one of the
+        backend's own job configurations (:meth:`job_configs`); the suite passes it only to a
+        backend that declares some, and otherwise leaves it out."""
         raise NotImplementedError(f"backend {self.name!r} does not implement quantization_signature()")
 
-    def fingerprint(self, model: torch.nn.Module, *, strict: bool = True) -> str:
+    def fingerprint(self, model: torch.nn.Module, *, strict: bool = True, config=None) -> str:
         """The fingerprint of ``model``'s quantization signature: a hex digest, equal in every
-        process for equal configs (capability ``fingerprint``)."""
+        process for equal configs (capability ``fingerprint``; ``config`` as above)."""
         raise NotImplementedError(f"backend {self.name!r} does not implement fingerprint()")
 
+    def job_configs(self) -> JobConfigs | None:
+        """The backend's own job configurations the suite varies (FPR-006), or None when its
+        signature depends on the model and ``strict`` only (capability ``fingerprint``)."""
+        return None
+
+    # -- artifacts ----------------------------------------------------------------------------
     def save_artifact(self, path: str, model: torch.nn.Module, args: tuple, *, strict: bool = True) -> None:
         """Trace, compile and save the training step of ``model(*args)`` at ``path`` together with
-        its fingerprint (capability ``fingerprint``)."""
+        its fingerprint (capability ``artifacts``)."""
         raise NotImplementedError(f"backend {self.name!r} does not implement save_artifact()")
 
     def load_artifact(self, path: str, model: torch.nn.Module, *, strict: bool = True):
@@ -143,7 +168,7 @@ class Backend(abc.ABC):
         callable ``fn(args, grad_outputs) -> (outputs, grads)`` (the ``run_joint`` convention, with
         ``model``'s current parameters). An artifact of another fingerprint raises
         :class:`~conformance.api.errors.FingerprintMismatch` naming the differing fields (in
-        ``fields``, or else in its message) and is never used (capability ``fingerprint``)."""
+        ``fields``, or else in its message) and is never used (capability ``artifacts``)."""
         raise NotImplementedError(f"backend {self.name!r} does not implement load_artifact()")
 
     # -- MX layers ----------------------------------------------------------------------------

@@ -11,7 +11,9 @@ import dataclasses
 
 __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"]
 
-SPEC_VERSION = "1.0"
+#: 1.1: PROV-002 checks the recipe only where the backend records one; BND-001 also runs a
+#: backend's own split runner; FPR-004 moves to capability ``artifacts``; FPR-006 is new.
+SPEC_VERSION = "1.1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +49,7 @@ def _p(id: str, level: str, capability: str, title: str, since: str = "1.0") -> 
 
 _ALL = [
     _p("PROV-001", "MUST", "provenance", "every FP8 compute node, forward and backward, carries provenance naming the quantized module that issued it"),
-    _p("PROV-002", "MUST", "provenance", "provenance kind/recipe/emulate equal that module's config"),
+    _p("PROV-002", "MUST", "provenance", "provenance kind/recipe/emulate equal that module's config (the recipe where the backend records one)"),
     _p("PROV-003", "MUST", "provenance", "backward nodes carry the provenance of the forward op they differentiate; cross-module gradient accumulation carries none"),
     _p("PROV-004", "MUST", "provenance", "no node carries provenance of a module that did not issue it; unquantized modules' nodes carry none"),
     _p("PROV-005", "SHOULD", "provenance", "provenance survives the backend's own rewrites (DCE, CSE, partition, split) unchanged"),
@@ -73,7 +75,7 @@ _ALL = [
     _p("NUM-002", "MUST", "compile.regional", "regional compile matches eager"),
     _p("NUM-003", "MUST", "compile.regional", "every tagged region is compiled and nothing untagged is"),
     _p("NUM-004", "MUST", "cudagraph", "CUDA-graph replays of the compiled FP8 graph with fresh inputs match eager"),
-    _p("BND-001", "MUST", "graphpp", "forward then (dI, dW) reproduces the joint graph's outputs and gradients bitwise on CPU"),
+    _p("BND-001", "MUST", "graphpp", "forward then (dI, dW), wired by the suite or run once each, in order, by the backend's runner, reproduces the joint graph's outputs and gradients bitwise"),
     _p("BND-002", "MUST", "graphpp", "every FP8 compute node lands in exactly one callable"),
     _p("BND-003", "MUST", "graphpp", "an FP8 tensor made in dI and used in dW crosses as an FP8 placeholder; no tensor is quantized twice"),
     _p("BND-004", "MUST", "graphpp", "regions re-identified in each callable are complete; a region that starts at an FP8 placeholder is tagged"),
@@ -82,8 +84,9 @@ _ALL = [
     _p("FPR-001", "MUST", "fingerprint", "changing any quantization input changes the fingerprint"),
     _p("FPR-002", "MUST", "fingerprint", "equal configs give equal fingerprints across processes, PYTHONHASHSEED, registration and dict order"),
     _p("FPR-003", "MUST", "fingerprint", "the quantization signature ignores settings unrelated to quantization"),
-    _p("FPR-004", "MUST", "fingerprint", "loading an artifact with another fingerprint fails naming the differing fields; it is never used"),
+    _p("FPR-004", "MUST", "artifacts", "loading an artifact with another fingerprint fails naming the differing fields; it is never used"),
     _p("FPR-005", "SHOULD", "fingerprint", "the signature is canonical readable JSON; two signatures diff field by field"),
+    _p("FPR-006", "MUST", "fingerprint", "a change of the backend's own job configuration changes the signature when it changes quantized numerics, and only then", since="1.1"),
     _p("E8M0-001", "MUST", "e8m0", "the op equals blockwise dequantize-then-matmul within output rounding"),
     _p("E8M0-002", "MUST", "e8m0", "byte 255 gives NaN where it applies; byte 0 means 2^-127, never flushed"),
     _p("E8M0-003", "MUST", "e8m0", "torch.library.opcheck passes"),

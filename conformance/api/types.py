@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region", "Compiled", "StageSplit"]
+__all__ = [
+    "CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region", "Compiled", "StageSplit",
+    "JobConfigs", "AOT_SPLIT_FIELDS",
+]
 
 #: Every capability a backend may claim. A property whose capability is not claimed is reported
 #: as ``not_supported``: neither a pass nor a failure.
@@ -23,6 +26,7 @@ CAPABILITIES = frozenset(
         "cudagraph",
         "graphpp",
         "fingerprint",
+        "artifacts",
         "e8m0",
         "mx",
     }
@@ -37,12 +41,14 @@ class Provenance:
     """Which quantized module issued a node, and with which quantization config.
 
     ``kind`` is ``"float8_linear"`` or ``"mxfp8_linear"``; ``recipe`` is the recipe name
-    (``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, ``"mxfp8"``, ...).
+    (``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, ``"mxfp8"``, ...), or None for a
+    backend that records no recipe (``Backend.provenance_has_recipe = False``: PROV-002 then
+    checks kind and emulate only, and its report row says so).
     """
 
     module_fqn: str
     kind: str
-    recipe: str
+    recipe: str | None
     emulate: bool
 
 
@@ -101,10 +107,25 @@ class Compiled:
     eager_nodes: frozenset
 
 
+#: The fields of :class:`StageSplit` that describe the AOT calling convention.
+AOT_SPLIT_FIELDS = ("num_outputs", "saved_for_input", "saved_for_weight", "input_grads", "param_grads", "output_layout")
+
+
 @dataclasses.dataclass(frozen=True)
 class StageSplit:
-    """A stage's joint graph cut for zero-bubble pipelining (capability ``graphpp``). The suite
-    wires the three ``torch.fx.GraphModule`` callables itself, by this convention:
+    """A stage's joint graph cut for zero-bubble pipelining (capability ``graphpp``): three
+    ``torch.fx.GraphModule`` callables, on which the suite checks the node-level rules, and how
+    they are run. A backend says how in one of two ways.
+
+    **A runner** (``run``; any tracer): ``run`` is called exactly like the joint graph is (the
+    backend's own convention, through ``Backend.run_joint(gm, ..., fn=split.run)``) and returns
+    what the joint graph returns. It must call ``forward``, then ``backward_input``, then
+    ``backward_weight``, each once, and compute nothing itself: the suite counts the calls,
+    checks their order, and checks that every tensor ``backward_weight`` receives was returned
+    by ``forward`` or ``backward_input`` or given to ``run`` (BND-001).
+
+    **The AOT convention** (``run`` None; the convention fields set), which the suite wires
+    itself (``conformance.stages``):
 
     * ``forward(*primals) -> (*outputs, *saved)``: ``primals`` are the joint graph's placeholders
       that are not tangents, in order; the first ``num_outputs`` results are the stage outputs;
@@ -120,13 +141,37 @@ class StageSplit:
     forward: object
     backward_input: object
     backward_weight: object
-    num_outputs: int
-    saved_for_input: tuple
-    saved_for_weight: tuple
-    input_grads: tuple
-    param_grads: tuple
-    output_layout: tuple
+    num_outputs: int | None = None
+    saved_for_input: tuple | None = None
+    saved_for_weight: tuple | None = None
+    input_grads: tuple | None = None
+    param_grads: tuple | None = None
+    output_layout: tuple | None = None
+    run: object = None
 
     @property
     def parts(self) -> dict:
         return {"forward": self.forward, "backward_input": self.backward_input, "backward_weight": self.backward_weight}
+
+    def missing_convention(self) -> tuple[str, ...]:
+        """The AOT convention fields left None by a split without a runner (empty: it can run)."""
+        if self.run is not None:
+            return ()
+        return tuple(name for name in AOT_SPLIT_FIELDS if getattr(self, name) is None)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfigs:
+    """Configurations of a backend's own training job, for FPR-006 (capability ``fingerprint``).
+
+    The suite does not look inside them: it passes each to
+    ``Backend.quantization_signature(model, config=...)`` and ``Backend.fingerprint(model,
+    config=...)``. ``relevant`` maps a label to a configuration that differs from ``base`` in
+    one setting that changes quantized numerics (the signature must change); ``unrelated`` one
+    that differs in a setting that does not (the signature must not change). The labels are
+    shown in failures.
+    """
+
+    base: object
+    relevant: dict
+    unrelated: dict

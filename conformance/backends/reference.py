@@ -15,7 +15,10 @@ class ReferenceBackend(Backend):
     name = "reference"
     version = fp8conf.__version__
     capabilities = frozenset(
-        {"provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp", "fingerprint", "e8m0", "mx"}
+        {
+            "provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp",
+            "fingerprint", "artifacts", "e8m0", "mx",
+        }
     )
 
     def trace_joint(self, model, args):

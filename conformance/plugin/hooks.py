@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "PROPERTIES_DIR",
     "fp8_backend",
+    "fp8_device",
     "pytest_addoption",
     "pytest_configure",
     "pytest_load_initial_conftests",
@@ -66,6 +67,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the spec version the backend is checked against: properties added later are "
         "skipped as not_supported (reason not_in_spec_version). Default: the backend's "
         f"spec_version (conformance.Backend's default: {SPEC_VERSION}).",
+    )
+    group.addoption(
+        "--fp8-device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="build, trace and check the drawn models on this device (default cpu): a backend "
+        "whose passes look only at CUDA nodes is judged with cuda",
     )
     group.addoption(
         "--fp8-timeout",
@@ -136,6 +144,12 @@ def fp8_backend(request: pytest.FixtureRequest) -> Backend:
     if run is None:
         pytest.skip("no --fp8-backend given")
     return run.backend
+
+
+@pytest.fixture(scope="session")
+def fp8_device(request: pytest.FixtureRequest) -> str:
+    """The device the drawn models are built on (``--fp8-device``)."""
+    return request.config.getoption("fp8_device")
 
 
 @pytest.fixture(scope="session")

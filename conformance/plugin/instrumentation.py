@@ -24,8 +24,9 @@ from hypothesis.internal.conjecture import engine
 from hypothesis.statistics import collector
 
 from conformance import replay, watchdog
+from conformance import notes
 from conformance.plugin.hooks import DEFAULT_SHRINK_SECONDS
-from conformance.plugin.report import DEVICE_KEY, EXAMPLES_KEY, REPRODUCER_KEY, TIMEOUT_KEY
+from conformance.plugin.report import DEVICE_KEY, EXAMPLES_KEY, NOTE_KEY, REPRODUCER_KEY, TIMEOUT_KEY
 
 __all__ = [
     "annotate_report",
@@ -182,6 +183,7 @@ def annotate_report(
     device_sent = False
     if call.when == "call":
         extra.append((EXAMPLES_KEY, _examples(item, excinfo)))
+        extra.extend((NOTE_KEY, text) for text in notes.take())
         info = device_info() if send_device else None
         if info is not None:
             device_sent = True

@@ -189,6 +189,7 @@ def _notes(report: dict[str, Any]) -> list[str]:
             )
         if row.get("reason") and row["status"] != "not_supported":
             notes.append(f"- {property_id} {row['status']}: {row['reason']}")
+        notes.extend(f"- {property_id} {row['status']}: {text}" for text in row.get("notes", ()))
     notes += [f"- {line}" for line in unsupported_lines(report)]
     return ["## Notes", "", *notes, ""] if notes else []
 

@@ -49,6 +49,7 @@ REPRODUCER_KEY = "fp8_reproducer"
 TIMEOUT_KEY = "fp8_timeout"
 EXPECTATION_KEY = "fp8_expectation"
 DEVICE_KEY = "fp8_device"
+NOTE_KEY = "fp8_note"
 
 
 @dataclasses.dataclass
@@ -63,6 +64,7 @@ class TestRecord:
     reproducer: dict[str, Any] | None = None
     reason: str | None = None
     expectations: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 def skip_reason(report: Any) -> str:
@@ -111,6 +113,8 @@ def record_outcome(records: dict[str, TestRecord], report: Any) -> dict[str, Any
             record.reproducer = dict(value)
         elif key == EXPECTATION_KEY and value not in record.expectations:
             record.expectations += (value,)
+        elif key == NOTE_KEY and value not in record.notes:
+            record.notes += (value,)
         elif key == DEVICE_KEY and device is None:
             device = dict(value)
     status = outcome_status(report)
@@ -147,6 +151,9 @@ def property_row(
         row["reproducer"] = next((r.reproducer for r in deciding if r.reproducer), None)
     if status in ("not_supported", "skipped"):
         row["reason"] = next((r.reason for r in deciding if r.reason), None)
+    notes = sorted({text for record in records for text in record.notes})
+    if notes:
+        row["notes"] = notes
     keys = sorted({key for record in records for key in record.expectations})
     if keys:
         row["expectations"] = {key: expectations[key].as_json() for key in keys if key in expectations}

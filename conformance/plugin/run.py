@@ -265,12 +265,14 @@ class ConformanceRun:
                 "spec": self.spec,
                 "spec_version": getattr(self.backend, "spec_version", SPEC_VERSION),
                 "capabilities": sorted(self.backend.capabilities),
+                "provenance_has_recipe": bool(getattr(self.backend, "provenance_has_recipe", True)),
             },
             environment=instrumentation.environment(self.device),
             options={
                 "expectations": self.config.getoption("fp8_expectations") or None,
                 "timeout_s": self.timeout,
                 "shrink_s": self.config.getoption("fp8_shrink_seconds"),
+                "device": self.config.getoption("fp8_device"),
             },
             expectations=self.expectations,
         )

@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.api.errors import FingerprintMismatch
+from conformance.api.types import JobConfigs
 from conformance.fingerprints import (
     ARTIFACT_SPEC,
     QUANTIZATION_KINDS,
@@ -34,6 +35,7 @@ from conformance.fingerprints import (
 )
 from conformance.harness import call_backend, check, fail
 from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.plugin.gating import NOT_SUPPORTED
 from conformance.strategies import model_specs
 
 
@@ -287,3 +289,40 @@ def test_FPR_005_signature_is_canonical_readable_json_that_diffs_field_by_field(
     for word in change.words:
         if not any(word in ".".join(path) or word in str(a) or word in str(b) for path, a, b in differences):
             _fail("FPR-005", f"{change.description}: no differing field names {word!r}; the diff is {differences[:8]}", change)
+
+
+# --- FPR-006 --------------------------------------------------------------------------------------
+
+
+# Session scope and a fixture, not the test body: a backend without job configurations is
+# skipped before Hypothesis draws anything.
+@pytest.fixture(scope="session")
+def job_configs(fp8_backend):
+    configs = call_backend("FPR-006", fp8_backend, "job_configs")
+    if configs is None:
+        pytest.skip(f"{NOT_SUPPORTED} backend {fp8_backend.name!r} declares no job configuration of its own (job_configs() is None)")
+    return configs
+
+
+@pytest.mark.fp8_property("FPR-006")
+@given(spec=model_specs(), data=st.data())
+def test_FPR_006_the_backends_job_configuration_reaches_the_signature(fp8_backend, job_configs, spec, data):
+    configs = job_configs
+    if not isinstance(configs, JobConfigs):
+        fail("FPR-006", f"backend {fp8_backend.name!r}: job_configs() returned {type(configs).__qualname__}, expected conformance.JobConfigs or None")
+    if not configs.relevant:
+        fail("FPR-006", f"backend {fp8_backend.name!r}: job_configs() names no quantization-relevant variant: nothing to check")
+    model, _ = build_model(spec)
+    variants = [(label, config, True) for label, config in sorted(configs.relevant.items())]
+    variants += [(label, config, False) for label, config in sorted(configs.unrelated.items())]
+    label, config, relevant = data.draw(st.sampled_from(variants), label="job configuration variant")
+    signature = lambda c: call_backend("FPR-006", fp8_backend, "quantization_signature", model, strict=True, config=c, expect=str)
+    fingerprint = lambda c: call_backend("FPR-006", fp8_backend, "fingerprint", model, strict=True, config=c, expect=str)
+    before, after = (signature(configs.base), fingerprint(configs.base)), (signature(config), fingerprint(config))
+    if relevant:
+        check(before[0] != after[0] and before[1] != after[1], "FPR-006",
+              f"job configuration {label!r} changes quantized numerics, yet the signature/fingerprint stayed {before[1]}", spec)
+    else:
+        check(before == after, "FPR-006",
+              f"job configuration {label!r} is unrelated to quantization, yet the signature changed: "
+              f"{json_diff(json.loads(before[0]), json.loads(after[0]))[:8]}", spec)

@@ -19,7 +19,7 @@ from conformance import rewrites
 from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, live_nodes, tagged_groups
 from conformance.api.errors import SplitFailure, ValidationFailure
 from conformance.harness import call_backend, check, fail, fp8_ops, fresh_args, grad_outputs, strict_error, traced
-from conformance.stages import run_split
+from conformance.stages import split_step
 from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
 from conformance.api.types import StageSplit
 
@@ -61,6 +61,9 @@ def _checked(property_id, backend, spec, split):
     for name, part in split.parts.items():
         if not isinstance(part, torch.fx.GraphModule):
             fail(property_id, f"backend {backend.name!r}: split_stage().{name} is a {type(part).__qualname__}, expected torch.fx.GraphModule", spec)
+    missing = split.missing_convention()
+    if missing:
+        fail(property_id, f"backend {backend.name!r}: split_stage() gave neither a runner (run) nor the AOT convention: {', '.join(missing)} unset", spec)
     return split
 
 
@@ -105,9 +108,10 @@ def _check_split_step(fp8_backend, spec, case, label, gm, split, args, grads, ex
     import torch
 
     expected_out, expected_grads = expected
-    seen_out, seen_grads = call_backend(
-        "BND-001", fp8_backend, "run_joint", gm, case.model, args, grads, fn=lambda primals, tangents: run_split(split, primals, tangents)
-    )
+    step, runner_violation = split_step(split)
+    seen_out, seen_grads = call_backend("BND-001", fp8_backend, "run_joint", gm, case.model, args, grads, fn=step)
+    violation = runner_violation()
+    check(violation is None, "BND-001", f"{label}: {violation}", spec)
     check(
         seen_grads.keys() == expected_grads.keys(),
         "BND-001",
@@ -164,7 +168,8 @@ def _check_quantized_once(fp8_backend, spec, label, gm, split):
             spec,
         )
     # What dW receives from dI keeps its dtype: an FP8 value crosses as an FP8 placeholder.
-    carried = list(split.backward_weight.graph.find_nodes(op="placeholder"))[len(split.saved_for_weight) :]
+    # By the AOT convention the carried values follow the saved ones; a runner's are found by name.
+    carried = list(split.backward_weight.graph.find_nodes(op="placeholder"))[len(split.saved_for_weight or ()) :]
     made_in_input = {n.name: n for n in split.backward_input.graph.nodes}
     for placeholder in carried:
         source = made_in_input.get(placeholder.name)

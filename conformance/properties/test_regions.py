@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conformance import rewrites
 from conformance.graphs import fp8_compute_nodes, incompleteness, non_convexity, tagged_groups
-from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, traced
+from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, require_subject, traced
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
 from conformance.api.types import Region
@@ -37,7 +37,17 @@ def _regions(property_id, backend, gm) -> list[Region]:
 
 def _tagged_copy(property_id, backend, spec):
     gm, oracle = fresh_copy(traced(property_id, backend, spec))
-    return gm, oracle, _regions(property_id, backend, gm)
+    return gm, oracle, _regions_of_fp8_graph(property_id, backend, gm, spec)
+
+
+def _regions_of_fp8_graph(property_id, backend, gm, spec) -> list[Region]:
+    """The backend's regions of ``gm``; a graph with FP8 compute and no region reported fails:
+    every rule about regions would otherwise pass on nothing."""
+    regions = _regions(property_id, backend, gm)
+    computes = fp8_compute_nodes(gm, fp8_ops(property_id, backend))
+    if computes:
+        require_subject(regions, property_id, f"regions() reported no region for a graph with {len(computes)} FP8 compute node(s)", spec)
+    return regions
 
 
 @pytest.mark.fp8_property("REG-001")
@@ -103,7 +113,7 @@ def test_REG_004_only_complete_regions_are_tagged(fp8_backend, spec):
         )
 
 
-def _region_cast(gm, regions, data):
+def _region_cast(gm, regions, data, spec=None):
     """A cast to FP8 inside a region, and the region's compute nodes downstream of it."""
     candidates = []
     for region in regions:
@@ -113,6 +123,7 @@ def _region_cast(gm, regions, data):
             from_high = all("float8" not in str(getattr(i.meta.get("val"), "dtype", "")) for i in node.all_input_nodes)
             if node.op == "call_function" and made_fp8 and from_high:
                 candidates.append((region, node, members))
+    require_subject(candidates, "REG-005", f"no region of the {len(regions)} reported holds a cast to FP8, so there is no chain to break", spec)
     return data.draw(st.sampled_from(candidates), label="(region, cast) losing its metadata")
 
 
@@ -121,8 +132,8 @@ def _region_cast(gm, regions, data):
 def test_REG_005_a_region_missing_part_of_its_chain_is_not_tagged(fp8_backend, spec, data):
     gm, oracle = fresh_copy(traced("REG-005", fp8_backend, spec))
     probe, _ = fresh_copy(traced("REG-005", fp8_backend, spec))
-    probe_regions = _regions("REG-005", fp8_backend, probe)
-    region, cast, members = _region_cast(probe, probe_regions, data)
+    probe_regions = _regions_of_fp8_graph("REG-005", fp8_backend, probe, spec)
+    region, cast, members = _region_cast(probe, probe_regions, data, spec)
     by_name = {n.name: n for n in gm.graph.nodes}
     probe_computes = set(fp8_compute_nodes(probe, fp8_ops("REG-005", fp8_backend)))
     downstream = [by_name[n.name] for n in members if n in probe_computes and _reaches(cast, n)]
@@ -169,7 +180,8 @@ def test_REG_006_identification_is_deterministic_and_ignores_node_names(fp8_back
                     node._rename(f"renamed_{index}")
             gm.recompile()
         position = {n: i for i, n in enumerate(gm.graph.nodes)}
-        views.append(sorted((r.id, tuple(position[n] for n in r.nodes), r.complete, r.tagged) for r in _regions("REG-006", fp8_backend, gm)))
+        regions = _regions_of_fp8_graph("REG-006", fp8_backend, gm, spec)
+        views.append(sorted((r.id, tuple(position[n] for n in r.nodes), r.complete, r.tagged) for r in regions))
     check(views[0] == views[1], "REG-006", "two identifications of the same graph differ", spec)
     check(
         views[0] == views[2],
@@ -187,7 +199,7 @@ def test_REG_007_tagging_keeps_other_annotations(fp8_backend, spec, data):
     chosen = data.draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=8, unique=True), label="annotated nodes")
     for index, node in enumerate(chosen):
         node.meta["custom"] = {**(node.meta.get("custom") or {}), "pp_stage": index, "user_note": f"keep {index}"}
-    _regions("REG-007", fp8_backend, gm)
+    _regions_of_fp8_graph("REG-007", fp8_backend, gm, spec)
     for index, node in enumerate(chosen):
         custom = node.meta.get("custom") or {}
         check(

@@ -44,16 +44,22 @@ class Region:
     reason: str | None = None
 
 
-def identify_fp8_regions(gm: torch.fx.GraphModule) -> list[Region]:
-    """Find the FP8 regions of ``gm``. Reads the graph only."""
-    passes = node_passes(gm.graph)
+def identify_fp8_regions(gm: torch.fx.GraphModule, *, provenance_of=None, passes=None) -> list[Region]:
+    """Find the FP8 regions of ``gm``. Reads the graph only.
+
+    A trainer that records provenance its own way passes ``provenance_of(node)`` (an object with
+    ``module_fqn`` and, optionally, ``call``; equal for nodes of one module call, None for none)
+    and ``passes`` (node -> ``"forward"`` / ``"backward"``); fp8conf's own are the default.
+    """
+    provenance_of = provenance_of or get_provenance
+    passes = passes if passes is not None else node_passes(gm.graph)
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     groups: list[set[torch.fx.Node]] = []
     owner: dict[torch.fx.Node, int] = {}
     for node in gm.graph.nodes:
-        if not is_fp8_compute(node) or get_provenance(node) is None:
+        if not is_fp8_compute(node) or provenance_of(node) is None:
             continue
-        grown = _grow(node, get_provenance(node), passes)
+        grown = _grow(node, provenance_of(node), passes, provenance_of)
         merged = {owner[n] for n in grown if n in owner}
         for index in merged:
             grown |= groups[index]
@@ -64,31 +70,32 @@ def identify_fp8_regions(gm: torch.fx.GraphModule) -> list[Region]:
     regions = []
     counters: dict[tuple, int] = {}
     for group in sorted((g for g in groups if g), key=lambda g: min(order[n] for n in g)):
-        regions.append(_make_region(group, passes, order, counters))
+        regions.append(_make_region(group, passes, order, counters, provenance_of))
     return regions
 
 
-def _grow(compute: torch.fx.Node, provenance, passes) -> set[torch.fx.Node]:
+def _grow(compute: torch.fx.Node, provenance, passes, provenance_of) -> set[torch.fx.Node]:
     pass_name = passes[compute]
     grown, stack = {compute}, [compute]
     while stack:
         for parent in stack.pop().all_input_nodes:
-            if parent not in grown and parent.op == "call_function" and passes[parent] == pass_name and get_provenance(parent) == provenance:
+            if parent not in grown and parent.op == "call_function" and passes[parent] == pass_name and provenance_of(parent) == provenance:
                 grown.add(parent)
                 stack.append(parent)
     return grown
 
 
-def _make_region(group, passes, order, counters) -> Region:
+def _make_region(group, passes, order, counters, provenance_of) -> Region:
     nodes = sorted(group, key=order.__getitem__)
-    provenance = get_provenance(next(n for n in nodes if is_fp8_compute(n)))
+    provenance = provenance_of(next(n for n in nodes if is_fp8_compute(n)))
+    call = getattr(provenance, "call", 0)
     pass_name = passes[nodes[0]]
-    key = (provenance.module_fqn, pass_name, provenance.call)
+    key = (provenance.module_fqn, pass_name, call)
     rank = counters[key] = counters.get(key, -1) + 1
-    region_id = f"{provenance.module_fqn}/{pass_name}/call{provenance.call}/{rank}"
+    region_id = f"{provenance.module_fqn}/{pass_name}/call{call}/{rank}"
     computes = tuple(n for n in nodes if is_fp8_compute(n))
-    reason = _non_convex(group, order) or _incomplete(group, computes, passes, pass_name)
-    return Region(region_id, provenance.module_fqn, pass_name, provenance.call, tuple(nodes), computes, reason is None, reason)
+    reason = _non_convex(group, order) or _incomplete(group, computes, passes, pass_name, provenance_of)
+    return Region(region_id, provenance.module_fqn, pass_name, call, tuple(nodes), computes, reason is None, reason)
 
 
 def _non_convex(group, order) -> str | None:
@@ -114,7 +121,7 @@ def _non_convex(group, order) -> str | None:
     return None
 
 
-def _incomplete(group, computes, passes, pass_name) -> str | None:
+def _incomplete(group, computes, passes, pass_name, provenance_of=get_provenance) -> str | None:
     # Every FP8 value must be made inside the region or enter at a boundary, and so must the
     # scales the matmuls consume; high-precision inputs (activations, weights) may come from
     # anywhere.
@@ -132,7 +139,7 @@ def _incomplete(group, computes, passes, pass_name) -> str | None:
             continue  # a boundary: an input, or a value saved by the other pass
         return (
             f"incomplete: the {kind} '{value.name}' used by '{consumer.name}' is made outside the region "
-            f"({value.target}, provenance {get_provenance(value)}), so the region does not hold its whole "
+            f"({value.target}, provenance {provenance_of(value)}), so the region does not hold its whole "
             "quantization chain"
         )
     return None

@@ -1,0 +1,106 @@
+"""The ``makefx`` backend: a make_fx-based trainer's FP8 passes behind the conformance adapter.
+
+The worked example of an adapter for a trainer that does not use AOT export
+(:mod:`conformance.backends.makefx_trainer`, :mod:`conformance.backends.makefx_stages`). The
+adapter only translates: provenance without a recipe (``provenance_has_recipe = False``), the
+trainer's plain ``RuntimeError``\\ s into the contract's exceptions, its split into a
+:class:`~conformance.api.types.StageSplit` with a runner, and its job configuration into
+:class:`~conformance.api.types.JobConfigs` for the suite to vary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conformance.api.backend import Backend
+from conformance.api.errors import SplitFailure, ValidationFailure
+from conformance.api.types import Finding, JobConfigs, Provenance, Region, StageSplit, ValidationReport
+
+__all__ = ["MakeFxBackend"]
+
+#: What each kind of the trainer's findings is, in the spec.
+_PROPERTY_OF = {"missing": "VAL-002", "count": "VAL-007", "unattributed": "VAL-003"}
+
+
+class MakeFxBackend(Backend):
+    name = "makefx"
+    version = "0.1"
+    capabilities = frozenset({"provenance", "validation", "emulation", "regions", "graphpp", "fingerprint"})
+    provenance_has_recipe = False
+
+    def __init__(self, config=None):
+        from conformance.backends.makefx_trainer import TrainerConfig
+
+        self.config = config or TrainerConfig()
+
+    def trace_joint(self, model, args):
+        from conformance.backends.makefx_trainer import trace_train_step
+
+        return trace_train_step(model, args, self.config)
+
+    def run_joint(self, gm, model, args, grad_outputs, *, fn=None):
+        from conformance.backends.makefx_trainer import run_train_step
+
+        return run_train_step(gm, model, args, grad_outputs, fn=fn)
+
+    def provenance(self, node):
+        from conformance.backends.makefx_trainer import module_provenance
+
+        found = module_provenance(node)
+        return None if found is None else Provenance(found[0], found[1], None, found[2])
+
+    def is_backward(self, node):
+        from conformance.backends.makefx_trainer import phase_of
+
+        return phase_of(node) == "backward"
+
+    def validate(self, gm, *, strict):
+        from conformance.backends.makefx_trainer import check_fp8_graph
+
+        try:
+            report = check_fp8_graph(gm, strict=strict)
+        except RuntimeError as exc:
+            # The trainer names module, kind and pass in its message; the contract accepts that.
+            raise ValidationFailure(str(exc)) from exc
+        return ValidationReport(
+            findings=tuple(Finding(_PROPERTY_OF[what], message, fqn, phase, node) for what, fqn, phase, node, message in report.problems),
+            compute_counts=dict(report.counts),
+            summary=report.summary,
+        )
+
+    def regions(self, gm):
+        from conformance.backends.makefx_stages import fp8_regions
+
+        return [Region(r.id, r.nodes, r.complete, r.complete) for r in fp8_regions(gm)]
+
+    def split_stage(self, gm, *, strict=True):
+        from conformance.backends.makefx_stages import split_train_step
+
+        try:
+            runner = split_train_step(gm, strict=strict)
+        except RuntimeError as exc:
+            if str(exc).startswith("FP8 check failed"):
+                raise ValidationFailure(str(exc)) from exc
+            raise SplitFailure(str(exc)) from exc
+        return StageSplit(runner.forward, runner.backward_input, runner.backward_weight, run=runner.run)
+
+    def quantization_signature(self, model, *, strict=True, config=None):
+        from conformance.backends.makefx_stages import train_step_signature
+
+        return train_step_signature(model, strict=strict, config=config or self.config)
+
+    def fingerprint(self, model, *, strict=True, config=None):
+        from conformance.backends.makefx_stages import signature_digest
+
+        return signature_digest(self.quantization_signature(model, strict=strict, config=config))
+
+    def job_configs(self):
+        base = self.config
+        return JobConfigs(
+            base=base,
+            relevant={"autocast_dtype=bfloat16": dataclasses.replace(base, autocast_dtype="bfloat16")},
+            unrelated={
+                "job_name=other": dataclasses.replace(base, job_name="other"),
+                "dump_folder=/tmp/makefx-dump": dataclasses.replace(base, dump_folder="/tmp/makefx-dump"),
+            },
+        )
