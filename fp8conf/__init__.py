@@ -13,28 +13,8 @@ import importlib
 
 # Errors are light and imported now; everything else on first use (PEP 562), so that
 # `fp8conf --help` and tools that only name the package do not pay for torch's import.
-from fp8conf.errors import (
-    ArtifactAuthenticityError,
-    ArtifactError,
-    ArtifactIntegrityError,
-    ComputeCountError,
-    FingerprintMismatchError,
-    FP8ConfigError,
-    FP8Error,
-    FP8GraphSplitError,
-    FP8RegionError,
-    FP8TraceError,
-    FP8ValidationError,
-    FP8ValidationWarning,
-    IncompleteRegionError,
-    MissingProvenanceError,
-    MXArgumentError,
-    MXConversionError,
-    NoQuantizedModulesError,
-    RegionCompileError,
-    StaleArtifactError,
-    UnsupportedLoweringError,
-)
+from fp8conf import errors as _errors
+from fp8conf.errors import *  # noqa: F401,F403  (the error tree, fp8conf.errors.__all__)
 
 _EXPORTS = {
     "fp8conf.quantized.float8": ("QuantizationConfig", "find_quantized_modules"),
@@ -71,26 +51,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # errors (fp8conf.errors)
-    "FP8Error",
-    "FP8ConfigError",
-    "FP8TraceError",
-    "FP8ValidationError",
-    "MissingProvenanceError",
-    "UnsupportedLoweringError",
-    "ComputeCountError",
-    "NoQuantizedModulesError",
-    "FP8RegionError",
-    "IncompleteRegionError",
-    "RegionCompileError",
-    "FP8GraphSplitError",
-    "ArtifactError",
-    "ArtifactIntegrityError",
-    "ArtifactAuthenticityError",
-    "FingerprintMismatchError",
-    "StaleArtifactError",
-    "MXArgumentError",
-    "MXConversionError",
-    "FP8ValidationWarning",
+    *_errors.__all__,
     # quantized modules (fp8conf.quantized)
     "QuantizationConfig",
     "find_quantized_modules",

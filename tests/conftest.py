@@ -22,3 +22,13 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("fp8_backend"):
         plugin.skip_unavailable_gpu_tests(items)
+
+
+@pytest.fixture(autouse=True)
+def _keep_hypothesis_profile():
+    # In-process pytester runs load profiles into this process's global Hypothesis settings.
+    from hypothesis import settings
+
+    name = settings.get_current_profile_name()
+    yield
+    settings.load_profile(name)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch  # imported before any in-process pytester run, which would otherwise unload it
-from hypothesis import settings
 
 import conformance
 from conformance import plugin
@@ -32,14 +31,16 @@ FAKE_BACKENDS = fake_backends.BASE + """
 """
 
 FAKE = "--fp8-backend=fakebackends:Fake"
+#: A project's conftest that uses the plugin's profile helpers without a backend, as fp8conf's own does.
+PROFILE_CONFTEST = """
+import pytest
+from conformance import plugin
 
-
-@pytest.fixture(autouse=True)
-def _keep_hypothesis_profile():
-    # In-process pytester runs load profiles into this process's global Hypothesis settings.
-    name = settings.get_current_profile_name()
-    yield
-    settings.load_profile(name)
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    plugin.register_profiles()
+    plugin.load_profile(config)
+"""
 
 
 @pytest.fixture
@@ -423,17 +424,7 @@ def test_hypothesis_profiles(suite, monkeypatch, env, args, expected):
 def test_old_profile_names_are_a_usage_error_for_the_helper(suite, monkeypatch, env, args, message):
     if env is not None:
         monkeypatch.setenv(plugin.PROFILE_ENV, env)
-    suite.makeconftest(
-        """
-        import pytest
-        from conformance import plugin
-
-        @pytest.hookimpl(tryfirst=True)
-        def pytest_configure(config):
-            plugin.register_profiles()
-            plugin.load_profile(config)
-        """
-    )
+    suite.makeconftest(PROFILE_CONFTEST)
     suite.makepyfile(test_probe=PROFILE_PROBE)
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", *args, "test_probe.py")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -442,17 +433,7 @@ def test_old_profile_names_are_a_usage_error_for_the_helper(suite, monkeypatch, 
 
 def test_profile_helpers_for_a_project_without_a_backend(suite, monkeypatch):
     monkeypatch.setenv(plugin.PROFILE_ENV, "fp8conf-ci")
-    suite.makeconftest(
-        """
-        import pytest
-        from conformance import plugin
-
-        @pytest.hookimpl(tryfirst=True)
-        def pytest_configure(config):
-            plugin.register_profiles()
-            plugin.load_profile(config)
-        """
-    )
+    suite.makeconftest(PROFILE_CONFTEST)
     suite.makepyfile(test_probe=PROFILE_PROBE)
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-s", "test_probe.py")
     result.assert_outcomes(passed=1)

@@ -15,7 +15,6 @@ import shlex
 import time
 
 import pytest
-from hypothesis import settings
 
 from conformance.api import spec as spec_module
 from conformance.api.spec import SPEC_VERSION
@@ -73,14 +72,6 @@ PROPERTY_TESTS = """
     def test_PROV_003_plain():
         pass
 """
-
-
-@pytest.fixture(autouse=True)
-def _keep_hypothesis_profile():
-    # In-process pytester runs load profiles into this process's global Hypothesis settings.
-    name = settings.get_current_profile_name()
-    yield
-    settings.load_profile(name)
 
 
 @pytest.fixture

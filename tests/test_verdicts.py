@@ -9,7 +9,6 @@ import logging
 
 import pytest
 import torch  # noqa: F401  (imported before any in-process pytester run, which would otherwise unload it)
-from hypothesis import settings
 
 import fake_backends  # tests/fake_backends.py (tests/ is on sys.path)
 from conformance.plugin import quiet
@@ -67,14 +66,6 @@ SLOW_FAILURE = """
         if x >= 1000:
             pytest.fail(f"[PROV-002] too big\\n\\n{MODEL_MARKER}\\nx = {x}", pytrace=False)
 """
-
-
-@pytest.fixture(autouse=True)
-def _keep_hypothesis_profile():
-    # In-process pytester runs load profiles into this process's global Hypothesis settings.
-    name = settings.get_current_profile_name()
-    yield
-    settings.load_profile(name)
 
 
 @pytest.fixture
