@@ -131,6 +131,8 @@ def test_stages_are_placed_as_the_schedules_place_them():
         stage_indices("1F1B", 0, 2, 2)
     with pytest.raises(fp8conf.FP8ConfigError, match="exactly two stages per rank"):
         stage_indices("DualPipeV", 0, 2, 1)
+    with pytest.raises(fp8conf.FP8ConfigError, match="ZBVZeroBubble"):
+        stage_indices("NoSuchSchedule", 0, 2, 1)
 
 
 def _assert_matches_the_unsplit_step(check, *, stages, parameters):

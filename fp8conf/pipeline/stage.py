@@ -44,9 +44,10 @@ __all__ = ["GraphPPStage", "CHECKED_SCHEDULES"]
 #: backward-weight as separate actions.
 CHECKED_SCHEDULES = {
     "1F1B": "one stage per rank, B",
+    "GPipe": "one stage per rank, every F then every B",
     "Interleaved1F1B": "several stages per rank, looped, B",
-    "InterleavedZeroBubble": "several stages per rank, looped, I and W",
-    "ZBVZeroBubble": "two stages per rank, V-shaped, I and W",
+    "InterleavedZeroBubble": "one or more stages per rank, looped, I and W deferred",
+    "ZBVZeroBubble": "two stages per rank, V-shaped, I and W deferred",
     "DualPipeV": "two stages per rank, V-shaped, overlapped F and B, I and W",
 }
 

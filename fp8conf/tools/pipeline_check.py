@@ -116,7 +116,10 @@ def stage_indices(schedule: str, rank: int, ranks: int, stages_per_rank: int) ->
     or, for the V-shaped schedules, ``rank`` and ``2 * ranks - 1 - rank``."""
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
-    cls = get_schedule_class(schedule)
+    try:
+        cls = get_schedule_class(schedule)
+    except ValueError as e:
+        raise FP8ConfigError(f"{e}; those checked with GraphPP stages: {', '.join(CHECKED_SCHEDULES)}") from None
     if issubclass(cls, PipelineScheduleSingle) and stages_per_rank != 1:
         raise FP8ConfigError(f"{schedule} runs one stage per rank; use --stages-per-rank 1 or a multi-stage schedule")
     if schedule in _V_SHAPED:
@@ -167,6 +170,7 @@ def _worker(rank, ranks, init_file, options, result_dir):
             dist.barrier()
             start = time.perf_counter()
             schedule.step(*args, target=target if any(s.is_last for s in stages) else None)
+            _synchronize(batch)
             dist.barrier()
             times.append(time.perf_counter() - start)
         result = {
@@ -204,11 +208,19 @@ def _deferred_weight_steps(runs: dict[int, list]) -> int:
     return deferred
 
 
-def _unsplit_step(stages, batch, target, microbatches):
+def _unsplit_graphs(stages, batch, microbatches):
+    example = batch.tensor_split(microbatches)[0]
+    return [trace_joint(m, (example.detach().clone().requires_grad_(i > 0),)) for i, m in enumerate(stages)]
+
+
+def _synchronize(tensor):
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+
+
+def _unsplit_step(stages, graphs, batch, target, microbatches):
     """The same microbatches through each stage's unsplit joint graph, in one process, with the
     schedule's loss and its gradient scaling (the mean over microbatches)."""
-    example = batch.tensor_split(microbatches)[0]
-    graphs = [trace_joint(m, (example.detach().clone().requires_grad_(i > 0),)) for i, m in enumerate(stages)]
     grads: dict[tuple[int, str], torch.Tensor] = {}
     start = time.perf_counter()
     for x, t in zip(batch.tensor_split(microbatches), target.tensor_split(microbatches)):
@@ -228,7 +240,8 @@ def _unsplit_step(stages, batch, target, microbatches):
             grad = stage_grads.get("input.0")
     for g in grads.values():
         g.div_(microbatches)
-    return grads, graphs, time.perf_counter() - start
+    _synchronize(batch)
+    return grads, time.perf_counter() - start
 
 
 def _eager_step(stages, batch, target, microbatches):
@@ -240,6 +253,7 @@ def _eager_step(stages, batch, target, microbatches):
         for module in stages:
             y = module(y)
         _loss(y, t).backward()
+    _synchronize(batch)
     elapsed = time.perf_counter() - start
     grads = {(i, fqn): p.grad.clone() / microbatches for i, m in enumerate(stages) for fqn, p in m.named_parameters()}
     for module in stages:
@@ -248,15 +262,20 @@ def _eager_step(stages, batch, target, microbatches):
 
 
 def _compare(options, results, device_name):
-    model, batch, target = _problem(options, "cpu")
+    # The reference runs on the device the ranks ran on (the first GPU under NCCL): a CPU
+    # reference for a GPU pipeline would compare kernels, not the pipeline.
+    model, batch, target = _problem(options, "cuda:0" if options["backend"] == "nccl" else "cpu")
     m = options["microbatches"]
     stages = stage_modules(model, options["ranks"] * options["stages_per_rank"])
+    graphs = _unsplit_graphs(stages, batch, m)
     unsplit_times, eager_times = [], []
     for _ in range(options["repeats"]):
-        reference, graphs, elapsed = _unsplit_step(stages, batch, target, m)
+        reference, elapsed = _unsplit_step(stages, graphs, batch, target, m)
         unsplit_times.append(elapsed)
         eager, elapsed = _eager_step(stages, batch, target, m)
         eager_times.append(elapsed)
+    reference = {k: v.cpu() for k, v in reference.items()}
+    eager = {k: v.cpu() for k, v in eager.items()}
     pipeline = {k: v for r in results for k, v in r["grads"].items()}
     runs = {k: v for r in results for k, v in r["runs"].items()}
     diff = max((pipeline[k].float() - reference[k].float()).abs().max().item() for k in reference)
