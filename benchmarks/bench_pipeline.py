@@ -6,7 +6,8 @@ one process: through each stage's unsplit joint graph (the check's reference; a 
 needs its output's gradient as an input, so each stage's forward runs twice there) and through
 eager autograd. Step times are medians over the repeats, the pipeline's taken on its slowest
 rank. Informational on CPU: ranks share the machine's cores, so the pipeline cannot overlap
-stages the way it does on separate GPUs.
+stages the way it does on separate GPUs, and the widths stay small because CPU ``_scaled_mm``
+runs oneDNN's reference matmul.
 
     python benchmarks/bench_pipeline.py
     python benchmarks/bench_pipeline.py --schedules ZBVZeroBubble 1F1B --repeats 5 --write
@@ -46,9 +47,9 @@ def main() -> None:
     parser.add_argument("--schedules", nargs="+", default=list(CHECKED_SCHEDULES))
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--tokens", type=int, default=256, help="tokens per microbatch")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=32, help="tokens per microbatch")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", choices=["regional", "full"], default=None)
     parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()

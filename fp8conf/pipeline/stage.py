@@ -77,10 +77,10 @@ class GraphPPStage(PipelineStage):
         x = example_input.detach().clone().to(device).requires_grad_(not first)
         self.gm = trace_joint(submodule, (x,))
         self.split: StageSplit = split_stage(self.gm, strict=strict)
-        if self.split.num_outputs != 1 or len(self.split.input_grads) != (0 if first else 1):
+        if self.split.num_outputs != 1:
             raise FP8ConfigError(
-                f"stage {stage_index} ({type(submodule).__qualname__}) takes one tensor and returns "
-                f"{self.split.num_outputs} outputs: a GraphPP stage takes one activation and returns one"
+                f"stage {stage_index} ({type(submodule).__qualname__}) returns {self.split.num_outputs} outputs: "
+                "a GraphPP stage takes one activation and returns one; return a single tensor"
             )
         self.fns = compile_split(self.split, mode=compile, strict=strict) if compile else {}
         # The shapes travel as static metadata: the library allocates its receive buffers from
@@ -107,7 +107,8 @@ class GraphPPStage(PipelineStage):
         inputs = tuple(args) if self.is_first else self._retrieve_recv_activations(fwd_chunk_id)
         primals, _ = joint_inputs(self.gm, self.submod, tuple(t.detach() for t in inputs), (None,))
         outputs, saved = self._run("forward", fwd_chunk_id, self.split.run_forward, primals)
-        self._saved[fwd_chunk_id] = saved
+        if self.has_backward:
+            self._saved[fwd_chunk_id] = saved
         output = outputs[0]
         if self.is_last and self.has_backward:
             # The loss function is the one piece of the step outside the graph: autograd runs on
@@ -117,6 +118,12 @@ class GraphPPStage(PipelineStage):
             self.output_chunks.append(output)
         self.fwd_cache[fwd_chunk_id] = ((output,), list(inputs))
         return output
+
+    def clear_runtime_states(self) -> None:
+        super().clear_runtime_states()
+        # A step that stopped half-way must not leave its saved values to the next one.
+        self._saved.clear()
+        self._carried.clear()
 
     def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
         if not self.has_backward:
