@@ -15,10 +15,14 @@ print(f"torch {torch.__version__}, torchao {torchao.__version__}, device {torch.
 PY
 if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-    for mode in "" "--compile regional"; do
-        python3 -m fp8conf.pipeline --backend nccl $mode 2>&1 | tee -a "$OUT/pipeline-nccl.log" | grep "pipeline over"
+    # One zero-bubble (I/W apart) and one looped multi-stage schedule, eager and regionally
+    # compiled, over NCCL; then the same zero-bubble step over gloo on the same host.
+    for schedule in "--schedule ZBVZeroBubble --stages-per-rank 2" "--schedule Interleaved1F1B --stages-per-rank 2"; do
+        for mode in "" "--compile regional"; do
+            python3 -m fp8conf.pipeline --backend nccl --ranks 2 $schedule $mode 2>&1 | tee -a "$OUT/pipeline-nccl.log" | grep "pipeline over"
+        done
     done
-    python3 -m fp8conf.pipeline --backend gloo 2>&1 | tee -a "$OUT/pipeline-nccl.log" | grep "pipeline over"
+    python3 -m fp8conf.pipeline --backend gloo --ranks 2 --schedule ZBVZeroBubble 2>&1 | tee -a "$OUT/pipeline-nccl.log" | grep "pipeline over"
 else
     echo "one GPU: the NCCL pipeline needs 2 (nvidia-h200-x2)"
 fi

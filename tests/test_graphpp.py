@@ -1,8 +1,8 @@
-"""GraphPP: the split's API, its bad-input errors, and real 2-process pipelines over gloo."""
+"""GraphPP: the split's API, its bad-input errors, and torch.distributed.pipelining schedules over
+GraphPP stages in 2 gloo processes."""
 
 from __future__ import annotations
 
-import collections
 import functools
 
 import pytest
@@ -14,8 +14,7 @@ from fp8conf.tools.example_models import build_stack
 from fp8conf.graph.split import compile_split, split_stage
 from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY
 from fp8conf.graph.validate import SIBLING_COMPUTE_META_KEY
-from fp8conf.pipeline import zero_bubble_schedule
-from fp8conf.tools.pipeline_check import launch
+from fp8conf.tools.pipeline_check import launch, stage_indices
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,18 +124,36 @@ def test_a_graph_without_its_joint_signature_is_refused_not_guessed():
         split_stage(gm)
 
 
-def test_zero_bubble_schedule_runs_input_gradients_before_deferred_weight_gradients():
-    order = zero_bubble_schedule(4)
-    assert collections.Counter(a for a, _ in order) == {"F": 4, "I": 4, "W": 4}
-    position = {step: i for i, step in enumerate(order)}
-    for mb in range(4):
-        assert position[("F", mb)] < position[("I", mb)] < position[("W", mb)]
-    assert position[("I", 1)] < position[("W", 0)]  # dW waits behind the next dI
+def test_stages_are_placed_as_the_schedules_place_them():
+    assert stage_indices("Interleaved1F1B", 1, 2, 2) == [1, 3]  # looped
+    assert stage_indices("ZBVZeroBubble", 1, 2, 2) == [1, 2]  # V-shaped
+    with pytest.raises(fp8conf.FP8ConfigError, match="one stage per rank"):
+        stage_indices("1F1B", 0, 2, 2)
+    with pytest.raises(fp8conf.FP8ConfigError, match="exactly two stages per rank"):
+        stage_indices("DualPipeV", 0, 2, 1)
+    with pytest.raises(fp8conf.FP8ConfigError, match="ZBVZeroBubble"):
+        stage_indices("NoSuchSchedule", 0, 2, 1)
+
+
+def _assert_matches_the_unsplit_step(check, *, stages, parameters):
+    assert check.bitwise_equal, check.summary()
+    assert check.parameters == parameters and check.microbatches == 4
+    # No cast repeated (or dropped) because the schedule ran dW apart from dI, on every stage.
+    assert check.casts_run == check.casts_unsplit and len(check.casts_run) == stages, check.summary()
+    assert check.each_part_once, check.summary()
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("compile", [None, "regional"], ids=["eager", "regional"])
-def test_two_process_gloo_pipeline_matches_the_unsplit_step_bitwise(compile):
-    check = launch(backend="gloo", world=2, microbatches=4, compile=compile)
-    assert check.bitwise_equal, check.summary()
-    assert check.parameters == 18 and check.microbatches == 4
+def test_zero_bubble_schedule_over_regionally_compiled_stages_matches_the_unsplit_step_bitwise():
+    # InterleavedZeroBubble: I and W as separate actions, W deferred; FP8 regions compiled per callable.
+    check = launch(schedule="InterleavedZeroBubble", ranks=2, stages_per_rank=1, microbatches=4, compile="regional")
+    _assert_matches_the_unsplit_step(check, stages=2, parameters=10)
+    assert check.deferred_weight_steps > 0, check.summary()
+
+
+@pytest.mark.timeout(300)
+def test_v_shaped_schedule_with_two_stages_per_rank_matches_the_unsplit_step_bitwise():
+    # ZBVZeroBubble: stages 0 and 3 on rank 0, 1 and 2 on rank 1 (handed over locally), I and W apart.
+    check = launch(schedule="ZBVZeroBubble", ranks=2, stages_per_rank=2, microbatches=4)
+    _assert_matches_the_unsplit_step(check, stages=4, parameters=18)
+    assert check.deferred_weight_steps > 0, check.summary()

@@ -1,6 +1,7 @@
-"""Running GraphPP callables as pipeline stages over ``torch.distributed``
-(:mod:`fp8conf.pipeline.stage`); ``python -m fp8conf.pipeline`` runs a self-checking demo."""
+"""GraphPP stages for ``torch.distributed.pipelining``'s schedules (:mod:`fp8conf.pipeline.stage`);
+``python -m fp8conf.pipeline`` runs a schedule over them and checks it
+(:mod:`fp8conf.tools.pipeline_check`)."""
 
-from fp8conf.pipeline.stage import PipelineStage, run_schedule, stage_modules, zero_bubble_schedule
+from fp8conf.pipeline.stage import CHECKED_SCHEDULES, GraphPPStage
 
-__all__ = ["PipelineStage", "zero_bubble_schedule", "run_schedule", "stage_modules"]
+__all__ = ["GraphPPStage", "CHECKED_SCHEDULES"]
