@@ -10,6 +10,7 @@ import torch
 
 import fp8conf
 from conformance import rewrites
+from conformance.strategies import runnable_recipes
 from fp8conf.tools.example_models import build_stack
 from fp8conf.graph.split import compile_split, split_stage
 from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY
@@ -41,6 +42,8 @@ def _same(a, b):
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
 @pytest.mark.parametrize("first", [False, True], ids=["middle-stage", "first-stage"])
 def test_split_reproduces_the_joint_step_bitwise(recipe, first):
+    if recipe not in runnable_recipes():
+        pytest.skip(f"this torch's CPU _scaled_mm cannot run {recipe} scales (torch 2.11: tensorwise only)")
     model, x, gm = _stage(recipe, first=first, cse=True)
     split = split_stage(gm)
     grad = torch.randn(16, 32)

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torchao
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -369,7 +370,13 @@ def _torchao_linear(config_fn):
     config, _, _, quantize_, _ = _torchao_mx_training()
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(64, 64))
-    quantize_(model, config_fn(), filter_fn=lambda module, fqn: isinstance(module, nn.Linear))
+    try:
+        quantize_(model, config_fn(), filter_fn=lambda module, fqn: isinstance(module, nn.Linear))
+    except AssertionError as exc:
+        # torchao 0.17 refuses MX training on a released torch ("install the latest torch nightly").
+        if "nightly" not in str(exc):
+            raise
+        pytest.skip(f"torchao {torchao.__version__} cannot convert for MX training on torch {torch.__version__}: {exc}")
     return model
 
 
