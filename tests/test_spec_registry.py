@@ -105,3 +105,21 @@ def test_spec_md_lists_every_tested_property_with_its_level():
         if not re.search(rf"^\| {re.escape(pid)} \| {PROPERTIES[pid].level} \| {re.escape(PROPERTIES[pid].capability)} \|", text, re.M)
     ]
     assert not missing, f"conformance/SPEC.md lacks rows (or has another level/capability) for {missing}"
+
+
+_SPEC_ROW = re.compile(r"^\| ([A-Z][A-Z0-9]*-\d{3}) \| (MUST|SHOULD) \| ([a-z0-9.]+) \| (.*) \|$", re.M)
+
+
+def test_spec_md_and_the_registry_state_each_rule_in_one_wording():
+    # A rule said two ways is two rules: SPEC.md's table row `| ID | level | capability | rule |`
+    # and the registry's (level, capability, title) must be the same text, for every property.
+    rows = {m.group(1): m.groups()[1:] for m in _SPEC_ROW.finditer(SPEC_MD.read_text(encoding="utf-8"))}
+    registry = {pid: (p.level, p.capability, p.title) for pid, p in PROPERTIES.items()}
+    assert sorted(rows) == sorted(registry), (
+        f"SPEC.md rows without a registry entry: {sorted(set(rows) - set(registry))}; "
+        f"registry entries without a SPEC.md row: {sorted(set(registry) - set(rows))}"
+    )
+    differing = {pid: (rows[pid], registry[pid]) for pid in rows if rows[pid] != registry[pid]}
+    assert not differing, "SPEC.md and conformance/api/spec.py word these rules differently:\n" + "\n".join(
+        f"{pid}:\n  SPEC.md:  {spec}\n  registry: {reg}" for pid, (spec, reg) in sorted(differing.items())
+    )
