@@ -175,6 +175,43 @@ class StaleRegionalCompile(ReferenceBackend):
         return dataclasses.replace(compiled, fn=_first_result_forever(compiled.fn)) if mode == "regional" else compiled
 
 
+def _parameters_frozen_at_first_call(fn):
+    # What Inductor's freezing does to a training step: the parameters seen at the first call
+    # become constants of the compiled code.
+    import torch
+
+    frozen = {}
+
+    def run(primals, tangents):
+        if not frozen:
+            frozen.update({i: p.detach().clone() for i, p in enumerate(primals) if isinstance(p, torch.nn.Parameter)})
+        return fn([frozen.get(i, p) for i, p in enumerate(primals)], tangents)
+
+    return run
+
+
+class ParametersFrozenFullCompile(ReferenceBackend):
+    """Full compile that keeps the parameters of its first call as constants."""
+
+    name = "mutant-parameters-frozen-full-compile"
+    KILLED_BY = "NUM-001"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        compiled = super().compile(gm, mode=mode, cudagraph=cudagraph)
+        return dataclasses.replace(compiled, fn=_parameters_frozen_at_first_call(compiled.fn)) if mode == "full" else compiled
+
+
+class ParametersFrozenRegionalCompile(ReferenceBackend):
+    """Regional compile that keeps the parameters of its first call as constants."""
+
+    name = "mutant-parameters-frozen-regional-compile"
+    KILLED_BY = "NUM-002"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        compiled = super().compile(gm, mode=mode, cudagraph=cudagraph)
+        return dataclasses.replace(compiled, fn=_parameters_frozen_at_first_call(compiled.fn)) if mode == "regional" else compiled
+
+
 class CompiledButEager(ReferenceBackend):
     """Reports the tagged regions as compiled but runs the whole graph eagerly."""
 
@@ -198,5 +235,7 @@ MUTANTS = [
     AnnotationsReplaced,
     StaleFullCompile,
     StaleRegionalCompile,
+    ParametersFrozenFullCompile,
+    ParametersFrozenRegionalCompile,
     CompiledButEager,
 ]
