@@ -137,13 +137,11 @@ class Variant:
         import conformance.models as models
 
         original = models._float8_config
-        calls = iter([i for i, layer in enumerate(self.spec.layers) if layer.recipe is not None])
 
-        def config_for(recipe, emulate):
-            config = original(recipe, emulate)
-            index = next(calls)
+        def config_for(recipe, emulate, fqn=None):
+            config = original(recipe, emulate, fqn)
             for layer, name in self.config_fields:
-                if layer == index:
+                if fqn == f"layers.{layer}":
                     config = _replace_paths(config, CONFIG_FIELDS[name][0])
             return config
 

@@ -16,8 +16,8 @@ from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
 
 
 def real_and_emulated(spec) -> bool:
-    """The model holds both emulated and real (non-emulated) quantized layers."""
-    return {layer.emulate for layer in spec.layers if layer.recipe} == {True, False}
+    """The model holds both emulated and real (non-emulated) quantized modules, nested ones too."""
+    return {emulate for _kind, _recipe, emulate in spec.quantized_modules().values()} == {True, False}
 
 
 @pytest.mark.fp8_property("EMU-001")
