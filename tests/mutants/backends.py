@@ -340,6 +340,56 @@ FingerprintIncludesTrainingFlag.quantization_signature, FingerprintIncludesTrain
 )
 
 
+class FingerprintKeyedByPosition(ReferenceBackend):
+    """Keys each quantized module by its position among them, not its FQN: conversion moved to
+    another layer with the same config loads the other layer's artifact."""
+
+    name = "mutant-fingerprint-keyed-by-position"
+    KILLED_BY = "FPR-001"
+
+
+def _key_by_position(doc, model):
+    doc["modules"] = {str(i): entry for i, (_fqn, entry) in enumerate(doc["modules"].items())}
+
+
+FingerprintKeyedByPosition.quantization_signature, FingerprintKeyedByPosition.fingerprint = _rewritten_signature(
+    FingerprintKeyedByPosition, _key_by_position
+)
+
+
+class FingerprintIgnoresForwardCasts(ReferenceBackend):
+    """Records only the backward operands' cast configs: a forward target dtype or scaling
+    change of a custom config goes unnoticed."""
+
+    name = "mutant-fingerprint-ignores-forward-casts"
+    KILLED_BY = "FPR-001"
+
+
+def _drop_forward_casts(doc, model):
+    for entry in doc["modules"].values():
+        for field in ("cast_config_input", "cast_config_weight"):
+            entry.get("config", {}).pop(field, None)
+
+
+FingerprintIgnoresForwardCasts.quantization_signature, FingerprintIgnoresForwardCasts.fingerprint = _rewritten_signature(
+    FingerprintIgnoresForwardCasts, _drop_forward_casts
+)
+
+
+class FingerprintIgnoresMX(ReferenceBackend):
+    """Fingerprints the float8 modules only, as if MX layers were not quantized."""
+
+    name = "mutant-fingerprint-ignores-mx"
+    KILLED_BY = "FPR-001"
+
+
+def _drop_mx(doc, model):
+    doc["modules"] = {fqn: entry for fqn, entry in doc["modules"].items() if entry.get("kind") != "mxfp8_linear"}
+
+
+FingerprintIgnoresMX.quantization_signature, FingerprintIgnoresMX.fingerprint = _rewritten_signature(FingerprintIgnoresMX, _drop_mx)
+
+
 class FingerprintUsesPythonHash(ReferenceBackend):
     """Digests the signature with Python's ``hash()``: stable in one process, not across PYTHONHASHSEEDs."""
 
@@ -370,6 +420,9 @@ class FingerprintLoadsDespiteMismatch(ReferenceBackend):
 MUTANTS += [
     FingerprintIgnoresRecipe,
     FingerprintIgnoresEmulate,
+    FingerprintKeyedByPosition,
+    FingerprintIgnoresForwardCasts,
+    FingerprintIgnoresMX,
     FingerprintIncludesTrainingFlag,
     FingerprintUsesPythonHash,
     FingerprintLoadsDespiteMismatch,
