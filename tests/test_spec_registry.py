@@ -123,3 +123,30 @@ def test_spec_md_and_the_registry_state_each_rule_in_one_wording():
     assert not differing, "SPEC.md and conformance/api/spec.py word these rules differently:\n" + "\n".join(
         f"{pid}:\n  SPEC.md:  {spec}\n  registry: {reg}" for pid, (spec, reg) in sorted(differing.items())
     )
+
+
+def _tests_citing() -> dict[str, list[tuple[str, str | None]]]:
+    """Property ID -> ``(test name, docstring)`` of every test function citing it."""
+    found: dict[str, list] = {}
+    for path in sorted(PROPERTIES_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Call) and getattr(decorator.func, "attr", None) == "fp8_property":
+                    found.setdefault(decorator.args[0].value, []).append((node.name, ast.get_docstring(node)))
+    return found
+
+
+def test_every_must_property_test_names_the_cheapest_defect_it_fails():
+    # Each MUST property's test says, in its docstring, which cheapest defect would still pass
+    # the rule as tested and why the test fails it: the suite's account of its own power.
+    undocumented = [
+        f"{pid}: {name}"
+        for pid, tests in sorted(_tests_citing().items())
+        if PROPERTIES[pid].level == "MUST"
+        for name, doc in tests
+        if not doc or "defect" not in doc
+    ]
+    assert not undocumented, "MUST property tests without an adversary docstring:\n" + "\n".join(undocumented)

@@ -101,6 +101,10 @@ def test_NUM_002_regional_compile_matches_eager(fp8_backend, warm_inductor, spec
 @compile_budget
 @given(spec=model_specs(recipes=runnable, emulate=False))
 def test_NUM_003_exactly_the_tagged_regions_are_compiled(fp8_backend, warm_inductor, spec):
+    """Cheapest defect: reporting the tagged nodes as compiled while running the graph eagerly
+    (a report that simply echoes the tags). Besides the report, the suite counts casts to FP8
+    that reach the dispatcher while the compiled graph runs: tagged casts that still run eagerly
+    exceed the untagged ones and fail."""
     case = traced("NUM-003", fp8_backend, spec)
     probe, _ = fresh_copy(case)
     call_backend("NUM-003", fp8_backend, "regions", probe)
@@ -171,6 +175,9 @@ class _FP8CastCounter:
 @compile_budget
 @given(spec=model_specs(emulate=False, nesting=False))
 def test_NUM_004_cuda_graph_replays_match_eager(fp8_backend, spec):
+    """Cheapest defect: a CUDA graph replayed without copying fresh inputs into its static
+    buffers, so replays repeat the capture's result. The capture and two replays with fresh
+    inputs must each match eager."""
     from conformance.graphs import trace_with_oracle
     from conformance.models import build_model
 

@@ -86,6 +86,9 @@ def test_FPR_001_changing_a_quantization_input_changes_the_fingerprint(fp8_backe
 @pytest.mark.fp8_property("FPR-002")
 @given(spec=model_specs())
 def test_FPR_002_equal_configs_give_equal_fingerprints_in_any_registration_order(fp8_backend, spec):
+    """Cheapest defect within one process: a signature listing modules, parameters or config
+    fields in registration order, unsorted. The model is built twice and once with modules,
+    parameters and buffers registered in reverse order; fingerprints and signatures must match."""
     variant = Variant(spec)
     first = _fingerprint("FPR-002", fp8_backend, variant)
     second = _fingerprint("FPR-002", fp8_backend, variant)
@@ -117,6 +120,9 @@ CROSS_PROCESS_SPECS = (
 
 @pytest.mark.fp8_property("FPR-002")
 def test_FPR_002_equal_fingerprints_across_processes_and_hash_seeds(fp8_backend):
+    """Cheapest defect that one process cannot see: a digest through Python's ``hash()``, stable
+    until ``PYTHONHASHSEED`` changes. Child processes with seeds 0 and 1 (one of them with
+    reversed registration order) must compute the same fingerprints and signatures."""
     here = [_fingerprint("FPR-002", fp8_backend, Variant(spec)) for spec in CROSS_PROCESS_SPECS]
     try:
         children = fingerprints_in_subprocess(fp8_backend, CROSS_PROCESS_SPECS, hash_seeds=("0", "1"))
@@ -148,6 +154,9 @@ def test_FPR_002_equal_fingerprints_across_processes_and_hash_seeds(fp8_backend)
 @pytest.mark.parametrize("kind", UNRELATED_KINDS)
 @given(data=st.data())
 def test_FPR_003_settings_unrelated_to_quantization_leave_the_signature_alone(fp8_backend, kind, data):
+    """Cheapest defect: recording a setting that is not quantization (a module's ``training``
+    flag, a parameter's ``requires_grad``, an unrelated buffer), so ``eval()`` or freezing a
+    layer recompiles. Each unrelated change must leave signature and fingerprint alone."""
     change = data.draw(unrelated_changes(kind), label="change")
     before = _fingerprint("FPR-003", fp8_backend, change.before)
     after = _fingerprint("FPR-003", fp8_backend, change.after)
@@ -188,6 +197,9 @@ def _relative_error(a, b) -> float:
 
 @pytest.mark.fp8_property("FPR-004")
 def test_FPR_004_an_artifact_loads_and_runs_under_its_own_fingerprint(fp8_backend, warm_inductor):
+    """Cheapest defect that the mismatch test alone lets through: a loader that refuses every
+    artifact, or returns a callable that computes something else. The artifact must load under
+    its own configuration and match the joint graph within 3e-2."""
     import torch
 
     path = _artifact(fp8_backend)
@@ -211,6 +223,10 @@ def test_FPR_004_an_artifact_loads_and_runs_under_its_own_fingerprint(fp8_backen
 @pytest.mark.parametrize("kind", [k for k in QUANTIZATION_KINDS if k != "config_field_from_custom"])
 @given(data=st.data())
 def test_FPR_004_loading_under_another_fingerprint_fails_naming_the_fields(fp8_backend, kind, data):
+    """Cheapest defect: warning about a mismatch and loading the stale artifact anyway. Under each
+    drawn change (conversion moved to an equal layer, any config field, versions, ``strict``)
+    ``load_artifact`` must raise ``FingerprintMismatch`` naming the changed module and field,
+    after loading under the unchanged configuration (so refusing everything fails)."""
     # The one artifact is of ARTIFACT_SPEC as converted: a change from a custom config would not
     # start from it, so FPR-001 alone flips from custom configs.
     path = _artifact(fp8_backend)

@@ -94,6 +94,10 @@ def _in_parts(split, select) -> dict[str, list]:
 @pytest.mark.fp8_property("BND-001")
 @given(spec=runnable_stages)
 def test_BND_001_forward_then_dI_then_dW_reproduce_the_joint_step_bitwise(fp8_backend, spec):
+    """Cheapest defect: describing the parameter gradients out of order (two gradients of equal
+    shape swapped still "run"). The suite wires the callables itself by the ``StageSplit``
+    convention and compares every output and gradient bitwise with the unsplit graph, as
+    traced and after CSE."""
     case = traced("BND-001", fp8_backend, spec)
     args, grads = fresh_args(spec, 0), grad_outputs(spec, 100)
     expected = call_backend("BND-001", fp8_backend, "run_joint", case.gm, case.model, args, grads)
@@ -130,6 +134,10 @@ def _check_split_step(fp8_backend, spec, case, label, gm, split, args, grads, ex
 @pytest.mark.fp8_property("BND-002")
 @given(spec=stages)
 def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backend, spec):
+    """Cheapest defect: dW running again the FP8 matmuls of dI whose results it needs (results stay
+    bitwise equal, so BND-001 passes). The FP8 compute per pass in the callables must equal the
+    stage graph's live compute; a defect that drops one matmul and duplicates another keeps the
+    count but changes values (BND-001) and provenance (BND-005)."""
     _each_split("BND-002", fp8_backend, spec, _check_compute_placed_once)
 
 
@@ -149,6 +157,10 @@ def _check_compute_placed_once(fp8_backend, spec, label, gm, split):
 @pytest.mark.fp8_property("BND-003")
 @given(spec=stages)
 def test_BND_003_no_tensor_is_quantized_twice_and_fp8_crosses_as_fp8(fp8_backend, spec):
+    """Cheapest defect: dW casting again, from high precision or from the crossed scale, a tensor
+    dI already quantized (bitwise equal on CPU). Casts per pass in the callables must equal the
+    stage graph's, after CSE too (where one cast of the output gradient feeds both matmuls),
+    and a value carried from dI to dW must keep its dtype."""
     _each_split("BND-003", fp8_backend, spec, _check_quantized_once)
 
 
@@ -182,6 +194,9 @@ def _check_quantized_once(fp8_backend, spec, label, gm, split):
 @pytest.mark.fp8_property("BND-004")
 @given(spec=model_specs(kinds=ALL_KINDS, emulate=False))
 def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend, spec):
+    """Cheapest defect: treating an FP8 placeholder as a broken chain, so dW's regions (which start
+    at the carried FP8 gradient) are never tagged; "every tagged group is complete" alone passes
+    it. Per pass, the callables must tag at least as many FP8 compute nodes as the stage graph."""
     _each_split("BND-004", fp8_backend, spec, _check_regions_after_split)
 
 
@@ -218,6 +233,9 @@ def _tagged_nodes(gm) -> set:
 @pytest.mark.fp8_property("BND-005")
 @given(spec=stages)
 def test_BND_005_provenance_survives_the_split(fp8_backend, spec):
+    """Cheapest defect: provenance handed round among dW's matmuls, so counts per module stay equal
+    but nodes name the wrong module. Provenance is compared as a multiset per pass and, for
+    every node kept under its name, node by node with the stage graph."""
     _each_split("BND-005", fp8_backend, spec, _check_provenance_kept)
 
 

@@ -43,6 +43,9 @@ def _tagged_copy(property_id, backend, spec):
 @pytest.mark.fp8_property("REG-001")
 @given(spec=model_specs())
 def test_REG_001_every_fp8_compute_node_lies_in_exactly_one_region(fp8_backend, spec):
+    """Cheapest defect: identifying regions in the forward pass only (or one region per module
+    that swallows another's compute). Every FP8 compute node of the graph, forward and
+    backward, must be a member of exactly one reported region."""
     gm, _, regions = _tagged_copy("REG-001", fp8_backend, spec)
     membership = collections.Counter(n for r in regions for n in r.nodes)
     for node in fp8_compute_nodes(gm, fp8_ops("REG-001", fp8_backend)):
@@ -89,6 +92,9 @@ def test_REG_002_a_region_never_mixes_modules_or_passes(fp8_backend, spec):
 @pytest.mark.fp8_property("REG-003")
 @given(spec=model_specs())
 def test_REG_003_a_region_is_convex(fp8_backend, spec):
+    """Cheapest defect: a region of the casts and matmuls only, dropping the views between them,
+    whose cut-out piece would call back into the graph. The suite checks convexity itself: no
+    path from a region node through nodes outside it re-enters the region."""
     _, _, regions = _tagged_copy("REG-003", fp8_backend, spec)
     for region in regions:
         reason = non_convexity(set(region.nodes))
@@ -98,6 +104,10 @@ def test_REG_003_a_region_is_convex(fp8_backend, spec):
 @pytest.mark.fp8_property("REG-004")
 @given(spec=model_specs())
 def test_REG_004_only_complete_regions_are_tagged(fp8_backend, spec):
+    """Cheapest defect: tagging regions without a region id (regional Inductor then merges them),
+    or tagging a region the backend itself reports incomplete. Tagged nodes must carry an id,
+    every tagged group must be complete by the suite's own check, and a region is tagged
+    exactly when it is reported complete and tagged."""
     gm, _, regions = _tagged_copy("REG-004", fp8_backend, spec)
     groups = tagged_groups(gm)
     check(None not in groups, "REG-004", "tagged nodes carry no inductor_region id, so regions would merge when compiled", spec)
@@ -189,6 +199,9 @@ def _reaches(source, target) -> bool:
 @pytest.mark.fp8_property("REG-006")
 @given(spec=model_specs())
 def test_REG_006_identification_is_deterministic_and_ignores_node_names(fp8_backend, spec):
+    """Cheapest defect: region ids derived from node names (or from ``id()`` of nodes). The graph
+    is identified twice and once more after every node is renamed; ids, members by position
+    and tags must not change."""
     case = traced("REG-006", fp8_backend, spec)
     views = []
     for rename in (False, False, True):
@@ -212,6 +225,9 @@ def test_REG_006_identification_is_deterministic_and_ignores_node_names(fp8_back
 @pytest.mark.fp8_property("REG-007")
 @given(spec=model_specs(), data=st.data())
 def test_REG_007_tagging_keeps_other_annotations(fp8_backend, spec, data):
+    """Cheapest defect: writing the tag over ``node.meta["custom"]``. Drawn nodes, inside and
+    outside regions, carry annotations of their own before tagging, and every one must
+    survive unchanged."""
     gm, _ = fresh_copy(traced("REG-007", fp8_backend, spec))
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     chosen = data.draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=8, unique=True), label="annotated nodes")
