@@ -25,7 +25,7 @@ pytest_plugins = ["pytester"]
 
 FAKE_BACKENDS = fake_backends.BASE + """
     class Newer(Fake):
-        spec_version = "1.1"
+        spec_version = "9.1"
 
     class Sleepy(Fake):
         name = "sleepy"
@@ -308,10 +308,11 @@ def test_options_need_a_backend(suite, option):
 
 
 # -- spec versions ---------------------------------------------------------------------------
+# A spec version after every real one, so that the cases hold whatever SPEC_VERSION is.
 @pytest.fixture
-def prov_002_since_1_1(monkeypatch):
+def prov_002_since_9_1(monkeypatch):
     prop = spec_module.PROPERTIES["PROV-002"]
-    monkeypatch.setitem(spec_module.PROPERTIES, "PROV-002", dataclasses.replace(prop, since="1.1"))
+    monkeypatch.setitem(spec_module.PROPERTIES, "PROV-002", dataclasses.replace(prop, since="9.1"))
 
 
 SPEC_TESTS = """
@@ -330,14 +331,14 @@ SPEC_TESTS = """
 @pytest.mark.parametrize(
     ("args", "checked", "new_status"),
     [
-        ([FAKE], "1.0", "not_supported"),
-        ([FAKE, "--fp8-spec-version=1.1"], "1.1", "pass"),
-        (["--fp8-backend=fakebackends:Newer"], "1.1", "pass"),
+        ([FAKE], spec_module.SPEC_VERSION, "not_supported"),
+        ([FAKE, "--fp8-spec-version=9.1"], "9.1", "pass"),
+        (["--fp8-backend=fakebackends:Newer"], "9.1", "pass"),
         (["--fp8-backend=fakebackends:Newer", "--fp8-spec-version=1.0"], "1.0", "not_supported"),
     ],
 )
 def test_properties_newer_than_the_spec_version_are_skipped(
-    suite, prov_002_since_1_1, args, checked, new_status
+    suite, prov_002_since_9_1, args, checked, new_status
 ):
     suite.makepyfile(test_spec=SPEC_TESTS)
     result = run(suite, *args, "--fp8-report=out/conf.json", "-rs", "test_spec.py")
@@ -346,11 +347,11 @@ def test_properties_newer_than_the_spec_version_are_skipped(
     rows = report["properties"]
     assert rows["PROV-001"]["status"] == "pass"
     assert rows["PROV-002"]["status"] == new_status
-    assert rows["PROV-002"]["since"] == "1.1"
+    assert rows["PROV-002"]["since"] == "9.1"
     if new_status == "not_supported":
         reason = (
             f"not_in_spec_version: backend 'fake' is checked against spec {checked}; "
-            "property PROV-002 is since spec 1.1"
+            "property PROV-002 is since spec 9.1"
         )
         assert rows["PROV-002"]["reason"] == reason
         result.stdout.fnmatch_lines([f"SKIPPED*{reason}"])
@@ -360,7 +361,7 @@ def test_properties_newer_than_the_spec_version_are_skipped(
 def test_bad_spec_version_is_a_usage_error(suite):
     result = run(suite, FAKE, "--fp8-spec-version=latest", str(suite.path))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --fp8-spec-version 'latest' is not a version like '1.0'"])
+    result.stderr.fnmatch_lines([f"ERROR: --fp8-spec-version 'latest' is not a version like '{spec_module.SPEC_VERSION}'"])
 
 
 # -- hangs -----------------------------------------------------------------------------------
