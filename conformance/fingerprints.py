@@ -5,7 +5,8 @@ suite on real torch objects (a TorchAO recipe, an ``emulate`` flag, a ``Float8Li
 field, the set of converted linears, the ``strict`` flag, the torch or torchao version string) and
 carries the words a readable diff or error must name.
 
-*Quantization inputs* (FPR-001, FPR-004, FPR-005) are, per quantized module: its FQN, kind,
+*Quantization inputs* (FPR-001, FPR-004, FPR-005) are, per quantized module: its FQN (conversion
+moved to another layer with the same config is a change), kind,
 recipe, ``emulate`` flag and numerics-relevant config fields (per tensor role the scaling type,
 granularity and target dtype; per gemm ``use_fast_accum``; ``round_scales_to_power_of_2``;
 ``pad_inner_dim``; for MX the block size and scale rounding); and globally the torch and torchao
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -35,14 +37,16 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.models import LayerSpec, ModelSpec, apply_layer, build_model
-from conformance.strategies import FLOAT8_RECIPES, model_specs
+from conformance.models import MX_RECIPES, LayerSpec, ModelSpec, apply_layer, build_model
+from conformance.strategies import ALL_KINDS, FLOAT8_RECIPES, model_specs
 
 __all__ = [
     "ARTIFACT_SPEC",
     "QUANTIZATION_KINDS",
     "UNRELATED_KINDS",
     "CONFIG_FIELDS",
+    "NOT_NUMERICS",
+    "flippable",
     "Variant",
     "Change",
     "quantization_changes",
@@ -66,39 +70,81 @@ ARTIFACT_SPEC = ModelSpec(
 )
 
 #: Every kind of quantization input the suite changes.
-QUANTIZATION_KINDS = ("recipe", "emulate", "quantized_set", "config_field", "strict", "torchao_version", "torch_version")
+QUANTIZATION_KINDS = (
+    "recipe", "emulate", "quantized_set", "moved_conversion", "config_field", "config_field_from_custom", "strict",
+    "torchao_version", "torch_version",
+)
 #: Every kind of unrelated setting the suite changes.
 UNRELATED_KINDS = ("train_eval", "requires_grad", "parameter_values", "unrelated_attributes", "model_around")
 
 _E4M3, _E5M2 = "float8_e4m3fn", "float8_e5m2"
 
+#: The ``CastConfig`` fields of a ``Float8LinearConfig``: one per operand of each matmul.
+CAST_CONFIGS = (
+    "cast_config_input", "cast_config_input_for_grad_weight", "cast_config_weight", "cast_config_weight_for_grad_input",
+    "cast_config_grad_output", "cast_config_grad_output_for_grad_weight",
+)
+
 #: Numerics-relevant ``Float8LinearConfig`` fields the suite flips: name -> (the field paths it
-#: changes together, the word a diff or error must name).
+#: changes together, the word a diff or error must name). Every field of the config and of its
+#: cast and gemm configs is here, except ``emulate`` (a kind of its own) and
+#: :data:`NOT_NUMERICS`. torchao wants an operand cast to one dtype for both matmuls it feeds,
+#: and both operands of a matmul scaled or both not, so those fields flip in pairs; a flip
+#: torchao rejects for a recipe is not drawn for it (:func:`flippable`).
 CONFIG_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
     "round_scales_to_power_of_2": (("round_scales_to_power_of_2",), "round_scales_to_power_of_2"),
     "pad_inner_dim": (("pad_inner_dim",), "pad_inner_dim"),
     "gemm_config_output.use_fast_accum": (("gemm_config_output.use_fast_accum",), "use_fast_accum"),
     "gemm_config_grad_input.use_fast_accum": (("gemm_config_grad_input.use_fast_accum",), "use_fast_accum"),
     "gemm_config_grad_weight.use_fast_accum": (("gemm_config_grad_weight.use_fast_accum",), "use_fast_accum"),
-    # grad_output is cast for two matmuls, and torchao wants one dtype for both.
+    "input target_dtype": (("cast_config_input.target_dtype", "cast_config_input_for_grad_weight.target_dtype"), "target_dtype"),
+    "weight target_dtype": (("cast_config_weight.target_dtype", "cast_config_weight_for_grad_input.target_dtype"), "target_dtype"),
     "grad_output target_dtype": (
         ("cast_config_grad_output.target_dtype", "cast_config_grad_output_for_grad_weight.target_dtype"),
         "target_dtype",
     ),
+    **{f"{cast}.scaling_granularity": ((f"{cast}.scaling_granularity",), "scaling_granularity") for cast in CAST_CONFIGS},
+    "output scaling_type": (("cast_config_input.scaling_type", "cast_config_weight.scaling_type"), "scaling_type"),
+    "grad_input scaling_type": (("cast_config_grad_output.scaling_type", "cast_config_weight_for_grad_input.scaling_type"), "scaling_type"),
+    "grad_weight scaling_type": (
+        ("cast_config_input_for_grad_weight.scaling_type", "cast_config_grad_output_for_grad_weight.scaling_type"),
+        "scaling_type",
+    ),
 }
+#: ``Float8LinearConfig`` fields that change memory or communication, not what is computed.
+NOT_NUMERICS = ("enable_fsdp_float8_all_gather", "force_recompute_fp8_weight_in_bwd")
 
 
 # --- building the models ----------------------------------------------------------------------
 
 
 def _flip(value):
+    import enum
+
     import torch
 
     if isinstance(value, bool):
         return not value
     if isinstance(value, torch.dtype):
         return getattr(torch, _E5M2 if value == getattr(torch, _E4M3) else _E4M3)
+    if isinstance(value, enum.Enum) and len(type(value)) == 2:  # ScalingType, ScalingGranularity
+        return next(member for member in type(value) if member is not value)
     raise TypeError(f"cannot flip {value!r}")
+
+
+@functools.cache
+def flippable(recipe: str, names: tuple[str, ...]) -> bool:
+    """Whether torchao accepts ``recipe``'s config with the :data:`CONFIG_FIELDS` ``names``
+    flipped one after the other."""
+    from torchao.float8 import Float8LinearConfig
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    try:
+        for name in names:
+            config = _replace_paths(config, CONFIG_FIELDS[name][0])
+    except (AssertionError, ValueError, TypeError):
+        return False
+    return True
 
 
 def _replace_paths(config, paths):
@@ -130,26 +176,25 @@ class Variant:
     versions: tuple[tuple[str, str], ...] = ()
     tweaks: tuple[str, ...] = ()
 
-    def build(self):
-        """``(model, args)`` with real TorchAO conversion, the config fields flipped, the tweaks applied."""
+    def build(self, mx=None):
+        """``(model, args)`` with real TorchAO conversion, the config fields flipped, the tweaks
+        applied; ``mx`` converts MX layers (``Backend.convert_mx``)."""
         import torch
 
         import conformance.models as models
 
         original = models._float8_config
-        calls = iter([i for i, layer in enumerate(self.spec.layers) if layer.recipe is not None])
 
-        def config_for(recipe, emulate):
-            config = original(recipe, emulate)
-            index = next(calls)
+        def config_for(recipe, emulate, fqn=None):
+            config = original(recipe, emulate, fqn)
             for layer, name in self.config_fields:
-                if layer == index:
+                if fqn == f"layers.{layer}":
                     config = _replace_paths(config, CONFIG_FIELDS[name][0])
             return config
 
         models._float8_config = config_for
         try:
-            model, args = build_model(self.spec)
+            model, args = build_model(self.spec, mx=mx)
         finally:
             models._float8_config = original
         for tweak in self.tweaks:
@@ -234,37 +279,27 @@ def _fqns_of_layer(spec: ModelSpec, index: int) -> tuple[str, ...]:
     return tuple(fqn for fqn in spec.quantized_modules() if fqn == f"layers.{index}" or fqn.startswith(f"layers.{index}."))
 
 
+#: Kinds that flip ``Float8LinearConfig`` fields, so draw models of float8 layers only.
+_FLOAT8_ONLY_KINDS = ("config_field", "config_field_from_custom", "moved_conversion")
+
+
 @st.composite
 def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None):
     """A drawn model and one change of a quantization input of ``kind``; ``before`` has the
-    ``strict`` flag given (drawn for the ``strict`` kind when None, else True)."""
-    spec = draw(specs if specs is not None else model_specs())
-    quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None]
-    plain = [i for i, layer in enumerate(spec.layers) if layer.recipe is None]
+    ``strict`` flag given (drawn for the ``strict`` kind when None, else True). Models hold MX
+    layers too where the backend under test converts them (``strategies.supported_kinds``)."""
+    if specs is None:
+        specs = model_specs() if kind in _FLOAT8_ONLY_KINDS else model_specs(kinds=ALL_KINDS)
+    spec = draw(specs)
     base = Variant(spec, strict=True if strict is None else strict)
-    if kind in ("recipe", "emulate", "config_field"):
-        i = draw(st.sampled_from(quantized), label="changed layer")
-        layer, fqns = spec.layers[i], _fqns_of_layer(spec, i)
-        if kind == "recipe":
-            recipe = draw(st.sampled_from([r for r in FLOAT8_RECIPES if r != layer.recipe]), label="new recipe")
-            after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe))
-            return Change(kind, f"layers.{i}: recipe {layer.recipe!r} -> {recipe!r}", base, after, fqns, (f"layers.{i}", "recipe"))
-        if kind == "emulate":
-            after = dataclasses.replace(base, spec=_with_layer(spec, i, emulate=not layer.emulate))
-            return Change(kind, f"layers.{i}: emulate {layer.emulate} -> {not layer.emulate}", base, after, fqns, (f"layers.{i}", "emulate"))
-        name = draw(st.sampled_from(sorted(CONFIG_FIELDS)), label="flipped config field")
-        after = dataclasses.replace(base, config_fields=((i, name),))
-        return Change(kind, f"layers.{i}: Float8LinearConfig {name} flipped", base, after, fqns, (f"layers.{i}", CONFIG_FIELDS[name][1]))
+    if kind in ("recipe", "emulate"):
+        return _layer_change(draw, kind, spec, base)
+    if kind in ("config_field", "config_field_from_custom"):
+        return _config_field_change(draw, kind, spec, base)
     if kind == "quantized_set":
-        options = [("unquantize", i) for i in quantized] + [("quantize", i) for i in plain]
-        action, i = draw(st.sampled_from(options), label="quantized set change")
-        if action == "unquantize":
-            after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=None, emulate=False, adapter=False))
-            fqns = _fqns_of_layer(spec, i)
-            return Change(kind, f"layers.{i} is no longer converted", base, after, fqns, (f"layers.{i}",))
-        recipe = draw(st.sampled_from(FLOAT8_RECIPES), label="recipe of the newly converted layer")
-        after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe))
-        return Change(kind, f"layers.{i} is converted with recipe {recipe!r}", base, after, (f"layers.{i}",), (f"layers.{i}",))
+        return _quantized_set_change(draw, spec, base)
+    if kind == "moved_conversion":
+        return _moved_conversion(draw, spec, base)
     if kind == "strict":
         strict = draw(st.booleans(), label="strict before") if strict is None else strict
         before, after = dataclasses.replace(base, strict=strict), dataclasses.replace(base, strict=not strict)
@@ -275,6 +310,75 @@ def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None
         after = dataclasses.replace(base, versions=((name, version),))
         return Change(kind, f"{name}.__version__ -> {version!r}", base, after, (), (name, version))
     raise ValueError(f"unknown quantization change kind {kind!r}; known: {QUANTIZATION_KINDS}")
+
+
+def _layer_change(draw, kind, spec, base):
+    quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None]
+    i = draw(st.sampled_from(quantized), label="changed layer")
+    layer, fqns = spec.layers[i], _fqns_of_layer(spec, i)
+    if kind == "recipe":
+        # An MX layer may become a Float8Linear (its kind changes too), never the reverse: a
+        # float8 layer's widths need not fit MX blocks.
+        recipe = draw(st.sampled_from([r for r in FLOAT8_RECIPES if r != layer.recipe]), label="new recipe")
+        after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe))
+        return Change(kind, f"layers.{i}: recipe {layer.recipe!r} -> {recipe!r}", base, after, fqns, (f"layers.{i}", "recipe"))
+    changes = {"emulate": not layer.emulate}
+    if layer.recipe in MX_RECIPES:  # an MX layer's recipe names its emulation
+        changes["recipe"] = "mxfp8" if layer.emulate else "mxfp8_emulated"
+    after = dataclasses.replace(base, spec=_with_layer(spec, i, **changes))
+    return Change(kind, f"layers.{i}: emulate {layer.emulate} -> {not layer.emulate}", base, after, fqns, (f"layers.{i}", "emulate"))
+
+
+def _config_field_change(draw, kind, spec, base):
+    """One flipped :data:`CONFIG_FIELDS` entry; ``config_field_from_custom`` flips another one in
+    both models first, so the change goes from a custom config to another custom config and the
+    recipe name cannot stand in for the field."""
+    quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None]
+    i = draw(st.sampled_from(quantized), label="changed layer")
+    recipe = spec.layers[i].recipe
+    first = ()
+    if kind == "config_field_from_custom":
+        options = sorted(n for n in CONFIG_FIELDS if flippable(recipe, (n,)))
+        first = (draw(st.sampled_from(options), label="config field flipped in both"),)
+    options = sorted(n for n in CONFIG_FIELDS if n not in first and flippable(recipe, first + (n,)))
+    name = draw(st.sampled_from(options), label="flipped config field")
+    before = dataclasses.replace(base, config_fields=tuple((i, f) for f in first))
+    after = dataclasses.replace(base, config_fields=tuple((i, f) for f in first + (name,)))
+    start = f" (from a custom config: {first[0]} flipped in both)" if first else ""
+    return Change(kind, f"layers.{i}: Float8LinearConfig {name} flipped{start}", before, after, _fqns_of_layer(spec, i), (f"layers.{i}", CONFIG_FIELDS[name][1]))
+
+
+def _quantized_set_change(draw, spec, base):
+    quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None]
+    plain = [i for i, layer in enumerate(spec.layers) if layer.recipe is None]
+    options = [("unquantize", i) for i in quantized] + [("quantize", i) for i in plain]
+    action, i = draw(st.sampled_from(options), label="quantized set change")
+    if action == "unquantize":
+        after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=None, emulate=False, adapter=False))
+        return Change("quantized_set", f"layers.{i} is no longer converted", base, after, _fqns_of_layer(spec, i), (f"layers.{i}",))
+    recipe = draw(st.sampled_from(FLOAT8_RECIPES), label="recipe of the newly converted layer")
+    after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe))
+    return Change("quantized_set", f"layers.{i} is converted with recipe {recipe!r}", base, after, (f"layers.{i}",), (f"layers.{i}",))
+
+
+def _moved_conversion(draw, spec, base):
+    """Conversion moved from a quantized layer to a plain one with the same config: as many
+    quantized modules, with the same configs in the same order, only under another FQN. A
+    model without a plain layer gets one appended, in both models."""
+    if all(layer.recipe is not None for layer in spec.layers):
+        width = spec.layers[-1].width
+        spec = dataclasses.replace(spec, layers=spec.layers + (LayerSpec(width=width, recipe=None, activation="none"),))
+        base = dataclasses.replace(base, spec=spec)
+    quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None]
+    plain = [i for i, layer in enumerate(spec.layers) if layer.recipe is None]
+    i = draw(st.sampled_from(quantized), label="layer losing its conversion")
+    j = draw(st.sampled_from(plain), label="layer converted instead")
+    source = spec.layers[i]
+    moved = {f: getattr(source, f) for f in ("recipe", "emulate", "adapter", "adapter_recipe", "adapter_emulate")}
+    after_spec = _with_layer(_with_layer(spec, i, recipe=None, emulate=False, adapter=False), j, **moved)
+    fqns = _fqns_of_layer(spec, i) + _fqns_of_layer(after_spec, j)
+    after = dataclasses.replace(base, spec=after_spec)
+    return Change("moved_conversion", f"conversion ({source.recipe!r}, emulate={source.emulate}) moved from layers.{i} to layers.{j}", base, after, fqns, (f"layers.{i}", f"layers.{j}"))
 
 
 def _current_version(name: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import itertools
 
 import torch
 import torch.fx
@@ -38,6 +39,8 @@ __all__ = [
 ]
 
 ORACLE_KEY = "conformance.issued_by"
+#: Which call of the module issued a node: the module's own call counter while tracing.
+ORACLE_CALL_KEY = "conformance.call"
 #: torch's scaled matmuls, in every overload.
 _TORCH_SCALED_MM = ("aten._scaled_mm.", "aten._scaled_mm_v2.", "aten._scaled_grouped_mm.")
 
@@ -139,10 +142,12 @@ def live_nodes(gm: torch.fx.GraphModule) -> set:
 
 @dataclasses.dataclass
 class Oracle:
-    """Which module issued each call_function node (``None``: no quantized module)."""
+    """Which module issued each call_function node (``None``: no quantized module), and in which
+    of its calls (``call_of``: ``(fqn, n)`` for the module's ``n``-th call while tracing)."""
 
     issued_by: dict[torch.fx.Node, str | None]
     forward_seq_nrs: frozenset
+    call_of: dict[torch.fx.Node, tuple[str, int] | None] = dataclasses.field(default_factory=dict)
 
     def is_accumulation(self, node: torch.fx.Node) -> bool:
         """A backward node issued by no forward op: gradient accumulation."""
@@ -157,8 +162,8 @@ def _annotate_modules(model: torch.nn.Module, fqns):
         original = module.__dict__.get("forward")
         inner = module.forward
 
-        def forward(*args, _inner=inner, _fqn=fqn, **kwargs):
-            with fx_traceback.annotate({ORACLE_KEY: _fqn}):
+        def forward(*args, _inner=inner, _fqn=fqn, _calls=itertools.count(), **kwargs):
+            with fx_traceback.annotate({ORACLE_KEY: _fqn, ORACLE_CALL_KEY: next(_calls)}):
                 return _inner(*args, **kwargs)
 
         module.forward = forward
@@ -179,33 +184,36 @@ def trace_with_oracle(backend, model, args, quantized_fqns, is_backward) -> tupl
         gm = backend.trace_joint(model, args)
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"backend {backend.name!r}: trace_joint returned {type(gm).__qualname__}, expected torch.fx.GraphModule")
-    issued_by, by_seq = {}, {}
+    issued_by, call_of, by_seq = {}, {}, {}
     backward_nodes = []
     for node in gm.graph.nodes:
-        fqn = _take_oracle_key(node)
+        call = _take_oracle_keys(node)
         if node.op != "call_function":
             continue
         if is_backward(node):
             backward_nodes.append(node)
         else:
-            issued_by[node] = fqn
-            by_seq.setdefault(node.meta.get("seq_nr"), set()).add(fqn)
+            issued_by[node], call_of[node] = (call[0] if call else None), call
+            by_seq.setdefault(node.meta.get("seq_nr"), set()).add(call)
     for node in backward_nodes:
-        issuers = {f for f in by_seq.get(node.meta.get("seq_nr"), ()) if f is not None}
-        issued_by[node] = next(iter(issuers)) if len(issuers) == 1 else None
-    return gm, Oracle(issued_by, frozenset(k for k in by_seq if k is not None))
+        # A backward node differentiates the forward op of its seq_nr, so the same call.
+        issuers = {c for c in by_seq.get(node.meta.get("seq_nr"), ()) if c is not None}
+        call_of[node] = next(iter(issuers)) if len(issuers) == 1 else None
+        issued_by[node] = call_of[node][0] if call_of[node] else None
+    return gm, Oracle(issued_by, frozenset(k for k in by_seq if k is not None), call_of)
 
 
-def _take_oracle_key(node) -> str | None:
+def _take_oracle_keys(node) -> tuple[str, int] | None:
+    """``(fqn, call)`` the suite annotated on ``node``, removed from its meta."""
     custom = node.meta.get("custom")
     if not custom or ORACLE_KEY not in custom:
         return None
-    rest = {k: v for k, v in custom.items() if k != ORACLE_KEY}
+    rest = {k: v for k, v in custom.items() if k not in (ORACLE_KEY, ORACLE_CALL_KEY)}
     if rest:
         node.meta["custom"] = rest
     else:
         del node.meta["custom"]
-    return custom[ORACLE_KEY]
+    return custom[ORACLE_KEY], custom.get(ORACLE_CALL_KEY)
 
 
 

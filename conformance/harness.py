@@ -203,7 +203,11 @@ def fresh_copy(case: TracedCase):
     oracle's node keys mapped onto it by position."""
     gm = copy_graph_module(case.gm)
     by_position = dict(zip(case.gm.graph.nodes, gm.graph.nodes))
-    oracle = Oracle({by_position[n]: f for n, f in case.oracle.issued_by.items()}, case.oracle.forward_seq_nrs)
+    oracle = Oracle(
+        {by_position[n]: f for n, f in case.oracle.issued_by.items()},
+        case.oracle.forward_seq_nrs,
+        {by_position[n]: c for n, c in case.oracle.call_of.items()},
+    )
     return gm, oracle
 
 

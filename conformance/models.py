@@ -12,16 +12,20 @@ an MX layer (recipes ``mxfp8`` / ``mxfp8_emulated``, in and out features multipl
 the backend converts itself through the contract's ``Backend.convert_mx``: ``build_model(spec,
 mx=backend.convert_mx)``. A model with MX layers therefore prints with the backend that built it.
 A layer may be called twice (module reuse), add its input (residual), apply an activation, and
-carry a nested quantized adapter (a ``Float8Linear`` inside a ``Float8Linear``).
+carry a nested adapter inside a ``Float8Linear``: a ``Float8Linear`` with its parent's config or
+its own recipe and ``emulate`` flag, or a plain ``nn.Linear`` (a LoRA-style high-precision
+adapter, which is no quantized module).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model", "MX_RECIPES", "kind_of"]
+__all__ = ["LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model", "MX_RECIPES", "PARENT", "kind_of"]
 
 ACTIVATIONS = ("none", "relu", "gelu")
+#: ``LayerSpec.adapter_recipe`` of an adapter converted with its parent's config.
+PARENT = "parent"
 #: Recipes of MX layers (kind ``mxfp8_linear``), converted by the backend (``Backend.convert_mx``).
 MX_RECIPES = ("mxfp8", "mxfp8_emulated")
 _MX_BLOCK = 32
@@ -35,7 +39,11 @@ def kind_of(recipe: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
     """One linear layer. ``recipe`` None means a plain high-precision ``nn.Linear``; an MX recipe
-    (``mxfp8``, ``mxfp8_emulated``) an ``MXLinear``, whose ``emulate`` is its recipe's."""
+    (``mxfp8``, ``mxfp8_emulated``) an ``MXLinear``, whose ``emulate`` is its recipe's.
+
+    ``adapter`` nests a linear inside a float8 layer: ``adapter_recipe`` :data:`PARENT` converts
+    it with the layer's own config, a float8 recipe with that recipe and ``adapter_emulate``
+    (None: the layer's flag), None leaves it a plain ``nn.Linear``."""
 
     width: int
     recipe: str | None = "tensorwise"
@@ -45,6 +53,16 @@ class LayerSpec:
     residual: bool = False
     calls: int = 1
     adapter: bool = False
+    adapter_recipe: str | None = PARENT
+    adapter_emulate: bool | None = None
+
+    def adapter_config(self) -> tuple[str, bool] | None:
+        """``(recipe, emulate)`` of the nested adapter, None when there is none or it is plain."""
+        if not self.adapter or self.adapter_recipe is None:
+            return None
+        if self.adapter_recipe == PARENT:
+            return self.recipe, self.emulate
+        return self.adapter_recipe, self.emulate if self.adapter_emulate is None else self.adapter_emulate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +80,8 @@ class ModelSpec:
                 raise ValueError(f"layer {i}: residual or repeated calls need width {width}, got {layer.width}")
             if layer.adapter and layer.recipe is None:
                 raise ValueError(f"layer {i}: a nested adapter needs a quantized layer")
+            if layer.adapter_recipe in MX_RECIPES:
+                raise ValueError(f"layer {i}: a nested adapter is a Float8Linear or a plain nn.Linear, not MX")
             if layer.recipe in MX_RECIPES:
                 if width % _MX_BLOCK or layer.width % _MX_BLOCK:
                     raise ValueError(f"layer {i}: an MX layer needs in and out features multiples of 32, got {width} -> {layer.width}")
@@ -78,8 +98,8 @@ class ModelSpec:
         for i, layer in enumerate(self.layers):
             if layer.recipe is not None:
                 found[f"layers.{i}"] = (kind_of(layer.recipe), layer.recipe, layer.emulate)
-                if layer.adapter:
-                    found[f"layers.{i}.adapter"] = ("float8_linear", layer.recipe, layer.emulate)
+                if layer.adapter_config():
+                    found[f"layers.{i}.adapter"] = ("float8_linear", *layer.adapter_config())
         return found
 
     def calls(self) -> list[tuple[str, bool]]:
@@ -89,7 +109,7 @@ class ModelSpec:
             for _ in range(layer.calls):
                 if layer.recipe is not None:
                     calls.append((f"layers.{i}", needs_grad))
-                    if layer.adapter:
+                    if layer.adapter_config():
                         calls.append((f"layers.{i}.adapter", needs_grad))
                 needs_grad = True  # every layer has a weight that requires grad
         return calls
@@ -128,7 +148,8 @@ class ModelSpec:
         )
 
 
-def _float8_config(recipe: str, emulate: bool):
+def _float8_config(recipe: str, emulate: bool, fqn: str | None = None):
+    """The ``Float8LinearConfig`` of the module at ``fqn`` (the suite's FPR changes wrap this)."""
     from torchao.float8 import Float8LinearConfig
 
     return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
@@ -227,12 +248,16 @@ def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None):
         if layer.recipe in MX_RECIPES:
             mx(model, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}", recipe=layer.recipe)
             continue
-        config = _float8_config(layer.recipe, layer.emulate)
+        config = _float8_config(layer.recipe, layer.emulate, fqn=f"layers.{i}")
         if layer.adapter:
             linear = model.layers[i]
             outer = _adapted_class_cached().from_float(linear, config=config)
             outer.adapter = torch.nn.Linear(linear.in_features, linear.out_features, bias=False)
-            convert_to_float8_training(outer, config=config, module_filter_fn=lambda m, fqn: fqn == "adapter")
+            if layer.adapter_recipe == PARENT:
+                convert_to_float8_training(outer, config=config, module_filter_fn=lambda m, fqn: fqn == "adapter")
+            elif layer.adapter_recipe is not None:
+                own = _float8_config(*layer.adapter_config(), fqn=f"layers.{i}.adapter")
+                convert_to_float8_training(outer, config=own, module_filter_fn=lambda m, fqn: fqn == "adapter")
             model.layers[i] = outer
         else:
             convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}")

@@ -11,7 +11,10 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-__all__ = ["lower_to_high_precision", "rebuild_without_meta", "upcast_operand", "eliminate_common_subexpressions"]
+__all__ = [
+    "lower_to_high_precision", "rebuild_without_meta", "rebuild_chain_without_meta", "upcast_operand",
+    "eliminate_common_subexpressions",
+]
 
 aten = torch.ops.aten
 
@@ -59,6 +62,29 @@ def rebuild_without_meta(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch
     node.replace_all_uses_with(new)
     gm.graph.erase_node(node)
     return _finish(gm)
+
+
+def rebuild_chain_without_meta(gm: torch.fx.GraphModule, cast: torch.fx.Node, same_issuer) -> list[str]:
+    """Rebuild without metadata ``cast`` and its whole quantization chain: every call_function
+    ancestor that ``same_issuer(node)`` says the cast's module call issued in the cast's pass
+    (its amax, scale, scaling and clamping), reached without leaving that call. As a pass that
+    re-traces one module's quantization does; returns the rebuilt nodes' original names."""
+    chain, stack = {cast}, [cast]
+    while stack:
+        for parent in stack.pop().all_input_nodes:
+            if parent not in chain and parent.op == "call_function" and same_issuer(parent):
+                chain.add(parent)
+                stack.append(parent)
+    names = []
+    for node in [n for n in gm.graph.nodes if n in chain]:  # in graph order: inputs first
+        names.append(node.name)
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(node.target, node.args, node.kwargs)
+        new.meta = {"val": node.meta["val"]}
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+    _finish(gm)
+    return names
 
 
 def upcast_operand(gm: torch.fx.GraphModule, node: torch.fx.Node, index: int = 0) -> torch.fx.GraphModule:

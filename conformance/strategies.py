@@ -37,7 +37,7 @@ import hypothesis
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from conformance.models import ACTIVATIONS, MX_RECIPES, LayerSpec, ModelSpec
+from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, LayerSpec, ModelSpec
 
 __all__ = [
     "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "ALL_KINDS", "CORPUS_SIZE", "Constraints", "corpus", "layer_specs",
@@ -93,7 +93,7 @@ def layer_specs(
         recipe = draw(st.sampled_from(recipes)) if quantize else None
     square = draw(st.booleans())
     width = in_width if square else draw(st.sampled_from(MX_WIDTHS if mx else widths))
-    return LayerSpec(
+    layer = LayerSpec(
         width=width,
         recipe=recipe,
         emulate=(recipe == "mxfp8_emulated") if mx else (draw(draw_emulate) if recipe else False),
@@ -103,6 +103,17 @@ def layer_specs(
         calls=2 if (reuse and width == in_width and draw(st.booleans())) else 1,
         adapter=bool(recipe) and not mx and nesting and draw(st.booleans()),
     )
+    if not layer.adapter:
+        return layer
+    # The parent's config first (what shrinking heads for), then a config of its own, whose
+    # recipe and flag may differ from the parent's, or a plain high-precision adapter.
+    config = draw(st.sampled_from(("parent", "own", "plain")), label="adapter config")
+    if config == "plain":
+        return dataclasses.replace(layer, adapter_recipe=None)
+    if config == "own":
+        own_recipe = draw(st.sampled_from(recipes), label="adapter recipe")
+        return dataclasses.replace(layer, adapter_recipe=own_recipe, adapter_emulate=draw(draw_emulate, label="adapter emulate"))
+    return layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +122,10 @@ class Constraints:
 
     ``max_layers``: at most this many layers; ``recipes``: the float8 recipes allowed;
     ``emulate``: every quantized layer emulated (True) or real (False), None for either;
-    ``reuse`` / ``nesting``: whether layers may be called twice / carry a nested quantized adapter;
-    ``require_reuse`` / ``require_nesting``: some quantized layer is called twice / nests an
-    adapter (one layer both, when both are required); ``kinds``: the quantized module kinds.
+    ``reuse`` / ``nesting``: whether layers may be called twice / carry a nested adapter;
+    ``require_reuse`` / ``require_nesting``: some quantized layer is called twice / nests a
+    quantized adapter (one layer both, when both are required); ``kinds``: the quantized module
+    kinds. ``recipes`` and ``emulate`` hold for nested adapters too.
     """
 
     max_layers: int = 3
@@ -129,18 +141,19 @@ class Constraints:
         """Whether :func:`model_specs` under these constraints could draw ``spec``."""
         quantized = [layer for layer in spec.layers if layer.recipe]
         mx = [layer for layer in quantized if layer.recipe in MX_RECIPES]
-        float8 = [layer for layer in quantized if layer.recipe not in MX_RECIPES]
+        configs = spec.quantized_modules().values()
+        float8 = [(recipe, emulate) for _kind, recipe, emulate in configs if recipe not in MX_RECIPES]
 
         def required(layer: LayerSpec) -> bool:
-            return (layer.calls > 1 or not self.require_reuse) and (layer.adapter or not self.require_nesting)
+            return (layer.calls > 1 or not self.require_reuse) and (layer.adapter_config() is not None or not self.require_nesting)
 
         return (
             bool(quantized)
             and len(spec.layers) <= self.max_layers
             and (MX_KIND in self.kinds or not mx)
             and (FLOAT8_KIND in self.kinds or not float8)
-            and all(layer.recipe in self.recipes for layer in float8)
-            and (self.emulate is None or all(layer.emulate == self.emulate for layer in quantized))
+            and all(recipe in self.recipes for recipe, _ in float8)
+            and (self.emulate is None or all(emulate == self.emulate for _kind, _recipe, emulate in configs))
             and (self.reuse or all(layer.calls == 1 for layer in spec.layers))
             and (self.nesting or not any(layer.adapter for layer in spec.layers))
             and any(required(layer) for layer in quantized)
@@ -171,6 +184,8 @@ def _drawn_specs(draw, c: Constraints):
             layer = LayerSpec(**{**layer.__dict__, "width": width, "calls": 2})
         if i == forced and c.require_nesting:
             layer = LayerSpec(**{**layer.__dict__, "adapter": True})
+            if layer.adapter_config() is None:
+                layer = dataclasses.replace(layer, adapter_recipe=PARENT)
         layers.append(layer)
         width = layer.width
     return ModelSpec(
@@ -207,22 +222,36 @@ def _collect(c: Constraints, where: Callable[[ModelSpec], bool] | None, n: int) 
 
 def _features(spec: ModelSpec) -> frozenset:
     """What a model exercises, for ordering the corpus: the model's shape, every pair of
-    attributes of each quantized layer (recipe, emulation, adapter, reuse, whether its input needs
-    a gradient, bias, activation, residual), and each quantized layer's backward (its recipe and
-    emulation, and whether it computes an input gradient: which casts and matmuls it holds)."""
+    attributes of each quantized layer (recipe, emulation, its adapter: none, plain, the parent's
+    config or its own, reuse, whether its input needs a gradient, bias, activation, residual), and
+    each quantized layer's backward (its recipe and emulation, and whether it computes an input
+    gradient: which casts and matmuls it holds)."""
     found = {("layers", len(spec.layers)), ("plain layer", any(layer.recipe is None for layer in spec.layers))}
     found.add(("kinds", frozenset(layer.recipe in MX_RECIPES for layer in spec.layers if layer.recipe)))
-    found.add(("emulation", frozenset(layer.emulate for layer in spec.layers if layer.recipe)))
+    found.add(("emulation", frozenset(emulate for _kind, _recipe, emulate in spec.quantized_modules().values())))
     for i, layer in enumerate(spec.layers):
         if layer.recipe:
             attributes = [
-                ("recipe", layer.recipe), ("emulate", layer.emulate), ("adapter", layer.adapter),
+                ("recipe", layer.recipe), ("emulate", layer.emulate), ("adapter", _adapter_kind(layer)),
                 ("calls", layer.calls), ("input grad", i > 0 or spec.input_requires_grad), ("bias", layer.bias),
                 ("activation", layer.activation), ("residual", layer.residual),
             ]
             found.update((a, b) for a in attributes for b in attributes if a < b)
             found.add(("backward", *attributes[:2], attributes[4]))
     return frozenset(found)
+
+
+def _adapter_kind(layer: LayerSpec):
+    """How a layer nests: no adapter, a plain one, its parent's config, or its own config (and
+    whether that differs from the parent's in recipe and in emulation)."""
+    if not layer.adapter:
+        return "none"
+    own = layer.adapter_config()
+    if own is None:
+        return "plain"
+    if layer.adapter_recipe == PARENT:
+        return "parent"
+    return ("own", own[0] != layer.recipe, own[1] != layer.emulate)
 
 
 #: How often the ordered corpus tries to show each feature before it stops preferring it.

@@ -32,3 +32,20 @@ def _keep_hypothesis_profile():
     name = settings.get_current_profile_name()
     yield
     settings.load_profile(name)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    # The suite's own power: per area, mutants caught out of those run (tests/test_mutants.py
+    # records one outcome per mutant; with xdist the records arrive on the reports).
+    from mutants import POWER_KEY, power_table
+
+    outcomes = [
+        value
+        for report in terminalreporter.getreports("passed") + terminalreporter.getreports("failed")
+        if report.when == "call"
+        for key, value in report.user_properties
+        if key == POWER_KEY
+    ]
+    if outcomes:
+        terminalreporter.write_sep("=", "conformance suite power (mutants caught by their property)")
+        terminalreporter.write_line(power_table(outcomes))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conformance.api.spec import PROPERTIES
-from mutants import backends, e8m0, graphpp, peers, regions  # tests/ is on sys.path (tests/conftest.py)
+from mutants import POWER_KEY, area_of, backends, e8m0, graphpp, peers, power_table, regions  # tests/ is on sys.path (tests/conftest.py)
 
 MUTANTS = backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS + peers.MUTANTS
 #: Mutants of the makefx backend: the properties they break pass on makefx (tests/test_makefx.py).
@@ -62,7 +62,14 @@ def test_reference_passes_every_property_it_claims(tmp_path):
 
 
 @pytest.mark.parametrize("mutant", ALL_MUTANTS, ids=lambda m: m.name)
-def test_mutant_is_caught_by_its_property(mutant, tmp_path):
+def test_mutant_is_caught_by_its_property(mutant, tmp_path, record_property):
     statuses, out = run_suite(f"{mutant.__module__}:{mutant.__name__}", [mutant.KILLED_BY], tmp_path)
     status = statuses.get(mutant.KILLED_BY, {}).get("status")
+    # Read back by tests/conftest.py, which prints the suite's power per area at the end.
+    record_property(POWER_KEY, (area_of(mutant.KILLED_BY), status == "fail"))
     assert status == "fail", f"{mutant.name} survived {mutant.KILLED_BY} (status {status}):\n{out[-4000:]}"
+
+
+def test_the_power_table_counts_per_area():
+    table = power_table([("REG", True), ("REG", False), ("BND", True)])
+    assert table.splitlines()[2:] == ["| BND | 1 / 1 |", "| REG | 1 / 2 |", "| all | 2 / 3 |"]

@@ -299,9 +299,9 @@ def test_options_need_a_backend(suite, option):
 
 
 # -- spec versions ---------------------------------------------------------------------------
+# A spec version after every real one, so that the cases hold whatever SPEC_VERSION is.
 @pytest.fixture
-def prov_002_since_1_1(monkeypatch):
-    # A version after the current one, whatever that is.
+def prov_002_since_9_1(monkeypatch):
     prop = spec_module.PROPERTIES["PROV-002"]
     monkeypatch.setitem(spec_module.PROPERTIES, "PROV-002", dataclasses.replace(prop, since="9.1"))
 
@@ -322,14 +322,14 @@ SPEC_TESTS = """
 @pytest.mark.parametrize(
     ("args", "checked", "new_status"),
     [
-        ([FAKE], SPEC_VERSION, "not_supported"),
+        ([FAKE], spec_module.SPEC_VERSION, "not_supported"),
         ([FAKE, "--fp8-spec-version=9.1"], "9.1", "pass"),
         (["--fp8-backend=fakebackends:Newer"], "9.1", "pass"),
         (["--fp8-backend=fakebackends:Newer", "--fp8-spec-version=1.0"], "1.0", "not_supported"),
     ],
 )
 def test_properties_newer_than_the_spec_version_are_skipped(
-    suite, prov_002_since_1_1, args, checked, new_status
+    suite, prov_002_since_9_1, args, checked, new_status
 ):
     suite.makepyfile(test_spec=SPEC_TESTS)
     result = run(suite, *args, "--fp8-report=out/conf.json", "-rs", "test_spec.py")
@@ -352,7 +352,7 @@ def test_properties_newer_than_the_spec_version_are_skipped(
 def test_bad_spec_version_is_a_usage_error(suite):
     result = run(suite, FAKE, "--fp8-spec-version=latest", str(suite.path))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: --fp8-spec-version 'latest' is not a version like '{SPEC_VERSION}'"])
+    result.stderr.fnmatch_lines([f"ERROR: --fp8-spec-version 'latest' is not a version like '{spec_module.SPEC_VERSION}'"])
 
 
 # -- hangs -----------------------------------------------------------------------------------

@@ -116,3 +116,48 @@ def test_relies_on_names_registered_properties_without_cycles():
     # What the report groups under a provenance defect.
     assert "PROV-003" in relied_on("VAL-003") and "PROV-003" in relied_on("BND-005")
     assert relied_on("PROV-003") == () and relied_on("FPR-001") == ()
+
+
+_SPEC_ROW = re.compile(r"^\| ([A-Z][A-Z0-9]*-\d{3}) \| (MUST|SHOULD) \| ([a-z0-9.]+) \| (.*) \|$", re.M)
+
+
+def test_spec_md_and_the_registry_state_each_rule_in_one_wording():
+    # A rule said two ways is two rules: SPEC.md's table row `| ID | level | capability | rule |`
+    # and the registry's (level, capability, title) must be the same text, for every property.
+    rows = {m.group(1): m.groups()[1:] for m in _SPEC_ROW.finditer(SPEC_MD.read_text(encoding="utf-8"))}
+    registry = {pid: (p.level, p.capability, p.title) for pid, p in PROPERTIES.items()}
+    assert sorted(rows) == sorted(registry), (
+        f"SPEC.md rows without a registry entry: {sorted(set(rows) - set(registry))}; "
+        f"registry entries without a SPEC.md row: {sorted(set(registry) - set(rows))}"
+    )
+    differing = {pid: (rows[pid], registry[pid]) for pid in rows if rows[pid] != registry[pid]}
+    assert not differing, "SPEC.md and conformance/api/spec.py word these rules differently:\n" + "\n".join(
+        f"{pid}:\n  SPEC.md:  {spec}\n  registry: {reg}" for pid, (spec, reg) in sorted(differing.items())
+    )
+
+
+def _tests_citing() -> dict[str, list[tuple[str, str | None]]]:
+    """Property ID -> ``(test name, docstring)`` of every test function citing it."""
+    found: dict[str, list] = {}
+    for path in sorted(PROPERTIES_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Call) and getattr(decorator.func, "attr", None) == "fp8_property":
+                    found.setdefault(decorator.args[0].value, []).append((node.name, ast.get_docstring(node)))
+    return found
+
+
+def test_every_must_property_test_names_the_cheapest_defect_it_fails():
+    # Each MUST property's test says, in its docstring, which cheapest defect would still pass
+    # the rule as tested and why the test fails it: the suite's account of its own power.
+    undocumented = [
+        f"{pid}: {name}"
+        for pid, tests in sorted(_tests_citing().items())
+        if PROPERTIES[pid].level == "MUST"
+        for name, doc in tests
+        if not doc or "defect" not in doc
+    ]
+    assert not undocumented, "MUST property tests without an adversary docstring:\n" + "\n".join(undocumented)

@@ -1,5 +1,8 @@
 """The registry of spec properties: the single source of IDs, levels and capabilities.
 
+Each title is its rule's text in ``conformance/SPEC.md``'s property table, word for word, so a
+failure message quotes the rule a backend is held to (the project's tests check they agree).
+
 Tests cite a property with ``@pytest.mark.fp8_property("PROV-003")``; the plugin skips it as
 ``not_supported`` when the backend does not claim its capability, and the project's own tests
 check that every cited ID exists here and every MUST property has a test.
@@ -12,7 +15,8 @@ import dataclasses
 __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"]
 
 #: 1.1: PROV-002 checks the recipe only where the backend records one; BND-001 also runs a
-#: backend's own split runner; FPR-004 moves to capability ``artifacts``; FPR-006 is new.
+#: backend's own split runner; FPR-004 moves to capability ``artifacts``; FPR-006 and BND-007
+#: are new; REG-002, REG-005, NUM-001/002 and FPR-001 say more (see SPEC.md).
 SPEC_VERSION = "1.1"
 
 
@@ -48,50 +52,51 @@ def _p(id: str, level: str, capability: str, title: str, since: str = "1.0") -> 
 
 
 _ALL = [
-    _p("PROV-001", "MUST", "provenance", "every FP8 compute node, forward and backward, carries provenance naming the quantized module that issued it"),
-    _p("PROV-002", "MUST", "provenance", "provenance kind/recipe/emulate equal that module's config (the recipe where the backend records one)"),
-    _p("PROV-003", "MUST", "provenance", "backward nodes carry the provenance of the forward op they differentiate; cross-module gradient accumulation carries none"),
-    _p("PROV-004", "MUST", "provenance", "no node carries provenance of a module that did not issue it; unquantized modules' nodes carry none"),
-    _p("PROV-005", "SHOULD", "provenance", "provenance survives the backend's own rewrites (DCE, CSE, partition, split) unchanged"),
-    _p("PROV-006", "MUST", "provenance", "a module called twice attributes both calls to its FQN; nested quantized modules attribute to the innermost"),
-    _p("VAL-001", "MUST", "validation", "strict validation accepts every graph the backend makes from a supported model"),
-    _p("VAL-002", "MUST", "validation", "a non-emulated module lacking FP8 compute in a pass fails strict validation, naming its FQN and the pass"),
-    _p("VAL-003", "MUST", "validation", "FP8 compute without provenance fails strict validation; never a silent fallback"),
-    _p("VAL-004", "MUST", "validation", "a scaled op whose matrix operands are not both FP8 is not counted as FP8 compute"),
-    _p("VAL-005", "MUST", "validation", "validation does not change the graph (code and node meta identical)"),
-    _p("VAL-006", "SHOULD", "validation", "non-strict mode reports the same findings as warnings plus a summary"),
-    _p("VAL-007", "MUST", "validation", "compute counts per call match the recipe"),
-    _p("EMU-001", "MUST", "emulation", "emulated modules pass strict validation without FP8 compute"),
-    _p("EMU-002", "MUST", "emulation", "exemption is per module: an emulated module never excuses a non-emulated one"),
-    _p("EMU-003", "SHOULD", "emulation", "emulated and real versions of a model agree within the recipe's tolerance, outputs and gradients"),
-    _p("REG-001", "MUST", "regions", "every FP8 compute node of a non-emulated module lies in exactly one region"),
-    _p("REG-002", "MUST", "regions", "a region never mixes modules or passes"),
-    _p("REG-003", "MUST", "regions", "a region is convex: no path between two of its nodes leaves it"),
-    _p("REG-004", "MUST", "regions", "only complete regions are tagged; incomplete ones are reported, not compiled"),
-    _p("REG-005", "MUST", "regions", "after a rewrite removes part of a region, the partial region is not tagged"),
-    _p("REG-006", "MUST", "regions", "identification is deterministic and independent of node names"),
-    _p("REG-007", "MUST", "regions", "tagging keeps other compile annotations on the graph intact"),
-    _p("NUM-001", "MUST", "compile.full", "full Inductor compile of the joint graph matches eager"),
-    _p("NUM-002", "MUST", "compile.regional", "regional compile matches eager"),
-    _p("NUM-003", "MUST", "compile.regional", "every tagged region is compiled and nothing untagged is"),
-    _p("NUM-004", "MUST", "cudagraph", "CUDA-graph replays of the compiled FP8 graph with fresh inputs match eager"),
-    _p("BND-001", "MUST", "graphpp", "forward then (dI, dW), wired by the suite or run once each, in order, by the backend's runner, reproduces the joint graph's outputs and gradients bitwise"),
-    _p("BND-002", "MUST", "graphpp", "every FP8 compute node lands in exactly one callable"),
-    _p("BND-003", "MUST", "graphpp", "an FP8 tensor made in dI and used in dW crosses as an FP8 placeholder; no tensor is quantized twice"),
-    _p("BND-004", "MUST", "graphpp", "regions re-identified in each callable are complete; a region that starts at an FP8 placeholder is tagged"),
-    _p("BND-005", "MUST", "graphpp", "provenance survives the split"),
-    _p("BND-006", "SHOULD", "graphpp", "strict validation runs on the whole stage graph before the split; callables are not re-failed for compute in a sibling"),
-    _p("FPR-001", "MUST", "fingerprint", "changing any quantization input changes the fingerprint"),
-    _p("FPR-002", "MUST", "fingerprint", "equal configs give equal fingerprints across processes, PYTHONHASHSEED, registration and dict order"),
-    _p("FPR-003", "MUST", "fingerprint", "the quantization signature ignores settings unrelated to quantization"),
-    _p("FPR-004", "MUST", "artifacts", "loading an artifact with another fingerprint fails naming the differing fields; it is never used"),
-    _p("FPR-005", "SHOULD", "fingerprint", "the signature is canonical readable JSON; two signatures diff field by field"),
-    _p("FPR-006", "MUST", "fingerprint", "a change of the backend's own job configuration changes the signature when it changes quantized numerics, and only then", since="1.1"),
-    _p("E8M0-001", "MUST", "e8m0", "the op equals blockwise dequantize-then-matmul within output rounding"),
-    _p("E8M0-002", "MUST", "e8m0", "byte 255 gives NaN where it applies; byte 0 means 2^-127, never flushed"),
-    _p("E8M0-003", "MUST", "e8m0", "torch.library.opcheck passes"),
-    _p("E8M0-004", "MUST", "e8m0", "under torch.compile(fullgraph=True) the op stays one opaque node, no e8m0 reaches generated code, result equals eager"),
-    _p("E8M0-005", "MUST", "e8m0", "bad input raises a clear error naming the argument"),
+    _p("PROV-001", "MUST", "provenance", "Every FP8 compute node, forward and backward, carries provenance naming the module that issued it."),
+    _p("PROV-002", "MUST", "provenance", "Provenance kind, recipe and emulate equal that module's config; for a backend that records no recipe (`provenance_has_recipe = False`) kind and emulate, and the report row notes that the recipe was not checked."),
+    _p("PROV-003", "MUST", "provenance", "A backward node carries the provenance of the forward op it differentiates; gradient accumulation carries none. Backward nodes keep `seq_nr`."),
+    _p("PROV-004", "MUST", "provenance", "A forward node carries provenance only of the module that issued it; nodes of unquantized modules carry none."),
+    _p("PROV-005", "SHOULD", "provenance", "Provenance survives common rewrites (CSE, DCE) unchanged."),
+    _p("PROV-006", "MUST", "provenance", "A module called twice attributes both calls to its FQN; nested quantized modules attribute to the innermost."),
+    _p("VAL-001", "MUST", "validation", "Strict validation accepts every graph the backend makes from a drawn model."),
+    _p("VAL-002", "MUST", "validation", "When all FP8 compute of a non-emulated module in a pass is lowered to high precision, strict validation fails with an error whose message and `module_fqn` / `pass_name` name the module and the pass."),
+    _p("VAL-003", "MUST", "validation", "FP8 compute without provenance fails strict validation, naming the node."),
+    _p("VAL-004", "MUST", "validation", "A scaled op fed a high-precision matrix operand is not counted as FP8 compute: the non-strict report's count for that module and pass drops by one and strict validation fails."),
+    _p("VAL-005", "MUST", "validation", "Validation, strict or not, changes neither the graph's code nor any node's or the graph module's meta."),
+    _p("VAL-006", "SHOULD", "validation", "Non-strict validation reports the finding strict mode raises, warns once per finding and gives a summary."),
+    _p("VAL-007", "MUST", "validation", "The report's FP8 compute counts per `(module, pass)` equal the recipe's; a duplicated compute node fails strict validation naming its module."),
+    _p("EMU-001", "MUST", "emulation", "An all-emulated model issues no FP8 compute and passes strict validation."),
+    _p("EMU-002", "MUST", "emulation", "Next to an emulated module, a non-emulated module that lost its FP8 compute still fails strict validation, named."),
+    _p("EMU-003", "SHOULD", "emulation", "One quantized layer, emulated and real, agree in output and gradients: relative norm of the difference at most 1e-5 (tensorwise) or 3e-2 (rowwise recipes) on CPU."),
+    _p("REG-001", "MUST", "regions", "Every FP8 compute node lies in exactly one of the regions the backend reports."),
+    _p("REG-002", "MUST", "regions", "All call_function nodes of a region were issued by one quantized module (the suite's own ground truth) in one call and one pass; nodes tagged with one region id come from one module call in one pass: the forward and backward regions of a call, and the two calls of a reused module, never share an id."),
+    _p("REG-003", "MUST", "regions", "A region is convex: no path from a region node through nodes outside it comes back into it."),
+    _p("REG-004", "MUST", "regions", 'Tagged nodes carry a region id (`compile_with_inductor["inductor_region"]`), every tagged group is complete by the suite\'s own check (its FP8 values and scales are made inside it or enter from a placeholder or the other pass), and a region is tagged exactly when reported complete and tagged.'),
+    _p("REG-005", "MUST", "regions", "After the suite rebuilds without metadata a cast to FP8 of a region, or that cast's whole quantization chain (amax, scale and cast), no compute node depending on that cast is tagged, and every tagged group stays complete."),
+    _p("REG-006", "MUST", "regions", "Identifying twice gives the same regions; renaming every node changes neither ids, members (by position) nor tags."),
+    _p("REG-007", "MUST", "regions", 'Annotations already in `node.meta["custom"]` survive tagging unchanged.'),
+    _p("NUM-001", "MUST", "compile.full", "The fully compiled joint graph matches the eager joint graph on two steps with fresh inputs and, between them, an in-place update of every parameter (as an optimizer step makes): relative norm of the difference at most 1e-2, outputs and every gradient."),
+    _p("NUM-002", "MUST", "compile.regional", "The regionally compiled joint graph matches eager the same way."),
+    _p("NUM-003", "MUST", "compile.regional", "The compiled nodes are exactly the tagged ones; and while the compiled graph runs, no more casts to FP8 reach the dispatcher (run eagerly) than lie outside the tagged regions."),
+    _p("NUM-004", "MUST", "cudagraph", "On CUDA (sm89+), a regionally compiled graph captured in a CUDA graph matches eager at capture and at two replays with fresh inputs."),
+    _p("BND-001", "MUST", "graphpp", "`forward`, then `backward_input`, then `backward_weight`, wired by the suite by the AOT `StageSplit` convention or run by the backend's runner (`StageSplit.run`: each callable called once, in that order, and `backward_weight` fed only what the other two returned or the step was given), reproduce the unsplit joint graph's outputs and every gradient bitwise, for the stage as traced and after torch's joint-graph CSE."),
+    _p("BND-002", "MUST", "graphpp", "The forward callable holds as many FP8 compute nodes as the stage's forward pass (live nodes), `backward_input` and `backward_weight` together as many as its backward pass: none dropped, none duplicated."),
+    _p("BND-003", "MUST", "graphpp", "The callables quantize (nodes making FP8 from non-FP8 inputs) exactly as often as the stage graph, per pass: a tensor cast once in dI reaches dW as that FP8 tensor, never cast again; a value dW receives from dI keeps its dtype."),
+    _p("BND-004", "MUST", "graphpp", "In each callable, every tagged group is complete by the suite's own check (placeholders are boundaries), and per pass at least as many FP8 compute nodes are tagged in the callables as in the stage graph: a region cut at an FP8 placeholder (a value carried across the cut) stays tagged."),
+    _p("BND-005", "MUST", "graphpp", "Per pass, the FP8 casts and compute of the callables carry the same provenance (as a multiset) as those of the stage graph; a node kept under its name keeps its provenance."),
+    _p("BND-006", "SHOULD", "graphpp", "Strict validation of each callable of a valid split passes (a callable is not failed for compute living in a sibling), and `split_stage(strict=True)` of a stage whose FP8 compute lost its provenance raises a `ValidationFailure` (not a `SplitFailure`) before cutting."),
+    _p("BND-007", "MUST", "graphpp", "`backward_weight` holds the backward FP8 compute that no input gradient depends on, and `backward_input` holds none of it: per module, dI's FP8 compute is exactly the stage's backward FP8 compute some input gradient depends on.", since="1.1"),
+    _p("FPR-001", "MUST", "fingerprint", "Changing any one quantization input (recipe, `emulate`, the set of converted modules or which of two equal layers is converted, a numerics-relevant config field from a named recipe or a custom config, `strict`, the torch or torchao version) changes the fingerprint, for float8 and MX modules."),
+    _p("FPR-002", "MUST", "fingerprint", "Equal configs give equal fingerprints and signatures: rebuilt, registered in reverse order, and in processes with other `PYTHONHASHSEED`s."),
+    _p("FPR-003", "MUST", "fingerprint", "Settings unrelated to quantization change neither the signature nor the fingerprint."),
+    _p("FPR-004", "MUST", "artifacts", "An artifact loads under its own fingerprint (and runs within 3e-2 relative norm of the joint graph); under any changed quantization input `load_artifact` raises `conformance.api.FingerprintMismatch` whose `fields` or message name the changed module and field (or `strict`, or the version), returning nothing."),
+    _p("FPR-005", "SHOULD", "fingerprint", 'The signature is canonical JSON (an object; `json.dumps(sort_keys=True, separators=(",", ":"))` of itself) naming each quantized module\'s FQN as a key and its recipe; a change to one module differs only in fields under that module\'s key, a global change only outside every module\'s, and some differing field names what changed.'),
+    _p("FPR-006", "MUST", "fingerprint", "For a backend that declares job configurations (`job_configs()`), `quantization_signature(model, config=...)` and `fingerprint(model, config=...)` differ from those under the base configuration for every `relevant` variant and equal them for every `unrelated` one. A backend without job configurations gets `not_supported`.", since="1.1"),
+    _p("E8M0-001", "MUST", "e8m0", "`scaled_mm_e8m0` equals blockwise dequantize-then-matmul (block 32 along K, byte `s` meaning `2**(s - 127)`) computed in float64 by the suite from the bytes, within a float32 accumulation and one rounding to `out_dtype`; shapes M, N multiples of 16, K of 32, scale bytes including 0, 1, 127 and 254, elements near e4m3 saturation (±448) and tiny ones, every output dtype."),
+    _p("E8M0-002", "MUST", "e8m0", "Byte 255 makes exactly the outputs whose row of `a` or column of `b` uses its block NaN (also when the block's elements are zero); byte 0 means `2**-127`, never flushed: outputs are nonzero wherever the reference's are beyond the tolerance."),
+    _p("E8M0-003", "MUST", "e8m0", "`torch.library.opcheck` passes on `e8m0_op()` (with float8 `torch.allclose` compared bytewise on CPU), and `scaled_mm_e8m0` on fake tensors gives the (M, N) `out_dtype` result."),
+    _p("E8M0-004", "MUST", "e8m0", "A step calling `scaled_mm_e8m0` compiles under `torch.compile(fullgraph=True)` with CPU Inductor into one graph (no graph break) holding exactly one `e8m0_op()` node, which Inductor's output code calls once as an extern op; no e8m0 dtype (`float8_e8m0fnu`) appears in that code; the result equals eager bitwise."),
+    _p("E8M0-005", "MUST", "e8m0", "Non-e4m3 operands, K not a multiple of 32, and scales of the wrong shape or dtype (float, int8/int32, `float8_e8m0fnu`) raise an exception whose message names the argument (`a`, `b`, `a_scale` or `b_scale`, quoted or after the word `argument`)."),
 ]
 
 PROPERTIES: dict[str, Property] = {p.id: p for p in _ALL}

@@ -33,18 +33,57 @@ def _compare(property_id, spec, label, expected, seen):
 def _check_matches_eager(property_id, backend, spec, mode):
     case = traced(property_id, backend, spec)
     compiled = call_backend(property_id, backend, "compile", case.gm, mode=mode, expect=Compiled)
-    # Two steps with fresh inputs: a compiled graph must not reuse the first step's values.
-    for step in range(2):
-        args, grad_out = _fresh_args(spec, step), _grad_outputs(spec, 100 + step)
-        expected = call_backend(property_id, backend, "run_joint", case.gm, case.model, args, grad_out)
-        seen = call_backend(property_id, backend, "run_joint", case.gm, case.model, args, grad_out, fn=compiled.fn)
-        _compare(property_id, spec, f"{mode} compile, step {step}", expected, seen)
+    # Two steps with fresh inputs and an optimizer-like update of the parameters in between: a
+    # compiled graph must reuse neither the first step's values nor the first step's weights.
+    with _parameters_restored(case.model):
+        for step in range(2):
+            args, grad_out = _fresh_args(spec, step), _grad_outputs(spec, 100 + step)
+            expected = call_backend(property_id, backend, "run_joint", case.gm, case.model, args, grad_out)
+            seen = call_backend(property_id, backend, "run_joint", case.gm, case.model, args, grad_out, fn=compiled.fn)
+            _compare(property_id, spec, f"{mode} compile, step {step}", expected, seen)
+            _descend(case.model, expected[1])
+
+
+def _descend(model, grads) -> None:
+    """An SGD step in place, each parameter moved along its gradient by half its own norm: far
+    beyond the tolerance, so results computed with the old weights cannot pass for new ones."""
+    import torch
+
+    with torch.no_grad():
+        for fqn, param in model.named_parameters():
+            grad = grads.get(fqn)
+            if grad is None or not grad.norm() > 0:
+                param.mul_(-0.5)
+            else:
+                param.sub_(grad * (0.5 * param.norm() / grad.norm()))
+
+
+class _parameters_restored:
+    """The model is shared by every property that draws it: put its parameters back after."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        self.saved = {fqn: p.detach().clone() for fqn, p in self.model.named_parameters()}
+
+    def __exit__(self, *exc):
+        import torch
+
+        with torch.no_grad():
+            for fqn, param in self.model.named_parameters():
+                param.copy_(self.saved[fqn])
 
 
 @pytest.mark.fp8_property("NUM-001")
 @compile_budget
 @given(spec=model_specs(recipes=runnable))
 def test_NUM_001_full_compile_matches_eager(fp8_backend, warm_inductor, spec):
+    """Cheapest defect once let through: a compiled step that folds the parameters in as
+    constants at its first call (Inductor freezing), or returns the first step's results; both
+    passed two steps with fresh inputs and the same weights. Between the steps the suite now moves
+    every parameter in place along its gradient by half its norm, as an optimizer step does, so
+    stale weights or results are off by far more than the tolerance."""
     _check_matches_eager("NUM-001", fp8_backend, spec, "full")
 
 
@@ -52,6 +91,9 @@ def test_NUM_001_full_compile_matches_eager(fp8_backend, warm_inductor, spec):
 @compile_budget
 @given(spec=model_specs(recipes=runnable))
 def test_NUM_002_regional_compile_matches_eager(fp8_backend, warm_inductor, spec):
+    """Cheapest defect once let through: a regionally compiled graph whose regions keep the first
+    call's FP8 weights (a weight cast hoisted out and cached). The parameters now change in place
+    between the two steps, as in training, so a cached cast gives the old weights' results."""
     _check_matches_eager("NUM-002", fp8_backend, spec, "regional")
 
 
@@ -59,6 +101,10 @@ def test_NUM_002_regional_compile_matches_eager(fp8_backend, warm_inductor, spec
 @compile_budget
 @given(spec=model_specs(recipes=runnable, emulate=False))
 def test_NUM_003_exactly_the_tagged_regions_are_compiled(fp8_backend, warm_inductor, spec):
+    """Cheapest defect: reporting the tagged nodes as compiled while running the graph eagerly
+    (a report that simply echoes the tags). Besides the report, the suite counts casts to FP8
+    that reach the dispatcher while the compiled graph runs: tagged casts that still run eagerly
+    exceed the untagged ones and fail."""
     case = traced("NUM-003", fp8_backend, spec)
     probe, _ = fresh_copy(case)
     call_backend("NUM-003", fp8_backend, "regions", probe)
@@ -129,6 +175,9 @@ class _FP8CastCounter:
 @compile_budget
 @given(spec=model_specs(emulate=False, nesting=False))
 def test_NUM_004_cuda_graph_replays_match_eager(fp8_backend, spec):
+    """Cheapest defect: a CUDA graph replayed without copying fresh inputs into its static
+    buffers, so replays repeat the capture's result. The capture and two replays with fresh
+    inputs must each match eager."""
     from conformance.graphs import trace_with_oracle
     from conformance.models import build_model
 

@@ -149,6 +149,10 @@ def _check_against_reference(property_id, backend, case, out, what="the float64 
 @pytest.mark.fp8_property("E8M0-001")
 @given(case=e8m0_cases())
 def test_E8M0_001_equals_blockwise_dequantize_then_matmul(fp8_backend, case):
+    """Cheapest defect: a scale bias off by one (``2**(s - 126)``), or blocks taken along the wrong
+    dimension; an elementwise check on scales near 127 with small operands hides neither. The
+    suite decodes every byte itself in float64, draws scale bytes 0, 1, 127 and 254 and
+    elements near saturation, and compares every output within one rounding."""
     out = _run("E8M0-001", fp8_backend, case)
     _check_against_reference("E8M0-001", fp8_backend, case, out)
 
@@ -177,6 +181,9 @@ def nan_cases(draw):
 @pytest.mark.fp8_property("E8M0-002")
 @given(case=nan_cases())
 def test_E8M0_002_byte_255_is_nan_in_exactly_the_outputs_using_its_block(fp8_backend, case):
+    """Cheapest defect: decoding byte 255 as the number 2**128 (or NaN everywhere). Byte 255 in a
+    few drawn blocks must make exactly the outputs using those blocks NaN, also when the
+    block's elements are zero."""
     out = _run("E8M0-002", fp8_backend, case)
     _check_against_reference("E8M0-002", fp8_backend, case, out, what="the reference (byte 255 poisons every output using its block)")
 
@@ -204,6 +211,9 @@ def byte_0_cases(draw):
 @pytest.mark.fp8_property("E8M0-002")
 @given(case=byte_0_cases())
 def test_E8M0_002_byte_0_is_2_pow_minus_127_never_flushed(fp8_backend, case):
+    """Cheapest defect: flushing byte 0 to zero (a subnormal scale treated as none). One operand is
+    scaled by 2**-127 and the other by large bytes so the products are representable; outputs
+    must be nonzero wherever the suite's reference is beyond the tolerance."""
     out = _run("E8M0-002", fp8_backend, case)
     expected, tolerance = _check_against_reference("E8M0-002", fp8_backend, case, out, what="the reference (byte 0 means 2**-127)")
     must_be_nonzero = expected.abs() > tolerance
@@ -241,6 +251,9 @@ def _op(property_id, backend):
 @compile_budget
 @given(case=e8m0_cases(bytes_=ORDINARY_BYTES, max_tiles=2, max_blocks=2))
 def test_E8M0_003_opcheck_passes(fp8_backend, case):
+    """Cheapest defect: a fake (meta) kernel with the wrong output shape, which eager runs never
+    use. ``torch.library.opcheck`` runs the schema, fake and autograd registration checks, and
+    the op is also called on fake tensors and must give the (M, N) ``out_dtype`` result."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -294,6 +307,10 @@ def _op_nodes(graph, op) -> list:
 @compile_budget
 @given(case=e8m0_cases(bytes_=ORDINARY_BYTES, max_tiles=2, max_blocks=2))
 def test_E8M0_004_compiles_fullgraph_as_one_opaque_node(fp8_backend, warm_inductor, case):
+    """Cheapest defect: an op that graph-breaks or decomposes under Dynamo, so e8m0 scales reach
+    Inductor's code generator. Under ``fullgraph=True`` the step must compile into one graph
+    with one op node, called once as an extern kernel, with no e8m0 dtype in the output code,
+    and equal eager bitwise."""
     import torch
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._inductor.utils import run_and_get_code
@@ -399,6 +416,9 @@ def _bad_inputs(case, hp_dtype: str, scale_dtype: str, bad_k: int):
     bad_k=st.sampled_from((16, 48, 40, 8, 100)),
 )
 def test_E8M0_005_bad_input_raises_naming_the_argument(fp8_backend, case, hp_dtype, scale_dtype, bad_k):
+    """Cheapest defect: accepting K that is not a multiple of 32 (the last partial block silently
+    uses the next block's scale), or an error that does not say which argument is wrong. Each
+    bad input must raise, naming ``a``, ``b``, ``a_scale`` or ``b_scale``."""
     import torch
 
     for label, arguments, code in _bad_inputs(case, hp_dtype, scale_dtype, bad_k):

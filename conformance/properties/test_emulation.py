@@ -16,13 +16,16 @@ from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
 
 
 def real_and_emulated(spec) -> bool:
-    """The model holds both emulated and real (non-emulated) quantized layers."""
-    return {layer.emulate for layer in spec.layers if layer.recipe} == {True, False}
+    """The model holds both emulated and real (non-emulated) quantized modules, nested ones too."""
+    return {emulate for _kind, _recipe, emulate in spec.quantized_modules().values()} == {True, False}
 
 
 @pytest.mark.fp8_property("EMU-001")
 @given(spec=model_specs(emulate=True))
 def test_EMU_001_emulated_modules_pass_strict_validation_without_fp8_compute(fp8_backend, spec):
+    """Cheapest defect: requiring FP8 compute from emulated modules too, or emulation that still
+    issues FP8 matmuls. All-emulated models (nested adapters emulated as well) must hold no FP8
+    compute and pass strict validation."""
     case = traced("EMU-001", fp8_backend, spec)
     computes = fp8_compute_nodes(case.gm, fp8_ops("EMU-001", fp8_backend))
     check(not computes, "EMU-001", f"an all-emulated model should issue no FP8 compute; found {[n.name for n in computes]}", spec)
@@ -33,6 +36,10 @@ def test_EMU_001_emulated_modules_pass_strict_validation_without_fp8_compute(fp8
 @pytest.mark.fp8_property("EMU-002")
 @given(spec=model_specs(kinds=ALL_KINDS, where=real_and_emulated), data=st.data())
 def test_EMU_002_an_emulated_module_never_excuses_another(fp8_backend, spec, data):
+    """Cheapest defects once let through: exempting the whole graph once any module is emulated,
+    and exempting an emulated module's nested modules with it (emulation inherited down the
+    tree). Nested adapters now draw their own ``emulate`` flag, so a real adapter inside an
+    emulated layer (and the reverse) is drawn; one real module loses its FP8 and must be named."""
     case = traced("EMU-002", fp8_backend, spec)
     gm, oracle = fresh_copy(case)
     nodes = fp8_compute_nodes(gm, fp8_ops("EMU-002", fp8_backend))

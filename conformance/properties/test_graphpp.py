@@ -97,6 +97,10 @@ def _in_parts(split, select) -> dict[str, list]:
 @pytest.mark.fp8_property("BND-001")
 @given(spec=runnable_stages)
 def test_BND_001_forward_then_dI_then_dW_reproduce_the_joint_step_bitwise(fp8_backend, spec):
+    """Cheapest defect: describing the parameter gradients out of order (two gradients of equal
+    shape swapped still "run"). The suite wires the callables itself by the ``StageSplit``
+    convention and compares every output and gradient bitwise with the unsplit graph, as
+    traced and after CSE."""
     case = traced("BND-001", fp8_backend, spec)
     args, grads = fresh_args(spec, 0), grad_outputs(spec, 100)
     expected = call_backend("BND-001", fp8_backend, "run_joint", case.gm, case.model, args, grads)
@@ -134,6 +138,10 @@ def _check_split_step(fp8_backend, spec, case, label, gm, split, args, grads, ex
 @pytest.mark.fp8_property("BND-002")
 @given(spec=stages)
 def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backend, spec):
+    """Cheapest defect: dW running again the FP8 matmuls of dI whose results it needs (results stay
+    bitwise equal, so BND-001 passes). The FP8 compute per pass in the callables must equal the
+    stage graph's live compute; a defect that drops one matmul and duplicates another keeps the
+    count but changes values (BND-001) and provenance (BND-005)."""
     _each_split("BND-002", fp8_backend, spec, _check_compute_placed_once)
 
 
@@ -153,6 +161,10 @@ def _check_compute_placed_once(fp8_backend, spec, label, gm, split):
 @pytest.mark.fp8_property("BND-003")
 @given(spec=stages)
 def test_BND_003_no_tensor_is_quantized_twice_and_fp8_crosses_as_fp8(fp8_backend, spec):
+    """Cheapest defect: dW casting again, from high precision or from the crossed scale, a tensor
+    dI already quantized (bitwise equal on CPU). Casts per pass in the callables must equal the
+    stage graph's, after CSE too (where one cast of the output gradient feeds both matmuls),
+    and a value carried from dI to dW must keep its dtype."""
     _each_split("BND-003", fp8_backend, spec, _check_quantized_once)
 
 
@@ -187,6 +199,9 @@ def _check_quantized_once(fp8_backend, spec, label, gm, split):
 @pytest.mark.fp8_property("BND-004")
 @given(spec=model_specs(kinds=ALL_KINDS, emulate=False))
 def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend, spec):
+    """Cheapest defect: treating an FP8 placeholder as a broken chain, so dW's regions (which start
+    at the carried FP8 gradient) are never tagged; "every tagged group is complete" alone passes
+    it. Per pass, the callables must tag at least as many FP8 compute nodes as the stage graph."""
     _each_split("BND-004", fp8_backend, spec, _check_regions_after_split)
 
 
@@ -223,6 +238,9 @@ def _tagged_nodes(gm) -> set:
 @pytest.mark.fp8_property("BND-005")
 @given(spec=stages)
 def test_BND_005_provenance_survives_the_split(fp8_backend, spec):
+    """Cheapest defect: provenance handed round among dW's matmuls, so counts per module stay equal
+    but nodes name the wrong module. Provenance is compared as a multiset per pass and, for
+    every node kept under its name, node by node with the stage graph."""
     _each_split("BND-005", fp8_backend, spec, _check_provenance_kept)
 
 
@@ -292,3 +310,50 @@ def test_BND_006_strict_validation_runs_before_the_split_and_not_falsely_after(f
         "strict validation must run on the whole stage before the cut",
         spec,
     )
+
+
+@pytest.mark.fp8_property("BND-007")
+@given(spec=stages)
+def test_BND_007_backward_weight_holds_the_fp8_compute_no_input_gradient_needs(fp8_backend, spec):
+    """The cheapest defect BND-001..006 let through: dI does all backward work and dW returns the
+    finished gradients it was handed; every value and count stays right, only the schedule is
+    lost. Here the suite finds, in the stage graph itself, which backward FP8 matmuls some input
+    gradient depends on (the outputs ``output_layout`` marks ``input_grad``), and holds dI to
+    exactly those, per module: that split puts the grad_weight matmuls in dI and fails."""
+    _each_split("BND-007", fp8_backend, spec, _check_weight_compute_in_dw)
+
+
+def _check_weight_compute_in_dw(fp8_backend, spec, label, gm, split):
+    import torch.utils._pytree as pytree
+
+    ops = fp8_ops("BND-007", fp8_backend)
+    output = gm.graph.find_nodes(op="output")[0]
+    flat, _ = pytree.tree_flatten(output.args[0], is_leaf=lambda x: x is None)
+    input_grads = [v for v, slot in zip(flat, split.output_layout) if slot is not None and slot[0] == "input_grad"]
+    needed_by_inputs = _ancestors_of(input_grads)
+    live = live_nodes(gm)
+    backward = [n for n in gm.graph.nodes if n in live and is_fp8_compute(n, ops) and fp8_backend.is_backward(n)]
+    owner = lambda n: getattr(fp8_backend.provenance(n), "module_fqn", None)
+    expected_i = collections.Counter(owner(n) for n in backward if n in needed_by_inputs)
+    expected_w = collections.Counter(owner(n) for n in backward if n not in needed_by_inputs)
+    seen_i = collections.Counter(owner(n) for n in fp8_compute_nodes(split.backward_input, ops))
+    seen_w = collections.Counter(owner(n) for n in fp8_compute_nodes(split.backward_weight, ops))
+    check(
+        seen_i == expected_i and seen_w == expected_w,
+        "BND-007",
+        f"{label}: per module, backward FP8 compute some input gradient depends on: {dict(expected_i)}, the rest: "
+        f"{dict(expected_w)}; backward_input holds {dict(seen_i)}, backward_weight {dict(seen_w)}. dW's matmuls "
+        "belong in backward_weight, which a zero-bubble schedule runs later; dI must not finish them",
+        spec,
+    )
+
+
+def _ancestors_of(roots) -> set:
+    """The nodes ``roots`` depend on, themselves included."""
+    found, stack = set(), [r for r in roots if r is not None]
+    while stack:
+        node = stack.pop()
+        if node not in found:
+            found.add(node)
+            stack.extend(node.all_input_nodes)
+    return found

@@ -35,6 +35,10 @@ def _fqn(property_id, backend, node):
 @pytest.mark.fp8_property("PROV-001")
 @given(spec=model_specs(emulate=False))
 def test_PROV_001_every_fp8_compute_node_names_its_module(fp8_backend, spec):
+    """Cheapest defect that would pass a weaker test: provenance on forward nodes only, relying on
+    the torch version to carry annotations into the backward. Every FP8 compute node, forward and
+    backward, is checked against the suite's own ground truth (its annotation, paired into the
+    backward by ``seq_nr``), so a backward matmul without provenance or naming another module fails."""
     case = traced("PROV-001", fp8_backend, spec)
     computes = fp8_compute_nodes(case.gm, fp8_ops("PROV-001", fp8_backend))
     check(bool(computes), "PROV-001", "the graph of a non-emulated model holds no FP8 compute at all", spec)
@@ -54,6 +58,11 @@ def test_PROV_001_every_fp8_compute_node_names_its_module(fp8_backend, spec):
 @pytest.mark.fp8_property("PROV-002")
 @given(spec=model_specs())
 def test_PROV_002_provenance_config_equals_module_config(fp8_backend, spec):
+    """Cheapest defect once let through: a nested module described with its parent's config (every
+    drawn adapter used to copy its parent's recipe and flag, so such provenance was right by
+    accident). Adapters now draw their own recipe and ``emulate`` flag, so provenance copied from
+    the parent names the wrong config; a recipe reported as a constant (tensorwise) fails as
+    soon as another recipe is drawn."""
     case = traced("PROV-002", fp8_backend, spec)
     configs = spec.quantized_modules()
     if not fp8_backend.provenance_has_recipe:
@@ -82,6 +91,10 @@ def test_PROV_002_provenance_config_equals_module_config(fp8_backend, spec):
 @pytest.mark.fp8_property("PROV-003")
 @given(spec=model_specs())
 def test_PROV_003_backward_nodes_carry_the_provenance_of_their_forward_op(fp8_backend, spec):
+    """Cheapest defect that passes a check of compute nodes alone: gradient-accumulation nodes
+    credited to the module whose gradient they add (inherited from an input). Every backward
+    node is checked, and one whose ``seq_nr`` no forward op has must carry none; a backend that
+    drops ``seq_nr`` cannot pass by making the pairing unknowable, since that fails first."""
     case = traced("PROV-003", fp8_backend, spec)
     backward = [n for n in case.gm.graph.nodes if n.op == "call_function" and fp8_backend.is_backward(n)]
     check(
@@ -118,6 +131,10 @@ def test_PROV_003_backward_nodes_carry_the_provenance_of_their_forward_op(fp8_ba
 @pytest.mark.fp8_property("PROV-004")
 @given(spec=model_specs())
 def test_PROV_004_no_node_carries_provenance_of_a_module_that_did_not_issue_it(fp8_backend, spec):
+    """Cheapest defect that PROV-001 lets through: provenance leaking forward onto the op that
+    consumes a module's output (its activation, a residual add). Every forward call_function
+    node, not only compute, must carry exactly the suite's ground truth: the consumer was issued
+    by no quantized module, and a plain adapter nested in a quantized layer by none either."""
     case = traced("PROV-004", fp8_backend, spec)
     for node in case.gm.graph.nodes:
         if node.op != "call_function" or fp8_backend.is_backward(node):
@@ -136,6 +153,10 @@ def test_PROV_004_no_node_carries_provenance_of_a_module_that_did_not_issue_it(f
 @pytest.mark.fp8_property("PROV-006")
 @given(spec=model_specs(require_reuse=True, require_nesting=True, emulate=False))
 def test_PROV_006_reused_modules_keep_their_fqn_nested_ones_the_innermost(fp8_backend, spec):
+    """Cheapest defect that passes per-node checks on flat models: nested nodes attributed to the
+    outermost quantized module, or the second call of a reused module credited to a fresh name.
+    Only models with both a reused and a nested quantized module are drawn; each compute node is
+    held to the innermost issuer, and the forward matmuls per FQN must equal the calls made."""
     case = traced("PROV-006", fp8_backend, spec)
     per_module = collections.Counter()
     for node in fp8_compute_nodes(case.gm, fp8_ops("PROV-006", fp8_backend)):

@@ -53,6 +53,11 @@ def _names_location(exc, fqn, pass_name) -> bool:
 @pytest.mark.fp8_property("VAL-001")
 @given(spec=model_specs())
 def test_VAL_001_strict_validation_accepts_supported_models(fp8_backend, spec):
+    """Cheapest defect that a test of broken graphs alone lets through: false alarms, e.g. expecting
+    a grad_input matmul where the input needs no gradient, or expecting FP8 compute from a plain
+    ``nn.Linear`` nested in a ``Float8Linear`` (as if it were part of its parent). The drawn
+    models vary input gradients, recipes, emulation, reuse and nesting with plain adapters,
+    and every one of them must pass strict validation."""
     case = traced("VAL-001", fp8_backend, spec)
     exc = strict_error("VAL-001", fp8_backend, case.gm)
     check(exc is None, "VAL-001", f"strict validation rejected the backend's own graph: {type(exc).__name__}: {exc}", spec)
@@ -61,6 +66,10 @@ def test_VAL_001_strict_validation_accepts_supported_models(fp8_backend, spec):
 @pytest.mark.fp8_property("VAL-002")
 @given(spec=non_emulated, data=st.data())
 def test_VAL_002_lost_fp8_compute_fails_naming_module_and_pass(fp8_backend, spec, data):
+    """Cheapest defect that passes "some error is raised": an error that names the graph but not
+    the module or the pass, or validation that checks provenance only. All FP8 compute of one
+    drawn (module, pass) is lowered to ``mm`` with its metadata kept, and the error must carry
+    that FQN and pass in its message and in ``module_fqn`` / ``pass_name``."""
     gm, fqn, pass_name = _lower_module_pass("VAL-002", traced("VAL-002", fp8_backend, spec), fp8_backend, data)
     exc = strict_error("VAL-002", fp8_backend, gm)
     check(exc is not None, "VAL-002", f"all FP8 compute of {fqn!r} in the {pass_name} pass was lowered to mm, yet strict validation passed", spec)
@@ -76,6 +85,9 @@ def test_VAL_002_lost_fp8_compute_fails_naming_module_and_pass(fp8_backend, spec
 @pytest.mark.fp8_property("VAL-003")
 @given(spec=non_emulated, data=st.data())
 def test_VAL_003_fp8_compute_without_provenance_fails(fp8_backend, spec, data):
+    """Cheapest defect: skipping FP8 compute that has no provenance (a silent fallback), which a
+    check of provenance on attributed nodes never sees. The suite rebuilds one compute node
+    without metadata; strict validation must fail and name that very node."""
     gm, _ = fresh_copy(traced("VAL-003", fp8_backend, spec))
     node = data.draw(st.sampled_from(fp8_compute_nodes(gm, fp8_ops("VAL-003", fp8_backend))), label="compute node stripped of meta")
     rewrites.rebuild_without_meta(gm, node)
@@ -93,6 +105,10 @@ def test_VAL_003_fp8_compute_without_provenance_fails(fp8_backend, spec, data):
 @pytest.mark.fp8_property("VAL-004")
 @given(spec=non_emulated, data=st.data())
 def test_VAL_004_scaled_op_with_a_high_precision_operand_is_not_fp8_compute(fp8_backend, spec, data):
+    """Cheapest defect: counting a scaled matmul as FP8 compute when any operand is FP8. One
+    operand of a drawn compute node is up-cast to float32; the non-strict count of that module
+    and pass must drop by exactly one (so a count of all scaled ops fails) and strict
+    validation must fail."""
     case = traced("VAL-004", fp8_backend, spec)
     gm, oracle = fresh_copy(case)
     node = data.draw(st.sampled_from(fp8_compute_nodes(gm, fp8_ops("VAL-004", fp8_backend))), label="scaled op given a float32 operand")
@@ -121,6 +137,9 @@ def _meta_snapshot(gm):
 @pytest.mark.fp8_property("VAL-005")
 @given(spec=model_specs())
 def test_VAL_005_validation_does_not_change_the_graph(fp8_backend, spec):
+    """Cheapest defect: validation marking nodes it checked in ``node.meta`` (or caching a report
+    in ``gm.meta``). The code, every node's meta (values by identity, the rest by repr) and the
+    graph module's meta are compared before and after strict and non-strict validation."""
     gm, _ = fresh_copy(traced("VAL-005", fp8_backend, spec))
     before = _meta_snapshot(gm)
     strict_error("VAL-005", fp8_backend, gm)
@@ -150,6 +169,10 @@ def test_VAL_006_non_strict_mode_warns_the_same_findings_with_a_summary(fp8_back
 @pytest.mark.fp8_property("VAL-007")
 @given(spec=model_specs(), data=st.data())
 def test_VAL_007_compute_counts_per_call_match_the_recipe(fp8_backend, spec, data):
+    """Cheapest defect: checking that FP8 compute exists, not how much, so a duplicated matmul
+    passes. The report's counts per (module, pass) must equal the recipe's ground truth (which
+    a nested adapter with its own recipe changes), and a duplicated compute node must fail
+    strict validation naming its module."""
     case = traced("VAL-007", fp8_backend, spec)
     expected = spec.expected_compute_counts()
     seen = {k: v for k, v in _report("VAL-007", fp8_backend, case.gm).compute_counts.items() if v}

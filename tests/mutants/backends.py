@@ -12,6 +12,7 @@ import dataclasses
 
 import fp8conf
 import fp8conf.graph.provenance
+import fp8conf.graph.trace
 import fp8conf.graph.validate
 from conformance.backends.reference import ReferenceBackend
 from conformance.api.types import Provenance
@@ -210,6 +211,51 @@ class OneEmulatedExemptsAll(ReferenceBackend):
         return super().validate(gm, strict=strict)
 
 
+def _inheriting_children(find):
+    # A child linear of a quantized module is taken for part of it: it gets the parent's config,
+    # whatever its own (or, a plain nn.Linear, no config at all).
+    import torch
+
+    def find_quantized_modules(model):
+        found = find(model)
+        for fqn, config in list(found.items()):
+            for name, child in model.get_submodule(fqn).named_modules():
+                if name and isinstance(child, torch.nn.Linear):
+                    found[f"{fqn}.{name}"] = config
+        return found
+
+    return find_quantized_modules
+
+
+class NestedInheritsParentConfig(ReferenceBackend):
+    """Gives every linear nested in a quantized module its parent's config: a plain adapter
+    inside a Float8Linear is expected to compute in FP8, an own-config adapter is misdescribed."""
+
+    name = "mutant-nested-inherits-parent-config"
+    KILLED_BY = "VAL-001"
+
+    def trace_joint(self, model, args):
+        with _replaced(fp8conf.graph.trace, "find_quantized_modules", _inheriting_children(fp8conf.graph.trace.find_quantized_modules)):
+            return super().trace_joint(model, args)
+
+
+class EmulationExemptsNested(ReferenceBackend):
+    """Exempts an emulated module's nested modules too, as if emulation were inherited."""
+
+    name = "mutant-emulation-exempts-nested"
+    KILLED_BY = "EMU-002"
+
+    def validate(self, gm, *, strict):
+        info = fp8conf.trace_info(gm)
+        emulated = [fqn for fqn, c in info.modules.items() if c.emulate]
+        modules = {
+            fqn: dataclasses.replace(c, emulate=True) if any(fqn.startswith(e + ".") for e in emulated) else c
+            for fqn, c in info.modules.items()
+        }
+        with _replaced(fp8conf.graph.validate, "trace_info", lambda _gm: dataclasses.replace(info, modules=modules)):
+            return super().validate(gm, strict=strict)
+
+
 MUTANTS = [
     NoBackwardProvenance,
     RecipeAlwaysTensorwise,
@@ -224,6 +270,8 @@ MUTANTS = [
     ExistenceOnlyCounts,
     EmulatedNotExempt,
     OneEmulatedExemptsAll,
+    NestedInheritsParentConfig,
+    EmulationExemptsNested,
 ]
 
 
@@ -292,6 +340,56 @@ FingerprintIncludesTrainingFlag.quantization_signature, FingerprintIncludesTrain
 )
 
 
+class FingerprintKeyedByPosition(ReferenceBackend):
+    """Keys each quantized module by its position among them, not its FQN: conversion moved to
+    another layer with the same config loads the other layer's artifact."""
+
+    name = "mutant-fingerprint-keyed-by-position"
+    KILLED_BY = "FPR-001"
+
+
+def _key_by_position(doc, model):
+    doc["modules"] = {str(i): entry for i, (_fqn, entry) in enumerate(doc["modules"].items())}
+
+
+FingerprintKeyedByPosition.quantization_signature, FingerprintKeyedByPosition.fingerprint = _rewritten_signature(
+    FingerprintKeyedByPosition, _key_by_position
+)
+
+
+class FingerprintIgnoresForwardCasts(ReferenceBackend):
+    """Records only the backward operands' cast configs: a forward target dtype or scaling
+    change of a custom config goes unnoticed."""
+
+    name = "mutant-fingerprint-ignores-forward-casts"
+    KILLED_BY = "FPR-001"
+
+
+def _drop_forward_casts(doc, model):
+    for entry in doc["modules"].values():
+        for field in ("cast_config_input", "cast_config_weight"):
+            entry.get("config", {}).pop(field, None)
+
+
+FingerprintIgnoresForwardCasts.quantization_signature, FingerprintIgnoresForwardCasts.fingerprint = _rewritten_signature(
+    FingerprintIgnoresForwardCasts, _drop_forward_casts
+)
+
+
+class FingerprintIgnoresMX(ReferenceBackend):
+    """Fingerprints the float8 modules only, as if MX layers were not quantized."""
+
+    name = "mutant-fingerprint-ignores-mx"
+    KILLED_BY = "FPR-001"
+
+
+def _drop_mx(doc, model):
+    doc["modules"] = {fqn: entry for fqn, entry in doc["modules"].items() if entry.get("kind") != "mxfp8_linear"}
+
+
+FingerprintIgnoresMX.quantization_signature, FingerprintIgnoresMX.fingerprint = _rewritten_signature(FingerprintIgnoresMX, _drop_mx)
+
+
 class FingerprintUsesPythonHash(ReferenceBackend):
     """Digests the signature with Python's ``hash()``: stable in one process, not across PYTHONHASHSEEDs."""
 
@@ -322,6 +420,9 @@ class FingerprintLoadsDespiteMismatch(ReferenceBackend):
 MUTANTS += [
     FingerprintIgnoresRecipe,
     FingerprintIgnoresEmulate,
+    FingerprintKeyedByPosition,
+    FingerprintIgnoresForwardCasts,
+    FingerprintIgnoresMX,
     FingerprintIncludesTrainingFlag,
     FingerprintUsesPythonHash,
     FingerprintLoadsDespiteMismatch,

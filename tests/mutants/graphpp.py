@@ -226,6 +226,24 @@ class ParamGradsOutOfOrder(ReferenceBackend):
         return dataclasses.replace(split, output_layout=tuple(None if s is None else next(slots) for s in split.output_layout))
 
 
+class WeightWorkInInput(ReferenceBackend):
+    """Does all backward work in dI and passes the finished parameter gradients through dW:
+    bitwise right, and no weight-gradient work left for the schedule to defer."""
+
+    name = "mutant-weight-work-in-input"
+    KILLED_BY = "BND-007"
+
+    def split_stage(self, gm, *, strict=True):
+        sized = graphpp._size_queries_carried_as_sizes
+
+        def everything_to_input(d_i, d_w):
+            # Called with dI and the nodes only dW needs: hand all of those to dI as well.
+            return sized(d_i, d_w) | d_w
+
+        with mock.patch.object(graphpp, "_size_queries_carried_as_sizes", everything_to_input):
+            return super().split_stage(gm, strict=strict)
+
+
 MUTANTS = [
     WeightRequantizes,
     CastDuplicatedAcrossCut,
@@ -236,4 +254,5 @@ MUTANTS = [
     CallablesRevalidatedStrictly,
     SplitSkipsStrictValidation,
     ParamGradsOutOfOrder,
+    WeightWorkInInput,
 ]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
 import fp8conf
+import fp8conf.graph.regions
 from conformance.backends.reference import ReferenceBackend
 from conformance.api.types import Compiled, Region
+from fp8conf.graph.provenance import get_provenance
 from fp8conf.graph.regions import identify_fp8_regions, tag_fp8_regions
 
 
@@ -40,6 +43,17 @@ class ModulesMerged(ReferenceBackend):
             merged = dataclasses.replace(forward[0], nodes=nodes, compute_nodes=tuple(c for r in forward for c in r.compute_nodes))
             found = [merged] + [r for r in found if r.pass_name != "forward"]
         return _tag(gm, found)
+
+
+class OneIdPerModule(ReferenceBackend):
+    """Names each region after its module: the forward and backward regions of a call, and
+    both calls of a reused module, share one id and compile as one piece."""
+
+    name = "mutant-one-id-per-module"
+    KILLED_BY = "REG-002"
+
+    def regions(self, gm):
+        return _tag(gm, [dataclasses.replace(r, id=r.module_fqn) for r in identify_fp8_regions(gm)])
 
 
 class CastsAndMatmulsOnly(ReferenceBackend):
@@ -79,6 +93,28 @@ class IncompleteRegionsTagged(ReferenceBackend):
     def regions(self, gm):
         found = [dataclasses.replace(r, complete=True, reason=None) for r in identify_fp8_regions(gm)]
         return _tag(gm, found)
+
+
+def _untracked_all_the_way(value) -> bool:
+    return value.op == "call_function" and get_provenance(value) is None and all(get_provenance(i) is None for i in value.all_input_nodes)
+
+
+class UntrackedValuesAreBoundaries(ReferenceBackend):
+    """Judges completeness as if a value made by untracked nodes from untracked inputs came from
+    outside the stage (a pre-quantized weight, say): a chain that lost all its metadata passes."""
+
+    name = "mutant-untracked-values-are-boundaries"
+    KILLED_BY = "REG-005"
+
+    def regions(self, gm):
+        incomplete = fp8conf.graph.regions._incomplete
+
+        def lenient(group, computes, passes, pass_name):
+            outside = {i for n in group for i in n.all_input_nodes if i not in group and _untracked_all_the_way(i)}
+            return incomplete(group | outside, computes, passes, pass_name)
+
+        with mock.patch.object(fp8conf.graph.regions, "_incomplete", lenient):
+            return _tag(gm, identify_fp8_regions(gm))
 
 
 class NameDependentIds(ReferenceBackend):
@@ -139,6 +175,43 @@ class StaleRegionalCompile(ReferenceBackend):
         return dataclasses.replace(compiled, fn=_first_result_forever(compiled.fn)) if mode == "regional" else compiled
 
 
+def _parameters_frozen_at_first_call(fn):
+    # What Inductor's freezing does to a training step: the parameters seen at the first call
+    # become constants of the compiled code.
+    import torch
+
+    frozen = {}
+
+    def run(primals, tangents):
+        if not frozen:
+            frozen.update({i: p.detach().clone() for i, p in enumerate(primals) if isinstance(p, torch.nn.Parameter)})
+        return fn([frozen.get(i, p) for i, p in enumerate(primals)], tangents)
+
+    return run
+
+
+class ParametersFrozenFullCompile(ReferenceBackend):
+    """Full compile that keeps the parameters of its first call as constants."""
+
+    name = "mutant-parameters-frozen-full-compile"
+    KILLED_BY = "NUM-001"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        compiled = super().compile(gm, mode=mode, cudagraph=cudagraph)
+        return dataclasses.replace(compiled, fn=_parameters_frozen_at_first_call(compiled.fn)) if mode == "full" else compiled
+
+
+class ParametersFrozenRegionalCompile(ReferenceBackend):
+    """Regional compile that keeps the parameters of its first call as constants."""
+
+    name = "mutant-parameters-frozen-regional-compile"
+    KILLED_BY = "NUM-002"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        compiled = super().compile(gm, mode=mode, cudagraph=cudagraph)
+        return dataclasses.replace(compiled, fn=_parameters_frozen_at_first_call(compiled.fn)) if mode == "regional" else compiled
+
+
 class CompiledButEager(ReferenceBackend):
     """Reports the tagged regions as compiled but runs the whole graph eagerly."""
 
@@ -153,12 +226,16 @@ class CompiledButEager(ReferenceBackend):
 MUTANTS = [
     BackwardRegionsMissing,
     ModulesMerged,
+    OneIdPerModule,
     CastsAndMatmulsOnly,
     NoRegionIds,
     IncompleteRegionsTagged,
+    UntrackedValuesAreBoundaries,
     NameDependentIds,
     AnnotationsReplaced,
     StaleFullCompile,
     StaleRegionalCompile,
+    ParametersFrozenFullCompile,
+    ParametersFrozenRegionalCompile,
     CompiledButEager,
 ]
