@@ -264,3 +264,12 @@ def test_a_crashed_worker_names_the_backend_method_and_the_replay(suite):
     assert row["reproducer"]["command"] == (
         "pytest --fp8-backend=fakebackends:Dying 'test_die.py::test_dies' --hypothesis-profile=fp8conf-ci"
     )
+
+
+def test_a_compiled_property_under_xdist_is_not_broken_by_the_crash_notes(pytester):
+    # Under -n a worker notes the backend method in progress (for a crash report); a property
+    # that compiles a step calling the backend (E8M0-004) must not have Dynamo trace that note.
+    result = pytester.runpytest_subprocess(
+        "--fp8-backend=reference", "--fp8-property", "E8M0-004", "-n", "2", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=1)

@@ -87,6 +87,12 @@ class CrashNotes:
     def _method_changed(self, method: str | None) -> None:
         if self._note is None or self._path is None:
             return
+        import torch  # a backend run: torch is loaded already
+
+        if torch.compiler.is_compiling():
+            # A test compiling a step that calls the backend (E8M0-004): Dynamo traces this
+            # function too, and must not try to trace file writes; the call runs compiled.
+            return
         self._note["method"] = method
         # Written whole each time: the process may end at any point after this call.
         self._path.write_text(json.dumps(self._note), encoding="utf-8")
