@@ -25,7 +25,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from conformance.backends.makefx_trainer import (
-    SIBLINGS_KEY, STEP_KEY, TrainerConfig, check_fp8_graph, is_fp8_matmul, module_provenance, phase_of,
+    SIBLINGS_KEY, STEP_KEY, TrainerConfig, check_fp8_graph, is_fp8_matmul, module_call, module_provenance, phase_of,
 )
 
 __all__ = ["ModuleTag", "fp8_regions", "StageRunner", "split_train_step", "train_step_signature"]
@@ -33,17 +33,17 @@ __all__ = ["ModuleTag", "fp8_regions", "StageRunner", "split_train_step", "train
 
 @dataclasses.dataclass(frozen=True)
 class ModuleTag:
-    """The trainer's provenance as fp8conf's region growth reads it (no call index: the trainer
-    does not record one)."""
+    """The trainer's provenance as fp8conf's region growth reads it."""
 
     module_fqn: str
     kind: str
     emulate: bool
+    call: int = 0
 
 
 def _tag_of(node) -> ModuleTag | None:
     found = module_provenance(node)
-    return None if found is None else ModuleTag(*found)
+    return None if found is None else ModuleTag(*found, module_call(node) or 0)
 
 
 def fp8_regions(gm: torch.fx.GraphModule):

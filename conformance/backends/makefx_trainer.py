@@ -36,7 +36,7 @@ from torch.func import functional_call
 
 __all__ = [
     "PHASE_KEY", "STEP_KEY", "SIBLINGS_KEY", "TrainerConfig", "TrainStep", "QuantizedModule", "Fp8CheckReport",
-    "quantized_modules", "trace_train_step", "run_train_step", "module_provenance", "phase_of", "is_fp8_matmul",
+    "quantized_modules", "trace_train_step", "run_train_step", "module_provenance", "module_call", "phase_of", "is_fp8_matmul",
     "check_fp8_graph",
 ]
 
@@ -48,6 +48,9 @@ STEP_KEY = "makefx_train_step"
 SIBLINGS_KEY = "makefx_sibling_fp8_matmuls"
 #: Provenance keys in ``node.meta["custom"]``.
 FQN, KIND, EMULATE = "module_fqn", "quantization_kind", "quantization_emulate"
+#: Which call of its module issued a node (0, 1, ... per module): two calls of a reused module are
+#: two regions, never one.
+CALL = "module_call"
 _SCALED_MM = ("aten._scaled_mm.", "aten._scaled_mm_v2.", "aten._scaled_grouped_mm.")
 
 
@@ -128,8 +131,9 @@ def _provenance_annotated(model, modules, calls):
 
         def forward(*args, _inner=module.forward, _info=info, _module=module, **kwargs):
             weight = getattr(_module, "weight", None)
+            index = sum(call[0] == _info.fqn for call in calls)
             calls.append((_info.fqn, bool(args and getattr(args[0], "requires_grad", False)), bool(getattr(weight, "requires_grad", False))))
-            with fx_traceback.annotate({FQN: _info.fqn, KIND: _info.kind, EMULATE: _info.emulate}):
+            with fx_traceback.annotate({FQN: _info.fqn, KIND: _info.kind, EMULATE: _info.emulate, CALL: index}):
                 return _inner(*args, **kwargs)
 
         module.forward = forward
@@ -265,16 +269,17 @@ def _copy_provenance_to_backward(gm) -> None:
     by_seq_nr: dict[int, set] = collections.defaultdict(set)
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.meta[PHASE_KEY] == "forward" and "seq_nr" in node.meta:
-            by_seq_nr[node.meta["seq_nr"]].add(module_provenance(node))
+            by_seq_nr[node.meta["seq_nr"]].add((module_provenance(node), module_call(node)))
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.meta[PHASE_KEY] != "backward":
             continue
         issued = by_seq_nr.get(node.meta.get("seq_nr"), set())
         # Two modules behind one sequence number would make the copy a guess: leave it bare.
         found = next(iter(issued)) if len(issued) == 1 else None
-        custom = {k: v for k, v in (node.meta.get("custom") or {}).items() if k not in (FQN, KIND, EMULATE)}
-        if found is not None:
-            custom.update({FQN: found[0], KIND: found[1], EMULATE: found[2]})
+        custom = {k: v for k, v in (node.meta.get("custom") or {}).items() if k not in (FQN, KIND, EMULATE, CALL)}
+        if found is not None and found[0] is not None:
+            (fqn, kind, emulate), call = found
+            custom.update({FQN: fqn, KIND: kind, EMULATE: emulate, CALL: call})
         if custom:
             node.meta["custom"] = custom  # a new dict: tracing shares one between nodes
         else:
@@ -287,6 +292,11 @@ def module_provenance(node: torch.fx.Node) -> tuple[str, str, bool] | None:
     if FQN not in custom:
         return None
     return custom[FQN], custom.get(KIND), bool(custom.get(EMULATE))
+
+
+def module_call(node: torch.fx.Node) -> int | None:
+    """Which call of its module issued ``node``, or None."""
+    return (node.meta.get("custom") or {}).get(CALL)
 
 
 def phase_of(node: torch.fx.Node) -> str:

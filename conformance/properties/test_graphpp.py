@@ -317,25 +317,16 @@ def test_BND_006_strict_validation_runs_before_the_split_and_not_falsely_after(f
 def test_BND_007_backward_weight_holds_the_fp8_compute_no_input_gradient_needs(fp8_backend, spec):
     """The cheapest defect BND-001..006 let through: dI does all backward work and dW returns the
     finished gradients it was handed; every value and count stays right, only the schedule is
-    lost. Here the suite finds, in the stage graph itself, which backward FP8 matmuls some input
-    gradient depends on (the outputs ``output_layout`` marks ``input_grad``), and holds dI to
-    exactly those, per module: that split puts the grad_weight matmuls in dI and fails."""
+    lost. Here the suite counts, from the drawn model itself (whatever the backend's calling
+    convention), which backward FP8 matmuls the stage's input gradient depends on, and holds dI
+    to exactly those, per module: that split puts the grad_weight matmuls in dI and fails."""
     _each_split("BND-007", fp8_backend, spec, _check_weight_compute_in_dw)
 
 
 def _check_weight_compute_in_dw(fp8_backend, spec, label, gm, split):
-    import torch.utils._pytree as pytree
-
     ops = fp8_ops("BND-007", fp8_backend)
-    output = gm.graph.find_nodes(op="output")[0]
-    flat, _ = pytree.tree_flatten(output.args[0], is_leaf=lambda x: x is None)
-    input_grads = [v for v, slot in zip(flat, split.output_layout) if slot is not None and slot[0] == "input_grad"]
-    needed_by_inputs = _ancestors_of(input_grads)
-    live = live_nodes(gm)
-    backward = [n for n in gm.graph.nodes if n in live and is_fp8_compute(n, ops) and fp8_backend.is_backward(n)]
+    expected_i, expected_w = _backward_compute_by_need(spec)
     owner = lambda n: getattr(fp8_backend.provenance(n), "module_fqn", None)
-    expected_i = collections.Counter(owner(n) for n in backward if n in needed_by_inputs)
-    expected_w = collections.Counter(owner(n) for n in backward if n not in needed_by_inputs)
     seen_i = collections.Counter(owner(n) for n in fp8_compute_nodes(split.backward_input, ops))
     seen_w = collections.Counter(owner(n) for n in fp8_compute_nodes(split.backward_weight, ops))
     check(
@@ -348,12 +339,20 @@ def _check_weight_compute_in_dw(fp8_backend, spec, label, gm, split):
     )
 
 
-def _ancestors_of(roots) -> set:
-    """The nodes ``roots`` depend on, themselves included."""
-    found, stack = set(), [r for r in roots if r is not None]
-    while stack:
-        node = stack.pop()
-        if node not in found:
-            found.add(node)
-            stack.extend(node.all_input_nodes)
-    return found
+def _backward_compute_by_need(spec) -> tuple[collections.Counter, collections.Counter]:
+    """Per module, the backward FP8 matmuls the stage's input gradient depends on and the rest,
+    from the drawn model alone (no calling convention of the backend's): each call's grad_input
+    matmul feeds the chain down to the stage input when that input needs a gradient (a stack of
+    layers: every grad_input flows through the ones below it); with no input gradient (a first
+    stage) it serves only the weight gradients below it. grad_weight matmuls never feed it."""
+    modules = spec.quantized_modules()
+    needed, rest = collections.Counter(), collections.Counter()
+    for fqn, input_grad in spec.calls():
+        _kind, recipe, emulate = modules[fqn]
+        if emulate:
+            continue
+        if input_grad:
+            (needed if spec.input_requires_grad else rest)[fqn] += 1
+        if recipe != "rowwise_with_gw_hp":
+            rest[fqn] += 1
+    return needed, rest
