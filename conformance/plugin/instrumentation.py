@@ -211,8 +211,14 @@ def _name_the_model_shown(report: pytest.TestReport, shrink: str | None) -> None
     if isinstance(report.longrepr, str):
         report.longrepr = report.longrepr.replace(old, new)
         return
+    # The short summary quotes the crash message, whole where $CI is set.
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None and isinstance(getattr(crash, "message", None), str):
+        crash.message = crash.message.replace(old, new)
     # pytest.fail(..., pytrace=False) is rendered as an exception chain of "value" entries.
-    for traceback, _, _ in getattr(report.longrepr, "chain", ()):
+    for traceback, crash, _ in getattr(report.longrepr, "chain", ()):
+        if crash is not None and isinstance(getattr(crash, "message", None), str):
+            crash.message = crash.message.replace(old, new)
         for entry in getattr(traceback, "reprentries", ()):
             if hasattr(entry, "lines"):
                 entry.lines = [line.replace(old, new) for line in entry.lines]
