@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.fx
@@ -124,27 +125,19 @@ def quantized_modules(model: torch.nn.Module) -> dict[str, QuantizedModule]:
 def _provenance_annotated(model, modules, calls):
     """Annotate each quantized module's forward ops; record ``(fqn, input_requires_grad,
     weight_requires_grad)`` per call. Nested modules: the inner annotation wins."""
-    patched = []
-    for fqn, info in modules.items():
-        module = model.get_submodule(fqn)
-        patched.append((module, module.__dict__.get("forward")))
+    with contextlib.ExitStack() as stack:
+        for fqn, info in modules.items():
+            module = model.get_submodule(fqn)
 
-        def forward(*args, _inner=module.forward, _info=info, _module=module, **kwargs):
-            weight = getattr(_module, "weight", None)
-            index = sum(call[0] == _info.fqn for call in calls)
-            calls.append((_info.fqn, bool(args and getattr(args[0], "requires_grad", False)), bool(getattr(weight, "requires_grad", False))))
-            with fx_traceback.annotate({FQN: _info.fqn, KIND: _info.kind, EMULATE: _info.emulate, CALL: index}):
-                return _inner(*args, **kwargs)
+            def forward(*args, _inner=module.forward, _info=info, _module=module, **kwargs):
+                weight = getattr(_module, "weight", None)
+                index = sum(call[0] == _info.fqn for call in calls)
+                calls.append((_info.fqn, bool(args and getattr(args[0], "requires_grad", False)), bool(getattr(weight, "requires_grad", False))))
+                with fx_traceback.annotate({FQN: _info.fqn, KIND: _info.kind, EMULATE: _info.emulate, CALL: index}):
+                    return _inner(*args, **kwargs)
 
-        module.forward = forward
-    try:
+            stack.enter_context(mock.patch.object(module, "forward", forward))
         yield
-    finally:
-        for module, original in patched:
-            if original is None:
-                del module.forward
-            else:
-                module.forward = original
 
 
 @contextlib.contextmanager
