@@ -10,6 +10,7 @@ note to xdist's report of the crash, which then names the method and carries a r
 from __future__ import annotations
 
 import json
+import sys
 import shutil
 import tempfile
 from pathlib import Path
@@ -87,9 +88,10 @@ class CrashNotes:
     def _method_changed(self, method: str | None) -> None:
         if self._note is None or self._path is None:
             return
-        import torch  # a backend run: torch is loaded already
-
-        if torch.compiler.is_compiling():
+        # Never import torch here: this runs inside a test's timeout, and a backend need not
+        # have loaded it; when it has not, nothing is being compiled.
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.compiler.is_compiling():
             # A test compiling a step that calls the backend (E8M0-004): Dynamo traces this
             # function too, and must not try to trace file writes; the call runs compiled.
             return
