@@ -115,7 +115,7 @@ def _write(tmp_path, data: bytes, name="crafted.fp8") -> pathlib.Path:
     return path
 
 
-def _refused(path, error, marker, match=None):
+def _assert_refused(path, error, marker, match=None):
     """Every loading entry point refuses ``path`` with ``error`` and the marker never appears."""
     model = build_model(SPEC_A)[0]
     with pytest.raises(error, match=match):
@@ -143,20 +143,20 @@ def test_the_code_running_payload_runs_when_the_artifact_is_signed_with_the_load
 def test_a_code_running_payload_with_a_self_consistent_digest_is_refused_unsigned(evil, marker, tmp_path, mechanism, capsys):
     evil.header["mechanism"] = mechanism
     path = _write(tmp_path, evil.sealed(None))
-    _refused(path, ArtifactAuthenticityError, marker, match="unsigned")
+    _assert_refused(path, ArtifactAuthenticityError, marker, match="unsigned")
     assert "executable code" in capsys.readouterr().err
 
 
 def test_an_artifact_signed_with_another_key_is_refused(evil, marker, tmp_path):
     evil.header["key_id"] = key_id(KEY)  # it may even claim the loader's key id
     path = _write(tmp_path, evil.sealed(OTHER_KEY))
-    _refused(path, ArtifactAuthenticityError, marker, match="not valid under your key")
+    _assert_refused(path, ArtifactAuthenticityError, marker, match="not valid under your key")
 
 
 def test_without_a_key_a_signed_artifact_is_refused(evil, marker, tmp_path, monkeypatch):
     path = _write(tmp_path, evil.sealed(KEY))
     monkeypatch.delenv("FP8CONF_ARTIFACT_KEY")
-    _refused(path, ArtifactAuthenticityError, marker, match="no key was given")
+    _assert_refused(path, ArtifactAuthenticityError, marker, match="no key was given")
 
 
 def test_a_stale_payload_under_a_fresh_header_resigned_without_the_key_is_refused(genuine, marker, tmp_path):
@@ -213,10 +213,10 @@ def test_each_header_field_flipped_is_refused_before_anything_runs(evil, marker,
     start, end = _value_span(text, field)
     at = len(MAGIC) + 8 + (start + end) // 2
     flipped = signed[:at] + bytes([signed[at] ^ 0x01]) + signed[at + 1:]
-    _refused(_write(tmp_path, flipped), ArtifactIntegrityError, marker, match="digest does not match")
+    _assert_refused(_write(tmp_path, flipped), ArtifactIntegrityError, marker, match="digest does not match")
     body = flipped[:-64]
     rehashed = body + hashlib.sha256(body).digest() + signed[-32:]
-    _refused(_write(tmp_path, rehashed, "rehashed.fp8"), ArtifactAuthenticityError, marker, match="not valid under your key")
+    _assert_refused(_write(tmp_path, rehashed, "rehashed.fp8"), ArtifactAuthenticityError, marker, match="not valid under your key")
 
 
 @pytest.mark.parametrize("where", ["magic", "header-length", "payload", "digest", "mac"])

@@ -127,6 +127,7 @@ def test_piped_run_prints_a_line_per_property(suite):
     suite.makepyfile(test_defect=DEFECT_TESTS)
     # A subprocess writes to a pipe, as in CI or under tee.
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", WIDE, "test_defect.py")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(
         [
             "PROV-003 * test_PROV_003_backward  fail  1 example  *s",
@@ -140,6 +141,7 @@ def test_piped_run_prints_a_line_per_property(suite):
 def test_xdist_controller_prints_the_lines(suite):
     suite.makepyfile(test_defect=DEFECT_TESTS)
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", WIDE, "test_defect.py")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["PROV-002 * test_PROV_002_ok  pass  1 example  *s"])
 
 
