@@ -56,7 +56,7 @@ def _assert_matches_eager(gm, model, x, fn, *, seed):
 @pytest.mark.parametrize("blocks", [2, 4])
 def test_identical_regions_compile_once_whatever_the_depth(blocks, inductor_calls):
     model, x, gm = _traced(blocks)
-    compiled = fp8conf.compile_joint(gm, mode="regional")
+    compiled = fp8conf.compile_joint(gm, mode="regional", remainder="eager")
     complete = [r for r in compiled.regions if r.complete]
     assert len(complete) == 4 * blocks  # two linears per block, forward and backward
     assert len(inductor_calls) == compiled.inductor_compiles == DISTINCT_REGIONS_PER_STACK
@@ -72,7 +72,7 @@ def test_regions_of_other_shapes_are_not_shared(inductor_calls):
     convert_to_float8_training(model)
     x = torch.randn(TOKENS, 32, requires_grad=True)
     gm = fp8conf.trace_joint(model, (x,))
-    compiled = fp8conf.compile_joint(gm, mode="regional")
+    compiled = fp8conf.compile_joint(gm, mode="regional", remainder="eager")
     assert len(inductor_calls) == compiled.inductor_compiles == len([r for r in compiled.regions if r.complete]) == 4
 
 
@@ -92,7 +92,7 @@ def test_partitioned_regional_compiles_exactly_the_tagged_regions():
     model, x, gm = _traced(2)
     probe = flat_graph_module(gm)
     tagged = {n.name for r in fp8conf.tag_fp8_regions(probe) if r.complete for n in r.nodes}
-    compiled = fp8conf.compile_joint(gm, mode="regional")
+    compiled = fp8conf.compile_joint(gm, mode="regional", remainder="eager")
     assert set(compiled.compiled_nodes) == tagged
     assert compiled.compiled_nodes | compiled.eager_nodes == {n.name for n in gm.graph.nodes if n.op == "call_function"}
     _assert_matches_eager(gm, model, x, compiled.fn, seed=0)
@@ -102,8 +102,8 @@ def test_partitioned_regional_equals_the_unpartitioned_one():
     model, x, gm = _traced(2)
     torch.manual_seed(3)
     args, grad = (torch.randn_like(x).requires_grad_(),), (torch.randn(TOKENS, DIM),)
-    one = fp8conf.run_joint(gm, model, args, grad, fn=fp8conf.compile_joint(gm, mode="regional", partition=False).fn)
-    two = fp8conf.run_joint(gm, model, args, grad, fn=fp8conf.compile_joint(gm, mode="regional").fn)
+    one = fp8conf.run_joint(gm, model, args, grad, fn=fp8conf.compile_joint(gm, mode="regional", partition=False, remainder="eager").fn)
+    two = fp8conf.run_joint(gm, model, args, grad, fn=fp8conf.compile_joint(gm, mode="regional", remainder="eager").fn)
     # Same compiled regions, same eager remainder, only cut in two: the same arithmetic.
     assert torch.equal(one[0][0], two[0][0])
     assert all(torch.equal(one[1][k], two[1][k]) for k in one[1])

@@ -85,7 +85,9 @@ class ReferenceBackend(Backend):
         return lambda args, grad_outputs: compiled.run(model, args, grad_outputs)
 
     def compile(self, gm, *, mode, cudagraph=False):
-        compiled = fp8conf.compile_joint(gm, mode=mode, strict=True, cudagraph=cudagraph)
+        # The contract's regional mode compiles exactly the tagged regions (NUM-003): the rest of
+        # the graph stays eager, not cut into compiled pieces of its own.
+        compiled = fp8conf.compile_joint(gm, mode=mode, strict=True, cudagraph=cudagraph, remainder="eager")
         return Compiled(compiled, compiled.compiled_nodes, compiled.eager_nodes)
 
     def convert_mx(self, model, *, module_filter_fn, recipe):

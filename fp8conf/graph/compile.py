@@ -7,8 +7,10 @@ what its unpartitioned ``full`` mode made. Both modes work on a flat copy of the
 into forward and backward by the min-cut partitioner, as ``torch.compile`` does
 (:mod:`fp8conf.graph.partition`). ``full`` then compiles each graph with
 ``torch._inductor.standalone_compile``; ``regional`` tags the complete FP8 regions of each
-(:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct region once, leaving
-everything else eager (:mod:`fp8conf.graph.region_compile`). On CUDA, ``cudagraph=True`` captures
+(:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct region once
+(:mod:`fp8conf.graph.region_compile`), then, with ``remainder="inductor"`` (the default), the
+pieces of the rest between them (:mod:`fp8conf.graph.remainder`) the same way; with
+``remainder="eager"`` everything outside the regions runs eagerly. On CUDA, ``cudagraph=True`` captures
 the compiled callable in a CUDA graph and replays it, parameters and buffers being static inputs.
 
 The result is a :class:`CompiledJoint` called like the graph it was made from (a joint graph:
@@ -29,13 +31,17 @@ import torch.utils._pytree as pytree
 
 from fp8conf import errors
 from fp8conf.graph.partition import partition_joint, run_partitioned
-from fp8conf.graph.region_compile import compile_regions
+from fp8conf.graph.provenance import get_provenance
+from fp8conf.graph.region_compile import compile_pieces, compile_regions
 from fp8conf.graph.regions import Region, tag_fp8_regions
+from fp8conf.graph.remainder import remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature
 
-__all__ = ["MODES", "CompiledJoint", "compile_joint"]
+__all__ = ["MODES", "REMAINDERS", "CompiledJoint", "compile_joint"]
 
 MODES = ("full", "regional")
+#: What ``regional`` does with the nodes outside the FP8 regions.
+REMAINDERS = ("inductor", "eager")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +58,8 @@ class CompiledJoint:
             its regions' compiled code; a ``(forward, backward)`` pair when the joint graph was
             partitioned first; ``None`` when nothing was compiled.
         inductor_compiles: how many graphs Inductor compiled: 1 or 2 (forward, backward) for
-            ``full``; for ``regional``, one per structurally distinct region, however often it recurs.
+            ``full``; for ``regional``, one per structurally distinct region or remainder piece,
+            however often it recurs.
     """
 
     fn: Callable
@@ -68,7 +75,7 @@ class CompiledJoint:
 
 
 def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: bool = True, cudagraph: bool = False,
-                  example_inputs=None, partition: bool = True) -> CompiledJoint:
+                  example_inputs=None, partition: bool = True, remainder: str = "inductor") -> CompiledJoint:
     """Compile ``gm``, a joint graph made by :func:`fp8conf.trace_joint` or a graph cut from one
     (a GraphPP callable); ``gm`` itself is not changed.
 
@@ -79,9 +86,19 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     With ``partition`` (the default), a joint graph is first cut into forward and backward by the
     min-cut partitioner, as ``torch.compile`` does (:mod:`fp8conf.graph.partition`); graphs
     without tangents are compiled whole either way.
+
+    ``remainder`` (``regional`` only) is what becomes of the nodes outside the FP8 regions:
+    ``"inductor"`` (the default, the fast one) compiles them too, cut into pieces between the
+    regions, each structurally distinct piece once, so that Inductor fuses the norms,
+    activations and residual adds as ``torch.compile`` does; ``"eager"`` runs them eagerly, so
+    that exactly the tagged regions are compiled. Ops Inductor would change or cannot take alone
+    (random, in-place, non-tensor values, FP8 values outside a region) stay eager either way and
+    are named in ``eager_nodes``.
     """
     if mode not in MODES:
         raise errors.FP8ConfigError(f"compile_joint(mode={mode!r}): choose one of {MODES}")
+    if remainder not in REMAINDERS:
+        raise errors.FP8ConfigError(f"compile_joint(remainder={remainder!r}): choose one of {REMAINDERS}")
     if cudagraph and not torch.cuda.is_available():
         raise errors.FP8ConfigError("compile_joint(cudagraph=True) needs a CUDA device; this torch sees none")
     names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
@@ -93,9 +110,9 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     if mode == "full":
         compiled = _full(flat, parts, names, example_inputs)
     elif parts is None:
-        compiled = _regional(gm, [flat], names, strict)
+        compiled = _regional(gm, [flat], names, strict, remainder)
     else:
-        compiled = _regional(gm, [parts.forward, parts.backward], names, strict)
+        compiled = _regional(gm, [parts.forward, parts.backward], names, strict, remainder)
         forward_fn, backward_fn = compiled.fn
         compiled = dataclasses.replace(compiled, fn=run_partitioned(parts, forward_fn, backward_fn))
     fn = compiled.fn
@@ -156,17 +173,24 @@ def _with_convention(gm, flat_fn) -> Callable:
     return run
 
 
-def _regional(gm, graphs, names, strict) -> CompiledJoint:
+def _regional(gm, graphs, names, strict, remainder) -> CompiledJoint:
     """Tag the complete FP8 regions of each of ``graphs`` (the flat joint graph, or its forward
-    and backward) and compile them, each structurally distinct region once; ``fn`` is one flat
-    callable, or a list of them when several graphs are given."""
+    and backward) and compile them, each structurally distinct region once, then the pieces of
+    the remainder (``remainder="inductor"``); ``fn`` is one flat callable, or a list of them
+    when several graphs are given."""
     regions, fns, compiled_names, cache = [], [], set(), {}
     for graph in graphs:
         found = tag_fp8_regions(graph, strict=strict)
         regions += found
         fn, fused = compile_regions(graph, [r for r in found if r.complete], cache, error=_region_error)
-        fns.append(fn)
         compiled_names |= fused
+        if remainder == "inductor":
+            # Regions are single calls by now, so no piece can reach into one; those left
+            # uncompiled (incomplete, strict=False) stay eager whole.
+            uncompiled = {n.name for r in found if not r.complete for n in r.nodes}
+            fn, fused = compile_pieces(graph, remainder_pieces(graph, keep_eager=uncompiled), cache, error=_piece_error)
+            compiled_names |= fused
+        fns.append(fn)
     tagged = {n.name for r in regions if r.complete for n in r.nodes}
     left_eager = tagged - compiled_names
     if left_eager and strict:
@@ -190,6 +214,18 @@ def _region_error(region: Region, exc: Exception) -> errors.RegionCompileError:
         f"({region.pass_name} pass): {type(exc).__name__}: {exc}",
         module_fqn=region.module_fqn,
         pass_name=region.pass_name,
+    )
+
+
+def _piece_error(piece, exc: Exception) -> errors.RegionCompileError:
+    provenance = next((p for p in map(get_provenance, piece) if p is not None), None)
+    module_fqn = getattr(provenance, "module_fqn", None)
+    return errors.RegionCompileError(
+        f"Inductor rejected the piece of the eager remainder of {len(piece)} nodes from '{piece[0].name}' to "
+        f"'{piece[-1].name}'{f' (module {module_fqn!r})' if module_fqn else ''}: {type(exc).__name__}: {exc}. "
+        "compile_joint(..., remainder='eager') leaves everything outside the FP8 regions eager",
+        module_fqn=module_fqn,
+        node_name=piece[0].name,
     )
 
 

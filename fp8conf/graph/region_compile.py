@@ -9,7 +9,9 @@ FQNs. Regions with equal keys compute the same function of their inputs, so the 
 compiled with ``torch._inductor.standalone_compile`` and the others call the same compiled code.
 
 Only complete regions reach this module (:mod:`fp8conf.graph.regions` checks that they are
-convex, so each is one piece that can be cut out alone).
+convex, so each is one piece that can be cut out alone). The pieces of the eager remainder
+(:mod:`fp8conf.graph.remainder`) are cut out, keyed and compiled the same way, after the regions
+and sharing their cache.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import torch.utils._pytree as pytree
 
 from fp8conf.graph.regions import Region
 
-__all__ = ["REGION_SUBMODULE_PREFIX", "structural_key", "compile_regions"]
+__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "structural_key", "compile_regions", "compile_pieces"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"
+#: Prefix of the submodules pieces of the eager remainder are cut into.
+PIECE_SUBMODULE_PREFIX = "fp8conf_piece_"
 
 
 def structural_key(gm: torch.fx.GraphModule) -> tuple:
@@ -67,24 +71,43 @@ def compile_regions(gm: torch.fx.GraphModule, regions: list[Region], cache: dict
     Inductor rejects a region."""
     if not regions:
         return _flat_callable(gm), set()
+    fused_names = {n.name for r in regions for n in r.nodes}
+    _fuse_and_compile(gm, [r.nodes for r in regions], REGION_SUBMODULE_PREFIX, cache, lambda i, exc: error(regions[i], exc))
+    return _flat_callable(gm), fused_names
+
+
+def compile_pieces(gm: torch.fx.GraphModule, pieces: list[list[torch.fx.Node]], cache: dict,
+                   error: Callable[[list[torch.fx.Node], Exception], Exception]) -> tuple[Callable, set[str]]:
+    """As :func:`compile_regions`, for pieces of the eager remainder
+    (:func:`fp8conf.graph.remainder.remainder_pieces` of ``gm`` after its regions were compiled);
+    ``error(piece, exc)`` builds the exception raised when Inductor rejects a piece."""
+    if not pieces:
+        return _flat_callable(gm), set()
+    fused_names = {n.name for piece in pieces for n in piece}
+    _fuse_and_compile(gm, pieces, PIECE_SUBMODULE_PREFIX, cache, lambda i, exc: error(pieces[i], exc))
+    return _flat_callable(gm), fused_names
+
+
+def _fuse_and_compile(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception], Exception]) -> None:
+    """Cut each group of nodes (convex, disjoint) out of ``gm`` into one submodule and replace it
+    by a call of its compiled code, compiling each structurally distinct submodule once.
+    ``error(index, exc)`` builds the exception raised when Inductor rejects ``groups[index]``."""
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    partitions = [dict.fromkeys(sorted(r.nodes, key=order.__getitem__)) for r in regions]
-    fused_names = {n.name for r in regions for n in r.nodes}
-    fuse_by_partitions(gm, partitions, prefix=REGION_SUBMODULE_PREFIX, always_return_tuple=True)
+    partitions = [dict.fromkeys(sorted(group, key=order.__getitem__)) for group in groups]
+    fuse_by_partitions(gm, partitions, prefix=prefix, always_return_tuple=True)
     with _tracing(gm):
         for node in list(gm.graph.find_nodes(op="call_module")):
-            if not node.target.startswith(REGION_SUBMODULE_PREFIX):
+            if not node.target.startswith(prefix):
                 continue
-            region = regions[int(node.target[len(REGION_SUBMODULE_PREFIX):])]
             submodule = getattr(gm, node.target)
             key = structural_key(submodule)
             if key not in cache:
                 try:
                     cache[key] = _compile_region(submodule, [i.meta["val"] for i in node.all_input_nodes])
                 except Exception as exc:
-                    raise error(region, exc) from exc
+                    raise error(int(node.target[len(prefix):]), exc) from exc
             with gm.graph.inserting_after(node):
                 call = gm.graph.call_function(_region_call(cache[key]), args=node.args, kwargs=node.kwargs)
             call.meta = node.meta
@@ -92,7 +115,6 @@ def compile_regions(gm: torch.fx.GraphModule, regions: list[Region], cache: dict
             gm.graph.erase_node(node)
             delattr(gm, node.target)
     gm.recompile()
-    return _flat_callable(gm), fused_names
 
 
 def _compile_region(submodule, fake_inputs) -> Callable:

@@ -1,0 +1,151 @@
+"""Regional compilation of the eager remainder (compile_joint's ``remainder="inductor"``): the
+nodes between the FP8 regions are cut into pieces and compiled, each structurally distinct
+piece once, and the result matches the eager joint graph; ``remainder="eager"`` compiles exactly
+the tagged regions, as before. On CPU, on the block stack (LayerNorm, GELU, residual add)."""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import pytest
+import torch
+
+import fp8conf
+from fp8conf.graph.partition import partition_joint
+from fp8conf.graph.region_compile import compile_regions
+from fp8conf.graph.regions import tag_fp8_regions
+from fp8conf.graph.remainder import remainder_pieces
+from fp8conf.graph.roles import is_fp8_dtype
+from fp8conf.graph.trace import flat_graph_module
+from fp8conf.tools.example_models import build_stack
+
+DIM, TOKENS = 32, 16
+# Per stack, four structurally distinct regions (up and down projection, forward and backward).
+DISTINCT_REGIONS_PER_STACK = 4
+
+
+def _traced(blocks, seed=0):
+    model = build_stack(DIM, blocks, seed=seed)
+    x = torch.randn(TOKENS, DIM, requires_grad=True)
+    return model, x, fp8conf.trace_joint(model, (x,))
+
+
+@pytest.fixture
+def inductor_calls(monkeypatch):
+    """The graphs given to the real ``standalone_compile`` (each one an Inductor compilation)."""
+    calls = []
+    real = torch._inductor.standalone_compile
+
+    @functools.wraps(real)  # keeps its signature, which compile_joint inspects
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", counting)
+    return calls
+
+
+def _tagged(gm) -> set[str]:
+    return {n.name for r in fp8conf.tag_fp8_regions(flat_graph_module(gm)) if r.complete for n in r.nodes}
+
+
+def _call_functions(gm) -> dict[str, torch.fx.Node]:
+    return {n.name: n for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def _assert_matches_eager(gm, model, x, fn, *, seed):
+    torch.manual_seed(seed)
+    args, grad = (torch.randn_like(x).requires_grad_(),), (torch.randn(TOKENS, DIM),)
+    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, grad)
+    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, grad, fn=fn)
+    torch.testing.assert_close(out_c, out_e, rtol=1e-3, atol=1e-5)
+    assert grads_c.keys() == grads_e.keys()
+    for name in grads_e:
+        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=lambda m: f"grad of {name}: {m}")
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """A two-block stack, its joint graph and that graph compiled regionally with its remainder."""
+    model, x, gm = _traced(2)
+    return model, x, gm, fp8conf.compile_joint(gm, mode="regional")
+
+
+def test_the_remainder_between_the_regions_is_compiled(stack):
+    _, _, gm, compiled = stack
+    nodes, tagged = _call_functions(gm), _tagged(gm)
+    assert tagged < set(compiled.compiled_nodes), "every tagged region is compiled, and more"
+    assert compiled.compiled_nodes | compiled.eager_nodes == set(nodes) and not compiled.compiled_nodes & compiled.eager_nodes
+    # The norms' backward and the residual adds now run compiled.
+    for op in ("native_layer_norm_backward", "add"):
+        found = [name for name, n in nodes.items() if str(n.target).startswith(f"aten.{op}.")]
+        assert found and set(found) <= compiled.compiled_nodes, f"{op}: {sorted(set(found) - compiled.compiled_nodes)} left eager"
+    # What stays eager and computes stands alone between compiled calls (a forward GELU between
+    # two regions): no eager op feeds another, which a fused kernel would have saved.
+    computing = {n for name, n in nodes.items() if name in compiled.eager_nodes and _computes(n)}
+    for node in computing:
+        assert not computing & {*node.all_input_nodes, *node.users}, f"{node.name} is left eager next to another eager op"
+
+
+def _computes(node) -> bool:
+    returns = getattr(node.target, "_schema", None) and node.target._schema.returns
+    return bool(returns) and not (len(returns) == 1 and returns[0].alias_info is not None)
+
+
+def test_the_compiled_remainder_matches_eager_over_two_steps(stack):
+    model, x, gm, compiled = stack
+    for step in range(2):  # a shared compiled piece must not keep one call site's values
+        _assert_matches_eager(gm, model, x, compiled.fn, seed=step)
+
+
+def test_each_distinct_piece_compiles_once_whatever_the_depth(inductor_calls):
+    counts = {}
+    for blocks in (2, 3):
+        inductor_calls.clear()
+        _, _, gm = _traced(blocks)
+        compiled = fp8conf.compile_joint(gm, mode="regional")
+        assert len(inductor_calls) == compiled.inductor_compiles
+        counts[blocks] = compiled.inductor_compiles
+    assert counts[2] == counts[3] > DISTINCT_REGIONS_PER_STACK, counts
+
+
+def test_an_eager_remainder_compiles_exactly_the_tagged_regions(inductor_calls):
+    model, x, gm = _traced(2)
+    compiled = fp8conf.compile_joint(gm, mode="regional", remainder="eager")
+    assert set(compiled.compiled_nodes) == _tagged(gm)
+    assert len(inductor_calls) == compiled.inductor_compiles == DISTINCT_REGIONS_PER_STACK
+    _assert_matches_eager(gm, model, x, compiled.fn, seed=0)
+
+
+def test_unknown_remainders_are_refused():
+    _, _, gm = _traced(1)
+    with pytest.raises(fp8conf.FP8ConfigError, match="remainder='fused'"):
+        fp8conf.compile_joint(gm, mode="regional", remainder="fused")
+
+
+def test_pieces_hold_no_fp8_value_and_no_region_output_tuple():
+    _, _, gm = _traced(2)
+    parts = partition_joint(flat_graph_module(gm))
+    for graph in (parts.forward, parts.backward):
+        found = tag_fp8_regions(graph)
+        compile_regions(graph, [r for r in found if r.complete], {}, error=lambda region, exc: exc)
+        pieces = remainder_pieces(graph)
+        assert pieces
+        for piece in pieces:
+            for node in piece:
+                values = node.meta["val"] if isinstance(node.meta["val"], tuple) else (node.meta["val"],)
+                assert not any(is_fp8_dtype(v.dtype) for v in values), node.name
+                if node.target is operator.getitem:
+                    assert node.args[0] in piece, f"{node.name} picks from a tuple made outside its piece"
+                else:
+                    assert all(isinstance(i.meta.get("val"), torch.Tensor) for i in node.all_input_nodes), node.name
+
+
+def test_nodes_kept_eager_stay_out_of_every_piece():
+    _, _, gm = _traced(2)
+    flat = flat_graph_module(gm)
+    everything = {n for piece in remainder_pieces(flat) for n in piece}
+    kept = {n.name for n in everything if n.target == torch.ops.aten.gelu.default}
+    assert kept
+    assert not kept & {n.name for piece in remainder_pieces(flat, keep_eager=kept) for n in piece}
