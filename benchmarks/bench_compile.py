@@ -6,7 +6,10 @@ q/k/v/o, SwiGLU feed-forward with FP8 projections, bf16 head) at the Llama-3 deb
 256, 6 layers, 16 heads, vocab 2048) and a matmul-bound one (dim 2048, 4 layers); and the block
 stack of ``fp8conf.tools.example_models`` (``--model stack``). Variants: eager bf16, eager
 Float8Linear, ``torch.compile``, fp8conf full, fp8conf regional, the last three also with CUDA
-graphs (``torch.compile(mode="reduce-overhead")`` for torch's).
+graphs (``torch.compile(mode="reduce-overhead")`` for torch's). fp8conf regional compiles the
+remainder between its FP8 regions too (``compile_joint``'s default ``remainder="inductor"``);
+``--variants`` can add "fp8conf regional, eager remainder" (``remainder="eager"``, the FP8 regions
+only), measured after the others and so sharing their Inductor cache.
 
 Every variant of a configuration is built first (its first step timed, with one empty Inductor
 cache per configuration, shared by its variants in the order above); then ``--repeats`` rounds
@@ -51,6 +54,8 @@ VARIANTS = (
     "eager bf16", "eager Float8Linear", "torch.compile", "torch.compile + CUDA graphs",
     "fp8conf full", "fp8conf full + CUDA graphs", "fp8conf regional", "fp8conf regional + CUDA graphs",
 )
+#: Measured only when --variants names them.
+EXTRA_VARIANTS = ("fp8conf regional, eager remainder", "fp8conf regional + CUDA graphs, eager remainder")
 DEPTH_VARIANTS = ("fp8conf regional", "torch.compile", "fp8conf full")
 
 
@@ -115,7 +120,8 @@ def make_variant(label, work: Workload):
         return eager_step(torch.compile(model, mode=mode), work.x, work.grad), model, {}
     mode = "full" if "full" in label else "regional"
     gm = fp8conf.trace_joint(model, (work.x,))
-    compiled = fp8conf.compile_joint(gm, mode=mode, cudagraph="CUDA graphs" in label)
+    remainder = "eager" if "eager remainder" in label else "inductor"
+    compiled = fp8conf.compile_joint(gm, mode=mode, cudagraph="CUDA graphs" in label, remainder=remainder)
     info = {"inductor_compiles": compiled.inductor_compiles, "regions": sum(r.complete for r in compiled.regions)}
     return joint_step(gm, model, work.x, work.grad, compiled), model, info
 
@@ -165,7 +171,7 @@ def gpu_profile(step, steps=3):
 
 
 def _labels(args):
-    labels = [v for v in VARIANTS if not args.variants or v in args.variants]
+    labels = [v for v in VARIANTS + EXTRA_VARIANTS if (v in args.variants if args.variants else v in VARIANTS)]
     return [v for v in labels if "CUDA graphs" not in v or args.device == "cuda"]
 
 

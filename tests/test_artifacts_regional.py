@@ -86,6 +86,21 @@ def test_a_regional_artifact_loads_in_process_bitwise(saved):
     assert sorted(split.regions) == ["backward_input", "backward_weight", "forward"]
 
 
+def _compiled_calls(graph) -> int:
+    """Calls of compiled code in a regionally compiled flat graph: regions and remainder pieces."""
+    return sum(1 for n in graph.graph.nodes if n.op == "call_function" and hasattr(n.target, "__wrapped__"))
+
+
+def test_the_remainders_compiled_pieces_are_saved_and_loaded_with_the_regions(saved):
+    directory, model, args, *_ = saved
+    joint = saved[4]
+    # Two compiled regions; the rest of the step is compiled in pieces of its own.
+    calls = _compiled_calls(joint.artifact)
+    assert calls > len(joint.regions) == 2
+    loaded = fp8conf.load_for_model(directory / "joint.fp8", build_model(SPEC_R)[0], args)
+    assert _compiled_calls(loaded._fn) == calls
+
+
 def test_round_trip_in_a_fresh_process_is_bitwise_and_compiles_nothing(saved, tmp_path):
     """A new interpreter with an empty Inductor cache, in which every way of compiling a graph
     raises, loads both artifacts and reproduces what the compiled graphs computed, bit for bit."""

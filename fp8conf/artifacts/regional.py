@@ -3,8 +3,8 @@
 Regional compilation (:func:`fp8conf.compile_joint`, ``mode="regional"``) is the mode whose
 point is a short cold start, so its result can be saved too. What it returns (unpartitioned)
 is a flat graph in which every compiled FP8 region is one call of an
-``AOTCompiledArtifact`` (Inductor's generated code for that region) and everything else is the
-eager remainder; ``torch.fx._graph_pickler.GraphPickler`` serializes exactly that graph, with
+``AOTCompiledArtifact`` (Inductor's generated code for that region), and so is every compiled
+piece of the remainder between them (``remainder="inductor"``), the rest running eagerly; ``torch.fx._graph_pickler.GraphPickler`` serializes exactly that graph, with
 each region's compiled code. An artifact of mechanism ``regional`` holds one such graph per
 part (``joint``, or ``forward`` / ``backward_input`` / ``backward_weight`` for a split) and
 records, per part, the identity of each compiled region (id, module, pass, nodes). Loading
