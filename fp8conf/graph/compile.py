@@ -10,8 +10,9 @@ into forward and backward by the min-cut partitioner, as ``torch.compile`` does
 (:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct region once
 (:mod:`fp8conf.graph.region_compile`), then, with ``remainder="inductor"`` (the default), the
 pieces of the rest between them (:mod:`fp8conf.graph.remainder`) the same way; with
-``remainder="eager"`` everything outside the regions runs eagerly. On CUDA, ``cudagraph=True`` captures
-the compiled callable in a CUDA graph and replays it, parameters and buffers being static inputs.
+``remainder="eager"`` everything outside the regions runs eagerly. On CUDA, ``cudagraph=True``
+captures the compiled callable in a CUDA graph and replays it, parameters and buffers being
+static inputs.
 
 The result is a :class:`CompiledJoint` called like the graph it was made from (a joint graph:
 ``fn(primals, tangents)``, so :func:`fp8conf.run_joint` runs it too; a GraphPP callable:

@@ -342,8 +342,9 @@ def main(argv=None) -> int:
                    backend=args.backend, dim=args.dim, blocks=args.blocks, tokens=args.tokens, recipe=args.recipe, compile=args.compile)
     print(check.summary())
     # Eager stages must match bitwise; Inductor's kernels may round float32 differently from
-    # eager ones inside a compiled region (seen on CUDA: 2e-6).
-    numerics = check.bitwise_equal or (args.compile and args.backend == "nccl" and check.max_abs_diff <= 1e-4)
+    # eager ones, in a compiled region (seen on CUDA: 2e-6) or the compiled remainder between
+    # regions (on CPU: 2e-10).
+    numerics = check.bitwise_equal or (args.compile and check.max_abs_diff <= 1e-4)
     return 0 if numerics and check.casts_equal and check.each_part_once else 1
 
 
