@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["GROUPED_KIND", "MoESpec", "GroupedExperts", "build_moe_model", "ALIGNMENT"]
+__all__ = [
+    "GROUPED_KIND", "ALIGNMENT", "MoESpec", "ExpertsSpec", "GroupedExperts", "build_moe_model", "build_experts_model",
+    "experts_inputs",
+]
 
 #: The quantized module kind of FP8 grouped experts.
 GROUPED_KIND = "float8_grouped_experts"
@@ -60,8 +63,10 @@ class MoESpec:
 
     @property
     def padded_tokens(self) -> int:
-        """Rows of every experts call: the token copies plus the most padding routing can add."""
-        return self.tokens * self.top_k + ALIGNMENT * self.experts
+        """Rows of every experts call: the token copies plus the most padding routing can add, a
+        multiple of 16 (the weight-gradient GEMM contracts over the rows)."""
+        copies = self.tokens * self.top_k
+        return -(-copies // ALIGNMENT) * ALIGNMENT + ALIGNMENT * self.experts
 
     def quantized_modules(self) -> dict[str, tuple[str, str, bool]]:
         """FQN -> (kind, recipe, emulate) of every experts module: the ground truth."""
@@ -97,6 +102,52 @@ class MoESpec:
             "from conformance.moe import *\n"
             f"from {module} import {qualname}\n"
             f"model, args = build_moe_model({self!r}, convert={qualname}().convert_grouped_experts)\n"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertsSpec:
+    """One experts module on tokens already grouped: ``groups`` are the token counts per expert
+    (multiples of 16, zeros for empty groups), the offsets a model input. The last ``padding``
+    rows of every non-empty group are zeros, as routing's padding makes them."""
+
+    groups: tuple[int, ...] = (16, 0, 32)
+    in_features: int = 16
+    out_features: int = 32
+    padding: int = 0
+    emulate: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        if any(g % ALIGNMENT or g < 0 for g in self.groups) or not any(self.groups):
+            raise ValueError(f"groups {self.groups} must be multiples of {ALIGNMENT}, not all empty")
+        if self.in_features % ALIGNMENT or self.out_features % ALIGNMENT:
+            raise ValueError(f"features must be multiples of {ALIGNMENT}")
+        if not 0 <= self.padding <= min(g for g in self.groups if g):
+            raise ValueError(f"padding {self.padding} exceeds a group")
+
+    @property
+    def experts(self) -> int:
+        return len(self.groups)
+
+    def quantized_modules(self) -> dict[str, tuple[str, str, bool]]:
+        return {"experts": (GROUPED_KIND, "rowwise", self.emulate)}
+
+    def group_rows(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of every group's rows."""
+        bounds, start = [], 0
+        for size in self.groups:
+            bounds.append((start, start + size))
+            start += size
+        return bounds
+
+    def to_python(self, backend: str | None = None) -> str:
+        module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
+        return (
+            "import torch\n"
+            "from conformance.moe import *\n"
+            f"from {module} import {qualname}\n"
+            f"model, args = build_experts_model({self!r}, convert={qualname}().convert_grouped_experts)\n"
         )
 
 
@@ -154,7 +205,15 @@ def _classes():
                 x = x + layer(x)
             return x
 
-    _CACHE.update(GroupedExperts=GroupedExperts, MoELayer=MoELayer, DrawnMoE=DrawnMoE)
+    class ExpertsOnly(nn.Module):
+        def __init__(self, spec: ExpertsSpec):
+            super().__init__()
+            self.experts = GroupedExperts(spec.experts, spec.in_features, spec.out_features)
+
+        def forward(self, x, offs):
+            return self.experts(x, offs)
+
+    _CACHE.update(GroupedExperts=GroupedExperts, MoELayer=MoELayer, DrawnMoE=DrawnMoE, ExpertsOnly=ExpertsOnly)
     return _CACHE
 
 
@@ -182,7 +241,7 @@ def _route(expert_of_copy, spec: MoESpec):
 
 def __getattr__(name):
     # Lazily defined so that importing conformance.moe does not import torch.
-    if name in ("GroupedExperts", "MoELayer", "DrawnMoE"):
+    if name in ("GroupedExperts", "MoELayer", "DrawnMoE", "ExpertsOnly"):
         return _classes()[name]
     raise AttributeError(name)
 
@@ -200,3 +259,31 @@ def build_moe_model(spec: MoESpec, device: str = "cpu", *, convert):
     model.to(device)
     x = torch.randn(spec.tokens, spec.dim, device=device, requires_grad=spec.input_requires_grad)
     return model, (x,)
+
+
+def experts_inputs(spec: ExpertsSpec, seed: int, device: str = "cpu", *, scale_group: int | None = None, factor: float = 1.0):
+    """``(x, offs)`` for ``spec``'s model drawn from ``seed``; with ``scale_group``, that group's
+    rows are multiplied by ``factor`` (every other row is unchanged)."""
+    import torch
+
+    generator = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(sum(spec.groups), spec.in_features, device=device, generator=generator)
+    for group, (start, end) in enumerate(spec.group_rows()):
+        if end > start and spec.padding:
+            x[end - spec.padding:end] = 0
+        if group == scale_group:
+            x[start:end] *= factor
+    offs = torch.tensor([end for _, end in spec.group_rows()], dtype=torch.int32, device=device)
+    return x.requires_grad_(True), offs
+
+
+def build_experts_model(spec: ExpertsSpec, device: str = "cpu", *, convert):
+    """Build ``spec``'s one-experts model, converted by ``convert`` (as :func:`build_moe_model`);
+    return ``(model, (x, offs))``."""
+    import torch
+
+    torch.manual_seed(spec.seed)
+    model = _classes()["ExpertsOnly"](spec)
+    convert(model, module_filter_fn=lambda m, fqn: fqn == "experts", recipe="rowwise", emulate=spec.emulate)
+    model.to(device)
+    return model, experts_inputs(spec, spec.seed, device)
