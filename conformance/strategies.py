@@ -343,6 +343,7 @@ def model_specs(*, where: Callable[[ModelSpec], bool] | None = None, **constrain
 # --- mixture-of-experts models (capability ``moe``) ------------------------------------------
 
 
+@functools.cache
 def grouped_fp8_runs(device: str = "cpu") -> bool:
     """Whether this torch executes FP8 grouped GEMMs (``torch._scaled_grouped_mm``) on ``device``:
     CPU builds trace them with fake tensors but have no kernel; sm90 GPUs run them."""

@@ -245,19 +245,21 @@ def _run(property_id, backend, case, args, seed: int):
     return call_backend(property_id, backend, "run_joint", case.gm, case.model, args, (grad_out,))
 
 
-def _runnable_experts(**kwargs):
-    # Real FP8 experts where the device executes FP8 grouped GEMMs, emulated ones elsewhere.
-    return experts_specs(emulate=not grouped_fp8_runs(device()), **kwargs)
+def _runnable(spec):
+    """``spec`` with real FP8 experts where the run's device executes FP8 grouped GEMMs, emulated
+    ones elsewhere (decided when the test runs: the device is known only then)."""
+    return dataclasses.replace(spec, emulate=not grouped_fp8_runs(device()))
 
 
 @pytest.mark.fp8_property("MOE-006")
 @_budget
-@given(spec=_runnable_experts())
+@given(spec=experts_specs())
 def test_MOE_006_per_group_scales_are_never_shared_across_groups(fp8_backend, spec):
     """Cheapest defect: the grad_weight GEMM's operands quantized with one scale per column over
     all tokens (the dense rowwise recipe's choice), not per token group, so one group's outliers
     coarsen every other expert's gradient. Scaling one group's tokens by 2**12 must leave every
     other expert's weight gradient, and the other groups' outputs and input gradients, bitwise."""
+    spec = _runnable(spec)
     case = _traced("MOE-006", fp8_backend, spec)
     where = device()
     group = next(g for g, size in enumerate(spec.groups) if size)
@@ -278,7 +280,7 @@ def test_MOE_006_per_group_scales_are_never_shared_across_groups(fp8_backend, sp
 
 @pytest.mark.fp8_property("MOE-007")
 @_budget
-@given(spec=_runnable_experts(padding=True))
+@given(spec=experts_specs(padding=True))
 def test_MOE_007_empty_groups_and_padding_rows_issue_no_nan(fp8_backend, spec):
     """Cheapest defect: amax without a floor, so an all-zero padding row (or an empty group's
     amax of 0) gives an infinite scale and ``0 * inf = NaN``. With empty groups and zero rows
@@ -286,6 +288,7 @@ def test_MOE_007_empty_groups_and_padding_rows_issue_no_nan(fp8_backend, spec):
     weight gradient exactly zero."""
     import torch
 
+    spec = _runnable(spec)
     case = _traced("MOE-007", fp8_backend, spec)
     outputs, grads = _run("MOE-007", fp8_backend, case, experts_inputs(spec, 3, device()), seed=4)
     for name, value in [("output", outputs[0])] + sorted(grads.items()):
