@@ -161,15 +161,17 @@ def _classes():
     from torch import nn
 
     class GroupedExperts(nn.Module):
-        """High-precision experts: ``weight`` (E, out, in); ``forward(x, offs)`` multiplies each
-        token group of ``x`` by its expert's ``weight[e].T``."""
+        """High-precision (bfloat16) experts: ``weight`` (E, out, in); ``forward(x, offs)``
+        multiplies each token group of ``x`` by its expert's ``weight[e].T``."""
 
         def __init__(self, experts: int, in_features: int, out_features: int):
             super().__init__()
             self.weight = nn.Parameter(torch.randn(experts, out_features, in_features) / in_features**0.5)
 
         def forward(self, x, offs):
-            return torch._grouped_mm(x, self.weight.transpose(-2, -1), offs=offs)
+            # bfloat16: the dtype torch's grouped GEMM takes on every device (and under fake tensors).
+            weight = self.weight.to(torch.bfloat16).transpose(-2, -1)
+            return torch._grouped_mm(x.to(torch.bfloat16), weight, offs=offs).to(x.dtype)
 
     class MoELayer(nn.Module):
         def __init__(self, spec: MoESpec):

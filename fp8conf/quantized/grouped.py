@@ -59,10 +59,16 @@ _E4M3_MAX = torch.finfo(_E4M3).max
 _AMAX_EPS = 1e-12
 
 
+_F32_EXPONENT_MASK = 0x7F800000
+
+
 def _power_of_two_scale(amax: torch.Tensor) -> torch.Tensor:
     # Power-of-two scales make quantize/dequantize exact exponent shifts (torchao's MoE recipe).
+    # Rounding down by clearing the mantissa bits, not through log2/exp2, gives the same scale in
+    # eager and in every compiled kernel: a log2 approximation one ulp off at a power of two would
+    # halve a scale only in the compiled graph.
     scale = _E4M3_MAX / amax.to(torch.float32).clamp(min=_AMAX_EPS)
-    return torch.exp2(torch.floor(torch.log2(scale)))
+    return (scale.view(torch.int32) & _F32_EXPONENT_MASK).view(torch.float32)
 
 
 def _cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -127,10 +133,15 @@ class _Float8GroupedMM(torch.autograd.Function):
         x_data, x_scale = to_float8_rowwise(x, dim=-1)
         w_data, w_scale = to_float8_rowwise(weight, dim=-1)
         if emulate:
-            return torch._grouped_mm(_dequant(x_data, x_scale), _dequant(w_data, w_scale).transpose(-2, -1), offs=offs)
-        # (E, N, K) contiguous, transposed: the column-major (E, K, N) right operand.
-        return _scaled_grouped(x_data, w_data.transpose(-2, -1), x_scale.reciprocal().squeeze(-1),
-                               w_scale.reciprocal().squeeze(-1), offs)
+            out = torch._grouped_mm(_dequant(x_data, x_scale), _dequant(w_data, w_scale).transpose(-2, -1), offs=offs)
+        else:
+            # (E, N, K) contiguous, transposed: the column-major (E, K, N) right operand.
+            out = _scaled_grouped(x_data, w_data.transpose(-2, -1), x_scale.reciprocal().squeeze(-1),
+                                  w_scale.reciprocal().squeeze(-1), offs)
+        # In x's dtype from inside the Function, so the backward quantizes the gradient as it
+        # arrives: a bfloat16 round trip before the cast is one that compilers may fuse away
+        # (Inductor does not round fused intermediates), and the FP8 bytes would then differ.
+        return out.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -170,7 +181,7 @@ def _grad_weight(grad_out, x, offs, num_experts: int, emulate: bool) -> torch.Te
 def float8_grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, *, emulate: bool = False) -> torch.Tensor:
     """Differentiable ``x[g] @ weight[e_g].T`` per token group with rowwise FP8 (see the module
     docstring); the result has ``x``'s dtype."""
-    return _Float8GroupedMM.apply(x, weight, offs, emulate).to(x.dtype)
+    return _Float8GroupedMM.apply(x, weight, offs, emulate)
 
 
 def _dims_problem(weight: torch.Tensor) -> str | None:
