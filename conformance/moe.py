@@ -228,7 +228,9 @@ def _route(expert_of_copy, spec: MoESpec):
     import torch
 
     order = torch.argsort(expert_of_copy, stable=True)
-    counts = torch.nn.functional.one_hot(expert_of_copy, spec.experts).sum(0)
+    # A scatter, not one_hot or bincount: no host synchronisation, so CUDA graphs can capture it.
+    counts = torch.zeros(spec.experts, dtype=expert_of_copy.dtype, device=expert_of_copy.device)
+    counts = counts.scatter_add(0, expert_of_copy, torch.ones_like(expert_of_copy))
     padded = torch.div(counts + ALIGNMENT - 1, ALIGNMENT, rounding_mode="floor") * ALIGNMENT
     starts = torch.cumsum(counts, 0) - counts
     padded_starts = torch.cumsum(padded, 0) - padded
