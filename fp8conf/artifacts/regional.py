@@ -4,11 +4,15 @@ Regional compilation (:func:`fp8conf.compile_joint`, ``mode="regional"``) is the
 point is a short cold start, so its result can be saved too. What it returns (unpartitioned)
 is a flat graph in which every compiled FP8 region is one call of an
 ``AOTCompiledArtifact`` (Inductor's generated code for that region) and everything else is the
-eager remainder; ``torch.fx._graph_pickler.GraphPickler`` serializes exactly that graph, with
-each region's compiled code. An artifact of mechanism ``regional`` holds one such graph per
-part (``joint``, or ``forward`` / ``backward_input`` / ``backward_weight`` for a split) and
-records, per part, the identity of each compiled region (id, module, pass, nodes). Loading
-deserializes the graphs and compiles nothing (on CPU the C++ compiler still builds the bundled
+eager remainder. Structurally equal regions share one compiled object, so a deep model calls few
+compiled pieces from many call sites: the artifact stores each distinct piece once (keyed by the
+object, then by the sha256 of its serialized bytes), in a table after the graphs, and each call
+site of the pickled graph (``torch.fx._graph_pickler.GraphPickler``) calls a stand-in submodule
+naming its piece. Any call of an ``AOTCompiledArtifact`` counts as a piece, whatever the
+regional compile made it for. An artifact of mechanism ``regional`` holds one such graph per
+part (``joint``, or ``forward`` / ``backward_input`` / ``backward_weight`` for a split; the parts
+share the table) and records, per part, the identity of each compiled region (id, module, pass,
+nodes). Loading deserializes each piece once, puts it back at its call sites, and compiles nothing (on CPU the C++ compiler still builds the bundled
 kernel sources into a library when Inductor's cache does not already hold it, as for ``full``
 artifacts), then checks that no node of a recorded region runs eagerly.
 
@@ -64,8 +68,10 @@ class _PieceRef(torch.nn.Module):
 def _compiled_piece(target):
     """The ``AOTCompiledArtifact`` a call_function target runs (a compiled region, or any other
     compiled piece of a regional graph), or ``None``."""
-    from torch._inductor.standalone_compile import AOTCompiledArtifact
-
+    try:
+        from torch._inductor.standalone_compile import AOTCompiledArtifact
+    except ImportError:  # a torch without it has no such pieces to find
+        return None
     artifact = getattr(target, "__wrapped__", None)
     return artifact if isinstance(artifact, AOTCompiledArtifact) else None
 
@@ -101,6 +107,10 @@ def _with_piece_refs(graph, table: _PieceTable):
     from fp8conf.graph.trace import copy_graph_module
 
     packed = copy_graph_module(graph)
+    for target in dict.fromkeys(n.target for n in packed.graph.nodes if n.op == "call_module"):
+        inner = packed.get_submodule(target)
+        if isinstance(inner, torch.fx.GraphModule):  # a piece cut out as a submodule: packed alike, in a copy
+            packed.add_submodule(target, _with_piece_refs(inner, table))
     for node in [n for n in packed.graph.nodes if n.op == "call_function"]:
         artifact = _compiled_piece(node.target)
         if artifact is None:
@@ -182,7 +192,10 @@ def _piece_call(artifact) -> Callable:
 
 
 def _bind_pieces(graph, pieces: list[Callable], part: str, path: str) -> None:
-    """Put each loaded piece where its stand-in is called, and drop the stand-ins."""
+    """Put each loaded piece where its stand-in is called, in ``graph`` and every graph module
+    inside it, and drop the stand-ins."""
+    for inner in [m for m in graph.children() if isinstance(m, torch.fx.GraphModule)]:
+        _bind_pieces(inner, pieces, part, path)
     for node in [n for n in graph.graph.nodes if n.op == "call_module"]:
         ref = getattr(graph, node.target, None) if isinstance(node.target, str) else None
         if not isinstance(ref, _PieceRef):
