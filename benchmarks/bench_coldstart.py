@@ -120,6 +120,17 @@ def child(args) -> None:
     model = build_llama(args.dim, args.blocks[0], args.recipe, device=args.device, heads=args.heads, vocab=args.vocab)
     x = torch.randint(0, args.vocab, (1, args.tokens), device=args.device)
     seconds = collections.defaultdict(float)
+    collector = {"s": 0.0}
+
+    def timed_collection(phase, info):  # the collector's pauses, wherever they fall
+        if phase == "start":
+            collector["start"] = clock()
+        else:
+            collector["s"] += clock() - collector["start"]
+
+    import gc
+
+    gc.callbacks.append(timed_collection)
     with timers(seconds):
         start = clock()
         gm = fp8conf.trace_joint(model, (x,))
@@ -129,6 +140,7 @@ def child(args) -> None:
     row = {"blocks": args.blocks[0], "nodes": len(gm.graph.nodes), "trace_s": traced - start, "compile_s": done - traced,
            "inductor_compiles": compiled.inductor_compiles, "complete_regions": sum(r.complete for r in compiled.regions), **seconds}
     row["fp8conf other"] = row["trace_s"] + row["compile_s"] - sum(seconds.values())
+    row["garbage collection"] = collector["s"]
     print(json.dumps(row))
 
 
@@ -160,6 +172,7 @@ def table(rows) -> str:
         per_k = " / ".join(f"{1e3 * t / r['nodes']:.2f}" for t, r in zip(total, ok))
         lines.append(f"| **all {owner}** | " + " | ".join(f"{t:.2f}" for t in total) + f" | {per_k} |")
     lines.append("| trace + compile | " + " | ".join(f"{r['trace_s'] + r['compile_s']:.2f}" for r in ok) + " | |")
+    lines.append("| of which Python's garbage collector | " + " | ".join(f"{r.get('garbage collection', float('nan')):.2f}" for r in ok) + " | |")
     lines.append("| regions / Inductor compiles | " + " | ".join(f"{r['complete_regions']} / {r['inductor_compiles']}" for r in ok) + " | |")
     lines += [f"- {r['blocks']} blocks: {r['error']}" for r in rows if "error" in r]
     return "\n".join(lines)
