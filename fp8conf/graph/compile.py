@@ -31,7 +31,7 @@ from fp8conf import errors
 from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.region_compile import compile_regions
 from fp8conf.graph.regions import Region, tag_fp8_regions
-from fp8conf.graph.trace import flat_graph_module, joint_signature
+from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
 
 __all__ = ["MODES", "CompiledJoint", "compile_joint"]
 
@@ -67,6 +67,7 @@ class CompiledJoint:
         return self.fn(*args)
 
 
+@with_collector_paused  # see fp8conf.graph.trace.collector_paused
 def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: bool = True, cudagraph: bool = False,
                   example_inputs=None, partition: bool = True) -> CompiledJoint:
     """Compile ``gm``, a joint graph made by :func:`fp8conf.trace_joint` or a graph cut from one
