@@ -20,6 +20,7 @@ nothing is compiled or left eager silently.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -89,7 +90,7 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     if not flat.graph.find_nodes(op="placeholder"):
         # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
         return CompiledJoint(gm, mode, (), frozenset(), names, inductor_compiles=0)
-    parts = partition_joint(flat) if partition else None
+    parts = partition_joint(flat, keep_fp8_regions=mode == "regional") if partition else None
     if mode == "full":
         compiled = _full(flat, parts, names, example_inputs)
     elif parts is None:
@@ -111,7 +112,30 @@ def _full(flat, parts, names, example_inputs) -> CompiledJoint:
         return CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
     forward = _standalone_compile(parts.forward, examples[: parts.num_primals])
     backward = _standalone_compile(parts.backward, _examples(parts.backward, None))
-    return CompiledJoint(run_partitioned(parts, forward, backward), "full", (), names, frozenset(), (forward, backward), 2)
+    boxed = _boxed_entry(backward, parts.backward)
+    fn = run_partitioned(parts, forward, boxed or backward, boxed_backward=boxed is not None)
+    return CompiledJoint(fn, "full", (), names, frozenset(), (forward, backward), 2)
+
+
+def _boxed_entry(artifact, graph: torch.fx.GraphModule) -> Callable | None:
+    """The function inside ``artifact`` (a ``CompiledArtifact``) that takes the graph's inputs as
+    one list and empties it, so that Inductor's code frees each input after its last use, as
+    ``torch.compile``'s backward does with the saved values; ``None`` where there is none.
+
+    ``CompiledArtifact.__call__(*args)`` and the AOTAutograd wrappers above the boxed runtime
+    wrapper take the inputs as separate arguments, whose tuple keeps every input alive for the
+    whole call; they are ``functools.wraps`` wrappers, so the boxed function is the first one
+    down the ``__wrapped__`` chain that takes a single positional argument. The wrappers put a
+    module's parameters and buffers in front of the inputs; a graph with none needs no wrapper."""
+    if any(True for _ in graph.parameters()) or any(True for _ in graph.buffers()):
+        return None
+    fn = getattr(artifact, "_compiled_fn", None)
+    while fn is not None:
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_argcount == 1 and not code.co_flags & inspect.CO_VARARGS:
+            return fn
+        fn = getattr(fn, "__wrapped__", None)
+    return None
 
 
 def _standalone_compile(flat: torch.fx.GraphModule, example_inputs) -> Callable:
