@@ -95,7 +95,7 @@ def table(rows) -> str:
         def ratio(key):
             return f"{r[key] / b[key]:.2f}x" if b and b[key] == b[key] and b[key] > 0 else "n/a"
 
-        lines.append(f"| {r['model']} | {r['recipe']} | {r['variant']} | {r["saved_mib"]:.3f} | {ratio('saved_mib')} | "
+        lines.append(f"| {r['model']} | {r['recipe']} | {r['variant']} | {r['saved_mib']:.3f} | {ratio('saved_mib')} | "
                      f"{r['storages']} / {r['tensors']} | {r['generated']} | {r['launched']:.0f} | {r['peak_gib']:.3f} | "
                      f"{ratio('peak_gib')} | {r['first_step_s']:.1f} |")
     return "\n".join(lines)

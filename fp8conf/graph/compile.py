@@ -5,8 +5,11 @@ compiles each callable with it and precompiled artifacts (:mod:`fp8conf.artifact
 what its unpartitioned ``full`` mode made. Both modes work on a flat copy of the graph
 (placeholders in, a flat list out) with torch's own machinery. A whole joint graph is first cut
 into forward and backward by the min-cut partitioner, as ``torch.compile`` does
-(:mod:`fp8conf.graph.partition`). ``full`` then compiles each graph with
-``torch._inductor.standalone_compile``; ``regional`` tags the complete FP8 regions of each
+(:mod:`fp8conf.graph.partition`): for ``full`` the very cut ``torch.compile`` makes (Inductor's
+decompositions and partition function), for ``regional`` one that keeps every FP8 region whole.
+``full`` then compiles each graph with ``torch._inductor.standalone_compile`` and calls the
+compiled backward with its inputs boxed, so that saved values are freed as the backward
+consumes them; ``regional`` tags the complete FP8 regions of each
 (:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct region once, leaving
 everything else eager (:mod:`fp8conf.graph.region_compile`). On CUDA, ``cudagraph=True`` captures
 the compiled callable in a CUDA graph and replays it, parameters and buffers being static inputs.
@@ -106,11 +109,12 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
 
 
 def _full(flat, parts, names, example_inputs) -> CompiledJoint:
-    examples = _examples(flat, example_inputs)
     if parts is None:
-        artifact = _standalone_compile(flat, examples)
+        artifact = _standalone_compile(flat, _examples(flat, example_inputs))
         return CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
-    forward = _standalone_compile(parts.forward, examples[: parts.num_primals])
+    # Example inputs are real tensors, as large as the parameters (forward) and the saved values
+    # (backward): each graph's live only while that graph compiles, so they never add up.
+    forward = _standalone_compile(parts.forward, _examples(flat, example_inputs)[: parts.num_primals])
     backward = _standalone_compile(parts.backward, _examples(parts.backward, None))
     boxed = _boxed_entry(backward, parts.backward)
     fn = run_partitioned(parts, forward, boxed or backward, boxed_backward=boxed is not None)

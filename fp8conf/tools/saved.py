@@ -65,9 +65,8 @@ def saved_by_torch_compile(compiled_model, model: torch.nn.Module, args) -> Save
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         out = compiled_model(*as_args(args))
-    result = _count(saved, _step_inputs(model, args))
-    del out, saved
-    return result
+    del out  # its graph, and with it what the hooks hold, dies with the returned counts
+    return _count(saved, _step_inputs(model, args))
 
 
 def saved_by_compiled_joint(gm: torch.fx.GraphModule, compiled, model: torch.nn.Module, args) -> SavedValues:
