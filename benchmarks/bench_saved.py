@@ -38,18 +38,29 @@ def _sync(device):
 
 
 def build(label, work):
-    """``(step, saved)`` of a variant, compiled and run once: ``saved`` measures its saved values."""
+    """``(step, saved, boxed)`` of a variant, compiled and run once: ``saved`` measures its saved
+    values, ``boxed`` says whether its backward frees them as it consumes them."""
     model = work.build()
     if label == "torch.compile":
         compiled_model = torch.compile(model)
         step = eager_step(compiled_model, work.x, work.grad)
         step()
-        return step, lambda: saved_by_torch_compile(compiled_model, model, (work.x,))
+        return step, lambda: saved_by_torch_compile(compiled_model, model, (work.x,)), "yes"
     gm = fp8conf.trace_joint(model, (work.x,))
     compiled = fp8conf.compile_joint(gm, mode=label.split()[-1])
     step = joint_step(gm, model, work.x, work.grad, compiled)
     step()
-    return step, lambda: saved_by_compiled_joint(gm, compiled, model, (work.x,))
+    return step, lambda: saved_by_compiled_joint(gm, compiled, model, (work.x,)), _boxed(compiled)
+
+
+def _boxed(compiled) -> str:
+    """Whether the compiled backward is called boxed, freeing saved values as it consumes them
+    (found inside torch's CompiledArtifact, which other torch versions may lay out otherwise)."""
+    if compiled.mode != "full":
+        return "no (eager remainder)"
+    from fp8conf.graph.compile import _boxed_entry
+
+    return "yes" if _boxed_entry(compiled.artifact[1]) is not None else "NO: not found in this torch"
 
 
 def step_peak_gib(step, device) -> float:
@@ -70,7 +81,7 @@ def measure(label, work, device) -> dict:
     with temporary_cache_dir(tempfile.mkdtemp(prefix="bench-saved-")):
         metrics.reset()
         start = time.perf_counter()
-        step, saved = build(label, work)
+        step, saved, boxed = build(label, work)
         _sync(device)
         seconds = time.perf_counter() - start
         generated = metrics.generated_kernel_count
@@ -81,13 +92,13 @@ def measure(label, work, device) -> dict:
     if device == "cuda":
         torch.cuda.empty_cache()
     return dict(variant=label, saved_mib=values.nbytes / 2**20, storages=values.storages, tensors=values.tensors,
-                generated=generated, launched=launched, peak_gib=peak, first_step_s=seconds)
+                generated=generated, launched=launched, peak_gib=peak, first_step_s=seconds, boxed=boxed)
 
 
 def table(rows) -> str:
     lines = ["| model | recipe | variant | saved MiB | saved vs torch.compile | storages / tensors saved | kernels generated | "
-             "kernels/step | step peak GiB | step peak vs torch.compile | first step s |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "kernels/step | step peak GiB | step peak vs torch.compile | saved freed as consumed | first step s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     base = {(r["model"], r["recipe"]): r for r in rows if r["variant"] == "torch.compile"}
     for r in rows:
         b = base.get((r["model"], r["recipe"]))
@@ -97,7 +108,7 @@ def table(rows) -> str:
 
         lines.append(f"| {r['model']} | {r['recipe']} | {r['variant']} | {r['saved_mib']:.3f} | {ratio('saved_mib')} | "
                      f"{r['storages']} / {r['tensors']} | {r['generated']} | {r['launched']:.0f} | {r['peak_gib']:.3f} | "
-                     f"{ratio('peak_gib')} | {r['first_step_s']:.1f} |")
+                     f"{ratio('peak_gib')} | {r['boxed']} | {r['first_step_s']:.1f} |")
     return "\n".join(lines)
 
 

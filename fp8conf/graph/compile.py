@@ -116,12 +116,15 @@ def _full(flat, parts, names, example_inputs) -> CompiledJoint:
     # (backward): each graph's live only while that graph compiles, so they never add up.
     forward = _standalone_compile(parts.forward, _examples(flat, example_inputs)[: parts.num_primals])
     backward = _standalone_compile(parts.backward, _examples(parts.backward, None))
-    boxed = _boxed_entry(backward, parts.backward)
+    # The wrappers above the boxed function put a module's parameters and buffers in front of the
+    # inputs; only a graph with none (a joint graph's halves take them as inputs) can skip them.
+    stateless = not any(True for _ in parts.backward.parameters()) and not any(True for _ in parts.backward.buffers())
+    boxed = _boxed_entry(backward) if stateless else None
     fn = run_partitioned(parts, forward, boxed or backward, boxed_backward=boxed is not None)
     return CompiledJoint(fn, "full", (), names, frozenset(), (forward, backward), 2)
 
 
-def _boxed_entry(artifact, graph: torch.fx.GraphModule) -> Callable | None:
+def _boxed_entry(artifact) -> Callable | None:
     """The function inside ``artifact`` (a ``CompiledArtifact``) that takes the graph's inputs as
     one list and empties it, so that Inductor's code frees each input after its last use, as
     ``torch.compile``'s backward does with the saved values; ``None`` where there is none.
@@ -129,10 +132,7 @@ def _boxed_entry(artifact, graph: torch.fx.GraphModule) -> Callable | None:
     ``CompiledArtifact.__call__(*args)`` and the AOTAutograd wrappers above the boxed runtime
     wrapper take the inputs as separate arguments, whose tuple keeps every input alive for the
     whole call; they are ``functools.wraps`` wrappers, so the boxed function is the first one
-    down the ``__wrapped__`` chain that takes a single positional argument. The wrappers put a
-    module's parameters and buffers in front of the inputs; a graph with none needs no wrapper."""
-    if any(True for _ in graph.parameters()) or any(True for _ in graph.buffers()):
-        return None
+    down the ``__wrapped__`` chain that takes a single positional argument."""
     fn = getattr(artifact, "_compiled_fn", None)
     while fn is not None:
         code = getattr(fn, "__code__", None)
