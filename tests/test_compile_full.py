@@ -23,7 +23,8 @@ def _model_and_inputs(recipe, seed=0):
     return model, x
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+# Tensorwise: tests/test_compile_paths.py::test_full_compiles_forward_and_backward_through_the_partitioner.
+@pytest.mark.parametrize("recipe", ["rowwise"])
 def test_full_matches_the_eager_joint_graph(recipe):
     model, x = _model_and_inputs(recipe)
     gm = fp8conf.trace_joint(model, (x,))
