@@ -38,19 +38,19 @@ def _sync(device):
 
 
 def build(label, work):
-    """``(step, saved, boxed)`` of a variant, compiled and run once: ``saved`` measures its saved
-    values, ``boxed`` says whether its backward frees them as it consumes them."""
+    """``(step, model, saved, boxed)`` of a variant, compiled and run once: ``saved`` measures its
+    saved values, ``boxed`` says whether its backward frees them as it consumes them."""
     model = work.build()
     if label == "torch.compile":
         compiled_model = torch.compile(model)
         step = eager_step(compiled_model, work.x, work.grad)
         step()
-        return step, lambda: saved_by_torch_compile(compiled_model, model, (work.x,)), "yes"
+        return step, model, lambda: saved_by_torch_compile(compiled_model, model, (work.x,)), "yes"
     gm = fp8conf.trace_joint(model, (work.x,))
     compiled = fp8conf.compile_joint(gm, mode=label.split()[-1])
     step = joint_step(gm, model, work.x, work.grad, compiled)
     step()
-    return step, lambda: saved_by_compiled_joint(gm, compiled, model, (work.x,)), _boxed(compiled)
+    return step, model, lambda: saved_by_compiled_joint(gm, compiled, model, (work.x,)), _boxed(compiled)
 
 
 def _boxed(compiled) -> str:
@@ -63,11 +63,14 @@ def _boxed(compiled) -> str:
     return "yes" if _boxed_entry(compiled.artifact[1]) is not None else "NO: not found in this torch"
 
 
-def step_peak_gib(step, device) -> float:
+def step_peak_gib(step, model, device) -> float:
     if device != "cuda":
         return float("nan")
     for _ in range(2):
         step()
+    # An eager step frees the last step's .grad only when the next one starts; fp8conf's steps
+    # return their gradients: neither is in what was allocated before the step.
+    model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -81,14 +84,14 @@ def measure(label, work, device) -> dict:
     with temporary_cache_dir(tempfile.mkdtemp(prefix="bench-saved-")):
         metrics.reset()
         start = time.perf_counter()
-        step, saved, boxed = build(label, work)
+        step, model, saved, boxed = build(label, work)
         _sync(device)
         seconds = time.perf_counter() - start
         generated = metrics.generated_kernel_count
     values = saved()
-    peak = step_peak_gib(step, device)
+    peak = step_peak_gib(step, model, device)
     launched = gpu_profile(step)[0] if device == "cuda" else float("nan")
-    del step, saved
+    del step, model, saved
     if device == "cuda":
         torch.cuda.empty_cache()
     return dict(variant=label, saved_mib=values.nbytes / 2**20, storages=values.storages, tensors=values.tensors,
