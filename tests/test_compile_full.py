@@ -1,16 +1,21 @@
 """compile_joint's ``full`` mode against ``torch.compile`` on the same model (CPU): the same
-numerics as the eager joint graph, no more saved for the backward than ``torch.compile`` saves,
-and saved values freed while the backward runs, as ``torch.compile``'s runtime frees them."""
+numerics as the eager joint graph, the same forward and backward graphs as ``torch.compile``
+cuts, no more saved for the backward than it saves, and saved values freed while the backward
+runs, as its runtime frees them."""
 
 from __future__ import annotations
 
+import collections
 import weakref
 
 import pytest
 import torch
+import torch._inductor.compile_fx
 
 import fp8conf
 import fp8conf.graph.compile as graph_compile
+from fp8conf.graph.partition import partition_joint
+from fp8conf.graph.trace import flat_graph_module
 from fp8conf.tools.example_models import build_stack
 from fp8conf.tools.saved import saved_by_compiled_joint, saved_by_torch_compile
 
@@ -41,13 +46,33 @@ def test_full_matches_the_eager_joint_graph(recipe):
                                        msg=lambda m: f"{recipe} full, step {step}, grad of {name}: {m}")
 
 
-def test_full_saves_no_more_than_torch_compile():
+def _ops(graph) -> collections.Counter:
+    return collections.Counter(str(n.target) for n in graph.graph.nodes if n.op == "call_function")
+
+
+def test_full_cuts_the_joint_graph_as_torch_compile_does_and_saves_no_more(monkeypatch):
+    cuts = []
+    real = torch._inductor.compile_fx.partition_fn
+
+    def recording(*args, **kwargs):
+        cuts.append(real(*args, **kwargs))
+        return cuts[-1]
+
     model, x = _model_and_inputs("tensorwise")
-    compiled_model = torch.compile(model)
-    compiled_model(x).backward(torch.randn(TOKENS, DIM))  # compiles forward and backward
+    with monkeypatch.context() as patch:
+        patch.setattr(torch._inductor.compile_fx, "partition_fn", recording)
+        compiled_model = torch.compile(model)
+        compiled_model(x).backward(torch.randn(TOKENS, DIM))  # compiles forward and backward
+    assert len(cuts) == 1, f"torch.compile partitioned {len(cuts)} joint graphs of the model, expected one"
     theirs = saved_by_torch_compile(compiled_model, model, (x,))
 
     gm = fp8conf.trace_joint(model, (x,))
+    ours_cut = partition_joint(flat_graph_module(gm), keep_fp8_regions=False)
+    for name, mine, torchs in (("forward", ours_cut.forward, cuts[0][0]), ("backward", ours_cut.backward, cuts[0][1])):
+        assert _ops(mine) == _ops(torchs), (
+            f"full's {name} graph differs from torch.compile's: ops only in full's {dict(_ops(mine) - _ops(torchs))}, "
+            f"only in torch.compile's {dict(_ops(torchs) - _ops(mine))}"
+        )
     ours = saved_by_compiled_joint(gm, fp8conf.compile_joint(gm, mode="full"), model, (x,))
     assert theirs.nbytes > 0 and ours.tensors > 0
     assert ours.nbytes <= theirs.nbytes, (
