@@ -51,4 +51,4 @@ python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
 PYTHONPATH="$PWD/tests:$PYTHONPATH" python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
     --fp8-backend=mutants.moe:RegionalCompileDropsGroupedScales --fp8-device=cuda --hypothesis-profile=fp8conf-mutants \
     -k test_MOE_008_ conformance/properties/test_moe.py 2>&1 | tee "$OUT/moe-mutant-cuda.log" | tail -n 8
-python3 benchmarks/bench_moe.py 2>&1 | tee "$OUT/bench-moe.log" | tail -n 14
+python3 benchmarks/bench_moe.py --jsonl "$OUT/moe.jsonl" 2>&1 | tee "$OUT/bench-moe.log" | tail -n 24

@@ -77,6 +77,31 @@ def test_per_group_scales_use_only_their_group_and_stay_finite_for_empty_groups(
     assert torch.isfinite(zero_scale).all() and not zeros.float().any()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.fp8_gpu)])
+def test_bfloat16_casts_give_the_bytes_of_float32_casts(device):
+    # The casts scale bfloat16 in bfloat16 (no float32 copy): a power of two keeps it exact, so
+    # every byte and scale must equal the float32 computation's, from tiny values to huge ones.
+    generator = torch.Generator().manual_seed(0)
+    magnitudes = torch.tensor([1e-30, 1e-6, 1.0, 3e4, 1e30]).repeat_interleave(16)
+    x = (torch.randn(80, 48, generator=generator) * magnitudes[:, None]).to(torch.bfloat16).to(device)
+    x[:16, :3] = 0
+    groups = token_groups(torch.tensor([16, 16, 48, 80], dtype=torch.int32, device=device), 80)
+    for cast in (lambda t: to_float8_rowwise(t, dim=-1), lambda t: to_float8_rowwise(t, dim=0),
+                 lambda t: to_float8_per_group(t, groups, 4)):
+        (data, scale), (data32, scale32) = cast(x), cast(x.float())
+        assert torch.equal(scale, scale32)
+        assert torch.equal(data.view(torch.uint8), data32.view(torch.uint8))
+
+
+def test_an_eager_joint_step_records_no_autograd_graph():
+    # run_joint runs a graph that computes its own gradients: autograd recording through it
+    # would hold every saved intermediate until the results die.
+    model, args = build_moe_model(MoESpec(emulate=True), convert=_convert)
+    gm = fp8conf.trace_joint(model, args)
+    (out,), grads = fp8conf.run_joint(gm, model, args, (torch.ones(16, 16),))
+    assert out.grad_fn is None and all(g.grad_fn is None for g in grads.values())
+
+
 def test_emulated_experts_approximate_the_grouped_matmul_with_fp8_error_on_cpu():
     spec = ExpertsSpec(groups=(32, 0, 16, 48), in_features=32, out_features=48, emulate=True)
     model, (x, offs) = build_experts_model(spec, convert=_convert)

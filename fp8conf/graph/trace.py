@@ -289,10 +289,16 @@ def run_joint(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outpu
     convention (see :mod:`fp8conf.graph.compile`). Returns ``(outputs, grads)``: the forward outputs
     as a tuple, and gradients keyed by parameter FQN plus ``"input.<i>"`` for positional inputs
     that receive one.
+
+    The graph runs under ``torch.no_grad()``: it computes the gradients itself, and recording
+    autograd through its nodes (the parameters require grad) would keep every intermediate the
+    recorded ops save alive until the results die, several times the step's own memory.
     """
     signature = _require_signature(gm, "run_joint")
     primals, tangents = signature.feed(model, args, grad_outputs)
-    return signature.results((fn or gm)(primals, tangents))
+    with torch.no_grad():
+        returned = (fn or gm)(primals, tangents)
+    return signature.results(returned)
 
 
 def joint_inputs(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outputs) -> tuple[list, list]:
