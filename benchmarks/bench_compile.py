@@ -19,8 +19,12 @@ allocates itself (parameters, gradients, activations, CUDA-graph pools) above wh
 before it was built.
 
 ``--depth 2 8 32`` measures instead the first step (trace, compile and run, an empty Inductor
-cache each) of torch.compile, fp8conf full and fp8conf regional at each depth of the Llama
-model at the debug shape: cold start versus depth.
+cache each) of fp8conf regional, torch.compile and fp8conf full at each depth of the Llama
+model at the debug shape: cold start versus depth. Each row runs in a fresh process (nothing
+compiled or cached in memory by another row), killed after ``--row-timeout`` seconds; all rows
+together get ``--budget`` seconds (450 by default, so that the run fits a 10-minute call),
+rows that would start after it are reported as not run. Rows are printed (and appended to
+``--jsonl``) as each finishes.
 
     python benchmarks/bench_compile.py --jsonl rows.jsonl                 # on a GPU (sm89+)
     python benchmarks/bench_compile.py --depth 2 8 32 --jsonl depth.jsonl
@@ -31,9 +35,14 @@ model at the debug shape: cold start versus depth.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
@@ -44,6 +53,8 @@ from fp8conf.tools.example_models import build_stack
 import goals  # benchmarks/goals.py, beside this script
 import results  # benchmarks/results.py
 from llama import build_llama
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CONFIGS = {
     "llama": {"dim256x6": (256, 6), "dim2048x4": (2048, 4)},
@@ -207,23 +218,54 @@ def run_config(args, name, dim, blocks, recipe, sink):
         torch.cuda.empty_cache()
 
 
-def run_depth(args, sink):
+def depth_row(args, label, blocks) -> dict:
+    """One depth row, measured in this process (``--depth-child``): the first step of ``label``
+    at ``blocks`` blocks, with an empty Inductor cache."""
     dim = 64 if args.quick else 256
+    work = Workload("llama", dim, blocks, args.recipes[0], args.device, args.tokens, args.quick)
+    row = dict(model=f"llama-dim{dim}", recipe=args.recipes[0], variant=label, blocks=blocks, tokens=args.tokens, depth=True)
+    try:
+        with temporary_cache_dir(tempfile.mkdtemp(prefix="bench-depth-")):
+            _, _, info, cold, _ = cold_build(label, work, args.device)
+        row.update(first_step_s=cold, **info)
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return row
+
+
+def _spawn_depth_row(args, label, blocks, timeout) -> dict:
+    """``depth_row`` in a fresh process (no compiled state, no warm caches left by another row),
+    killed after ``timeout`` seconds."""
+    command = [sys.executable, __file__, "--depth-child", label, str(blocks), "--device", args.device,
+               "--tokens", str(args.tokens), "--recipes", args.recipes[0]] + (["--quick"] if args.quick else [])
+    dim = 64 if args.quick else 256
+    row = dict(model=f"llama-dim{dim}", recipe=args.recipes[0], variant=label, blocks=blocks, tokens=args.tokens, depth=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    try:
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(row, error=f"timed out after {timeout:.0f} s", timed_out=True, timeout_s=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit status {proc.returncode}"
+        return dict(row, error=tail[:300])
+    return json.loads(lines[-1])
+
+
+def run_depth(args, sink):
+    """Every (variant, depth) in a process of its own, rows printed and kept as they finish; a
+    row gets at most ``--row-timeout`` seconds, and what is left of ``--budget`` for all of them."""
+    deadline = time.monotonic() + args.budget
     for label in args.depth_variants:
         for blocks in args.depth:
-            work = Workload("llama", dim, blocks, args.recipes[0], args.device, args.tokens, args.quick)
-            torch._dynamo.reset()
-            row = dict(model=f"llama-dim{dim}", recipe=args.recipes[0], variant=label, blocks=blocks, tokens=args.tokens, depth=True)
-            try:
-                with temporary_cache_dir(tempfile.mkdtemp(prefix="bench-depth-")):
-                    _, _, info, cold, _ = cold_build(label, work, args.device)
-                row.update(first_step_s=cold, **info)
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            left = deadline - time.monotonic()
+            if left < 10:
+                row = dict(variant=label, blocks=blocks, depth=True, model=f"llama-dim{64 if args.quick else 256}", recipe=args.recipes[0],
+                           error=f"not run: the {args.budget:.0f} s budget was spent", skipped=True)
+            else:
+                row = _spawn_depth_row(args, label, blocks, min(args.row_timeout, left))
             print(f"depth {blocks:3d} {label:20s} {row.get('first_step_s', float('nan')):7.1f} s {row.get('error', '')}", flush=True)
             sink(row)
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
 
 
 def main():
@@ -239,6 +281,9 @@ def main():
     parser.add_argument("--variants", nargs="+", help="measure only these variants (labels as printed)")
     parser.add_argument("--depth", nargs="+", type=int, help="measure cold start at these depths instead")
     parser.add_argument("--depth-variants", nargs="+", default=list(DEPTH_VARIANTS), choices=DEPTH_VARIANTS)
+    parser.add_argument("--row-timeout", type=float, default=150, help="seconds a depth row may take (its own process)")
+    parser.add_argument("--budget", type=float, default=450, help="seconds all depth rows together may take")
+    parser.add_argument("--depth-child", nargs=2, metavar=("VARIANT", "BLOCKS"), help=argparse.SUPPRESS)
     results.jsonl_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="tiny models, one round: checks the script, measures nothing")
     parser.add_argument("--write", action="store_true", help="append the tables to benchmarks/RESULTS.md")
@@ -246,6 +291,9 @@ def main():
     if args.quick:
         args.tokens, args.warmup, args.iters, args.repeats = 256, 1, 1, 1
         args.depth = args.depth and [1, 2]
+    if args.depth_child:
+        print(json.dumps(depth_row(args, args.depth_child[0], int(args.depth_child[1]))), flush=True)
+        return
     rows = []
     if args.from_jsonl:
         rows = results.read_jsonl(args.from_jsonl)

@@ -85,6 +85,7 @@ def _spawn(args, what: str, cache_dir: str, artifact: str, env: dict) -> dict:
 
 
 def measure(args) -> list[dict]:
+    from fp8conf.artifacts.format import read_header
     from fp8conf.artifacts.keys import generate_key_file
 
     scratch = tempfile.mkdtemp(prefix="fp8conf-bench-precompile-")
@@ -110,6 +111,7 @@ def measure(args) -> list[dict]:
             "first_step_s": statistics.median(r["first_step_s"] for r in runs),
             "process_s": statistics.median(r["process_s"] for r in runs),
             "artifact_bytes": os.path.getsize(artifact),
+            "compiled_pieces": len(read_header(artifact).pieces),
         })
     return rows
 
@@ -149,7 +151,8 @@ def main():
     conditions = (
         f"{device}; torch {torch.__version__}, torchao {torchao.__version__}; BlockStack dim {args.dim} x {args.blocks} blocks, "
         f"{args.recipe}, {args.tokens} tokens; each a fresh process, median of {args.repeats}; first step = from the model built "
-        f"to the first step's gradients (trace + regional compile + step, or load + step); artifact {rows[0]['artifact_bytes']} bytes."
+        f"to the first step's gradients (trace + regional compile + step, or load + step); artifact {rows[0]['artifact_bytes']} bytes, "
+        f"{rows[0]['compiled_pieces']} compiled pieces stored."
     )
     text = table(rows)
     print(conditions + "\n\n" + text)

@@ -28,7 +28,7 @@ else
 fi
 python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
     -m "fp8_gpu or fp8_sm89 or fp8_sm90 or fp8_sm100" tests/test_passes.py tests/test_e8m0_op.py tests/test_mx.py \
-    2>&1 | tee "$OUT/gpu-tests.log" | tail -n 15
+    tests/test_grouped.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 15
 python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
     --fp8-backend=conformance.backends.reference:ReferenceBackend --hypothesis-profile=fp8conf-ci \
     --fp8-report="$OUT/conformance-gpu.json" -n 8 conformance/properties \
@@ -43,3 +43,12 @@ for backend in conformance.backends.reference:ReferenceBackend conformance.backe
         --fp8-report="$OUT/structural-cuda-$name.json" -n 8 $STRUCTURAL \
         2>&1 | tee "$OUT/structural-cuda-$name.log" | tail -n 25
 done
+# FP8 grouped experts (MOE) with the models on CUDA: MOE-006/007 then run real FP8 experts and
+# MOE-008 compiles them; MOE-008's mutant must fail it; then the MoE benchmark (RESULTS.md).
+python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
+    --fp8-backend=conformance.backends.reference:ReferenceBackend --fp8-device=cuda --hypothesis-profile=fp8conf-ci \
+    --fp8-report="$OUT/moe-cuda.json" conformance/properties/test_moe.py 2>&1 | tee "$OUT/moe-cuda.log" | tail -n 15
+PYTHONPATH="$PWD/tests:$PYTHONPATH" python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
+    --fp8-backend=mutants.moe:RegionalCompileDropsGroupedScales --fp8-device=cuda --hypothesis-profile=fp8conf-mutants \
+    -k test_MOE_008_ conformance/properties/test_moe.py 2>&1 | tee "$OUT/moe-mutant-cuda.log" | tail -n 8
+python3 benchmarks/bench_moe.py --jsonl "$OUT/moe.jsonl" 2>&1 | tee "$OUT/bench-moe.log" | tail -n 24

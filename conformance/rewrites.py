@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 __all__ = [
-    "lower_to_high_precision", "rebuild_without_meta", "rebuild_chain_without_meta", "upcast_operand",
+    "lower_to_high_precision", "lower_grouped_to_high_precision", "rebuild_without_meta", "rebuild_chain_without_meta", "upcast_operand",
     "eliminate_common_subexpressions",
 ]
 
@@ -50,6 +50,22 @@ def lower_to_high_precision(gm: torch.fx.GraphModule, node: torch.fx.Node) -> to
     b = _insert(gm.graph, node, node, aten._to_copy.default, node.args[1], dtype=out_dtype)
     mm = _insert(gm.graph, node, node, aten.mm.default, a, b)
     node.replace_all_uses_with(mm)
+    gm.graph.erase_node(node)
+    return _finish(gm)
+
+
+def lower_grouped_to_high_precision(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.GraphModule:
+    """Replace an FP8 grouped GEMM (``_scaled_grouped_mm``) by ``_grouped_mm`` of its operands
+    up-cast to bfloat16 with the same token-group offsets, keeping the node's metadata (as
+    :func:`lower_to_high_precision` does for a matmul)."""
+    a = _insert(gm.graph, node, node, aten._to_copy.default, node.args[0], dtype=torch.bfloat16)
+    b = _insert(gm.graph, node, node, aten._to_copy.default, node.args[1], dtype=torch.bfloat16)
+    offs = node.args[4] if len(node.args) > 4 else node.kwargs.get("offs")
+    grouped = _insert(gm.graph, node, node, aten._grouped_mm.default, a, b, offs)
+    out_dtype = node.meta["val"].dtype
+    if grouped.meta["val"].dtype != out_dtype:
+        grouped = _insert(gm.graph, node, node, aten._to_copy.default, grouped, dtype=out_dtype)
+    node.replace_all_uses_with(grouped)
     gm.graph.erase_node(node)
     return _finish(gm)
 

@@ -41,7 +41,7 @@ from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, LayerSpec, Model
 
 __all__ = [
     "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "ALL_KINDS", "CORPUS_SIZE", "Constraints", "corpus", "layer_specs",
-    "model_specs", "runnable_recipes", "supported_kinds",
+    "model_specs", "runnable_recipes", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs",
 ]
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
@@ -338,3 +338,126 @@ def model_specs(*, where: Callable[[ModelSpec], bool] | None = None, **constrain
     ``require_nesting`` keeps the forced layer float8, since MX layers take no adapter.
     """
     return _specs(Constraints(**constraints), where)
+
+
+# --- mixture-of-experts models (capability ``moe``) ------------------------------------------
+
+
+@functools.cache
+def grouped_fp8_runs(device: str = "cpu") -> bool:
+    """Whether this torch executes FP8 grouped GEMMs (``torch._scaled_grouped_mm``) on ``device``:
+    CPU builds trace them with fake tensors but have no kernel; sm90 GPUs run them."""
+    import torch
+
+    a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+    b = torch.zeros(1, 16, 16, device=device).to(torch.float8_e4m3fn).transpose(-2, -1)
+    offs = torch.tensor([16], dtype=torch.int32, device=device)
+    try:
+        torch._scaled_grouped_mm(a, b, torch.ones(16, device=device), torch.ones(1, 16, device=device), offs,
+                                 out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+#: MoE models in the shared corpus of a derandomized run (a property's own settings, active while
+#: it draws, must not change which models it gets).
+MOE_CORPUS_SIZE = 4
+
+
+def moe_specs(*, emulate: bool | None = False) -> st.SearchStrategy:
+    """MoE models (:class:`conformance.moe.MoESpec`): experts count, top-k, empty groups (experts
+    masked out of routing), widths, depth and whether the input needs a gradient are drawn;
+    shrinking heads for one layer of 2 experts, top-1, no empty group. ``emulate`` None: real
+    and emulated experts.
+
+    Under a derandomized profile every property samples one shared corpus of models (as
+    :func:`model_specs` does), so that a model traced for one MoE property serves the others;
+    with ``emulate`` None its first model is also drawn emulated."""
+    return _moe_specs_for(emulate)
+
+
+@st.composite
+def _moe_specs_for(draw, emulate):
+    profile = hypothesis.settings.default
+    if not profile.derandomize:
+        return draw(_fresh_moe_specs(emulate))
+    shared = list(_moe_corpus(MOE_CORPUS_SIZE))
+    if emulate is None:
+        shared = shared[:-1] + [dataclasses.replace(shared[0], emulate=True)]
+    elif emulate:
+        shared = [dataclasses.replace(spec, emulate=True) for spec in shared]
+    return draw(st.sampled_from(shared))
+
+
+@functools.cache
+def _moe_corpus(n: int) -> tuple:
+    """``n`` models of a fixed draw of MoE models, chosen greedily to show each feature (depth,
+    experts, top-k, empty groups, input gradient, activation) as early as possible."""
+    drawn = list(_moe_draws(8 * n))
+    features = {spec: {("layers", spec.layers), ("experts", spec.experts), ("top_k", spec.top_k), ("empty", bool(spec.unused)),
+                       ("input grad", spec.input_requires_grad), ("activation", spec.activation)} for spec in drawn}
+    chosen, seen = [], set()
+    while drawn and len(chosen) < n:
+        best = max(drawn, key=lambda spec: len(features[spec] - seen))
+        drawn.remove(best)
+        chosen.append(best)
+        seen |= features[best]
+    return tuple(chosen)
+
+
+@functools.cache
+def _moe_draws(n: int) -> tuple:
+    found: dict = {}
+
+    @hypothesis.settings(
+        database=None, derandomize=True, max_examples=n, deadline=None,
+        phases=(hypothesis.Phase.generate,), suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    @hypothesis.given(_fresh_moe_specs(False))
+    def collect(spec):
+        found.setdefault(spec, None)
+
+    collect()
+    return tuple(found)
+
+
+@st.composite
+def _fresh_moe_specs(draw, emulate: bool | None, max_layers: int = 2):
+    from conformance.moe import MoESpec
+
+    experts = draw(st.integers(2, 4), label="experts")
+    unused = draw(st.lists(st.integers(0, experts - 2), unique=True, max_size=experts - 2), label="unused experts")
+    top_k = draw(st.integers(1, min(2, experts - len(unused))), label="top_k")
+    return MoESpec(
+        dim=draw(st.sampled_from((16, 32))),
+        hidden=draw(st.sampled_from((16, 32, 48))),
+        experts=experts,
+        top_k=top_k,
+        layers=draw(st.integers(1, max_layers)),
+        tokens=draw(st.sampled_from((8, 16, 24))),
+        unused=tuple(sorted(unused)),
+        activation=draw(st.sampled_from(("relu", "gelu"))),
+        emulate=draw(st.booleans()) if emulate is None else emulate,
+        input_requires_grad=draw(st.booleans()),
+    )
+
+
+@st.composite
+def experts_specs(draw, *, emulate: bool = False, padding: bool | None = None):
+    """One experts module on drawn token groups (:class:`conformance.moe.ExpertsSpec`): uneven
+    sizes, multiples of 16, at least one empty group; with ``padding``, zero rows ending every group."""
+    from conformance.moe import ExpertsSpec
+
+    groups = draw(st.lists(st.sampled_from((0, 16, 32, 48)), min_size=2, max_size=5), label="groups")
+    groups[draw(st.integers(0, len(groups) - 1), label="empty group")] = 0
+    if not any(groups):
+        groups[-1] = 16
+    pad = draw(st.booleans()) if padding is None else padding
+    return ExpertsSpec(
+        groups=tuple(groups),
+        in_features=draw(st.sampled_from((16, 32))),
+        out_features=draw(st.sampled_from((16, 32, 48))),
+        padding=draw(st.sampled_from((1, 8, 16))) if pad else 0,
+        emulate=emulate,
+    )

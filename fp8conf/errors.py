@@ -22,7 +22,8 @@ The branches are siblings, so catching one never swallows another stage's failur
     |   |-- FingerprintMismatchError   built for another configuration (conformance FingerprintMismatch)
     |   `-- StaleArtifactError         built for other parameter, buffer or input shapes
     |-- MXArgumentError           an argument of an MX op or helper (also a ValueError)
-    `-- MXConversionError         a module that cannot become an MXLinear (also a ValueError)
+    |-- MXConversionError         a module that cannot become an MXLinear (also a ValueError)
+    `-- GroupedExpertsError       an experts module or argument FP8 grouped experts cannot take (also a ValueError)
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "StaleArtifactError",
     "MXArgumentError",
     "MXConversionError",
+    "GroupedExpertsError",
     "FP8ValidationWarning",
 ]
 
@@ -266,6 +268,19 @@ class MXConversionError(FP8Error, ValueError):
     """
 
     def __init__(self, message: str, *, module_fqn: str):
+        super().__init__(message)
+        self.module_fqn = module_fqn
+
+
+class GroupedExpertsError(FP8Error, ValueError):
+    """An experts module that cannot become a :class:`~fp8conf.Float8GroupedExperts`, or an
+    argument it cannot take.
+
+    Attributes:
+        module_fqn: fully qualified name of the module, when one is concerned (else None).
+    """
+
+    def __init__(self, message: str, *, module_fqn: str | None = None):
         super().__init__(message)
         self.module_fqn = module_fqn
 

@@ -70,7 +70,43 @@ def test_the_header_records_each_compiled_region_and_the_parts(saved):
     assert regions == joint.regions
     assert [p["name"] for p in split_header.parts] == ["forward", "backward_input", "backward_weight"]
     assert split_header.split["input_grads"] == ["input.0"] and split_header.split["num_outputs"] == 1
-    assert sum(p["size"] for p in split_header.parts) == split_header.payload_size
+    assert sum(p["size"] for p in split_header.parts) + sum(p["size"] for p in split_header.pieces) == split_header.payload_size
+
+
+def _piece_calls(graph) -> list:
+    from fp8conf.artifacts.regional import _compiled_piece
+
+    return [n for n in graph.graph.nodes if n.op == "call_function" and _compiled_piece(n.target) is not None]
+
+
+def test_each_distinct_compiled_region_is_stored_once_and_loaded_once(tmp_path):
+    """Three identical blocks: twelve region call sites, four distinct regions (forward and backward
+    of each of the two linears). The artifact holds four compiled pieces, and after loading the
+    twelve call sites share four callables, computing what the compiled step computed."""
+    from fp8conf.tools.example_models import build_stack
+
+    model = build_stack(16, 3, "tensorwise", head=False)
+    x, grad = torch.randn(32, 16, generator=torch.Generator().manual_seed(1)), torch.ones(32, 16)
+    joint = fp8conf.precompile_joint(fp8conf.trace_joint(model, (x,)), mode="regional")
+    calls = _piece_calls(joint.artifact)
+    distinct = {id(n.target.__wrapped__) for n in calls}
+    assert len(calls) == 12 and len(distinct) == 4
+    header = fp8conf.save_artifact(tmp_path / "stack.fp8", joint, QuantizationSignature.from_model(model), key=KEY)
+    assert len(header.pieces) == len(distinct)
+    assert header.payload_size == header.parts[0]["size"] + sum(p["size"] for p in header.pieces)
+    loaded = fp8conf.load_for_model(tmp_path / "stack.fp8", model, (x,))
+    loaded_calls = _piece_calls(loaded.artifact)
+    assert len(loaded_calls) == 12 and len({n.target for n in loaded_calls}) == 4
+    (out, grads), (want, want_grads) = loaded.run(model, (x,), (grad,)), joint.run(model, (x,), (grad,))
+    assert all(_same(a, b) for a, b in zip(out, want)) and all(_same(grads[k], want_grads[k]) for k in want_grads)
+    # A piece whose bytes are not the ones its (authenticated) header entry names is not loaded,
+    # even re-signed with the loader's key.
+    read, payload = read_artifact(tmp_path / "stack.fp8", key=KEY)
+    at = read.parts[0]["size"] + 10
+    _, data = seal(read, payload[:at] + bytes([payload[at] ^ 1]) + payload[at + 1:], KEY)
+    write_atomic(str(tmp_path / "piece.fp8"), data)
+    with pytest.raises(ArtifactIntegrityError, match="compiled piece 0 does not match its sha256"):
+        fp8conf.load_for_model(tmp_path / "piece.fp8", model, (x,))
 
 
 def test_a_regional_artifact_loads_in_process_bitwise(saved):

@@ -39,8 +39,8 @@ from fp8conf.tools.cli import main
 
 KEY = bytes(range(100, 132))
 OTHER_KEY = bytes(range(32))
-MAGIC = b"FP8CONF-ARTIFACT/2\n"
-HEADER_FIELDS = ["fingerprint", "fp8conf_version", "inputs", "key_id", "mechanism", "note", "outputs", "parts", "payload_size", "signature", "split"]
+MAGIC = b"FP8CONF-ARTIFACT/3\n"
+HEADER_FIELDS = ["fingerprint", "fp8conf_version", "inputs", "key_id", "mechanism", "note", "outputs", "parts", "payload_size", "pieces", "signature", "split"]
 
 
 @pytest.fixture(autouse=True)

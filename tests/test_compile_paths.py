@@ -127,3 +127,52 @@ def test_graphs_without_tangents_are_compiled_whole(inductor_calls):
     assert partition_joint(flat_graph_module(forward)) is None
     compiled = fp8conf.compile_joint(forward, mode="full")
     assert len(inductor_calls) == compiled.inductor_compiles == 1
+
+
+class _RecordsCollector(torch.nn.Module):
+    """A quantized block whose forward records whether Python's garbage collector is enabled."""
+
+    def __init__(self, fail=False):
+        super().__init__()
+        self.block, self.fail, self.seen = build_stack(DIM, 1), fail, []
+
+    def forward(self, x):
+        import gc
+
+        self.seen.append(gc.isenabled())
+        if self.fail:
+            raise RuntimeError("the model failed")
+        return self.block(x)
+
+
+def test_tracing_and_compiling_pause_the_collector_and_restore_it(monkeypatch):
+    """The collector is off while the graph is traced and compiled, and as it was found after,
+    a failed trace or compile included."""
+    import gc
+
+    import fp8conf.graph.compile as graph_compile
+    from fp8conf.errors import FP8TraceError
+
+    assert gc.isenabled()
+    model, x = _RecordsCollector(), torch.randn(TOKENS, DIM, requires_grad=True)
+    gm = fp8conf.trace_joint(model, (x,))
+    assert model.seen and not any(model.seen) and gc.isenabled()
+    seen = []
+
+    def first_step_of_compiling(graph):
+        seen.append(gc.isenabled())
+        raise RuntimeError("stopped here")
+
+    monkeypatch.setattr(graph_compile, "flat_graph_module", first_step_of_compiling)
+    with pytest.raises(RuntimeError, match="stopped here"):
+        fp8conf.compile_joint(gm)
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(FP8TraceError, match="the model failed"):
+        fp8conf.trace_joint(_RecordsCollector(fail=True), (x,))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        fp8conf.trace_joint(_RecordsCollector(), (x,))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -308,11 +308,12 @@ def _corrupt(saved, tmp_path, edit) -> Path:
         (lambda d: b"NOT-AN-ARTIFACT" + d, ArtifactError, "not an fp8conf artifact"),
         (lambda d: d + b"junk", ArtifactIntegrityError, "digest does not match"),
         (lambda d: d.replace(b'"tensorwise"', b'"tensorwiSe"', 1), ArtifactIntegrityError, "digest does not match"),
-        (lambda d: d.replace(b"FP8CONF-ARTIFACT/2\n", b"FP8CONF-ARTIFACT/9\n", 1), ArtifactError, "format version 9"),
-        (lambda d: d.replace(b"FP8CONF-ARTIFACT/2\n", b"FP8CONF-ARTIFACT\n", 1), ArtifactError, "format version 1"),
+        (lambda d: d.replace(b"FP8CONF-ARTIFACT/3\n", b"FP8CONF-ARTIFACT/9\n", 1), ArtifactError, "format version 9"),
+        (lambda d: d.replace(b"FP8CONF-ARTIFACT/3\n", b"FP8CONF-ARTIFACT\n", 1), ArtifactError, "format version 1"),
+        (lambda d: d.replace(b"FP8CONF-ARTIFACT/3\n", b"FP8CONF-ARTIFACT/2\n", 1), ArtifactError, "format version 2; this fp8conf reads version 3"),
         (lambda d: d[:25] + b"x" + d[26:], ArtifactIntegrityError, "digest does not match"),
     ],
-    ids=["half", "header-cut", "payload-bit", "magic", "trailing", "tampered-signature", "format", "format-1", "header-json"],
+    ids=["half", "header-cut", "payload-bit", "magic", "trailing", "tampered-signature", "format", "format-1", "format-2", "header-json"],
 )
 def test_corrupt_or_truncated_artifacts_raise_a_clear_error(saved, tmp_path, edit, error, message):
     bad = _corrupt(saved, tmp_path, edit)

@@ -25,7 +25,9 @@ Calling conventions:
   cannot be cut) and ``FingerprintMismatch`` (``load_artifact``). The suite catches exactly
   those; a backend whose passes raise their own maps them in its adapter.
 * Models the suite draws hold float8 layers (TorchAO's ``Float8Linear``) and, only for a
-  backend that claims ``mx``, MX layers that the backend converts itself (:meth:`Backend.convert_mx`).
+  backend that claims ``mx``, MX layers that the backend converts itself (:meth:`Backend.convert_mx`);
+  for a backend that claims ``moe``, mixture-of-experts layers whose experts it converts itself
+  (:meth:`Backend.convert_grouped_experts`).
 * Graphs the suite hands to a backend are the suite's copies: a backend may tag or rewrite
   them in place (``node.meta["custom"]`` included) without affecting other properties.
 * Models and their inputs are built on the suite's device (``--fp8-device=cpu|cuda``; CPU by
@@ -182,6 +184,24 @@ class Backend(abc.ABC):
         and the recipe's name. Their FP8 compute is one of torch's scaled matmuls or, for a
         backend that also claims ``e8m0``, a call of :meth:`e8m0_op`."""
         raise NotImplementedError(f"backend {self.name!r} does not implement convert_mx()")
+
+    # -- grouped experts (MoE) ----------------------------------------------------------------
+    def convert_grouped_experts(self, model: torch.nn.Module, *, module_filter_fn, recipe: str, emulate: bool) -> None:
+        """Convert, in place, the experts modules of ``model`` that ``module_filter_fn(module, fqn)``
+        accepts into the backend's FP8 grouped experts (capability ``moe``; kind
+        ``float8_grouped_experts``). An experts module (the suite's
+        ``conformance.moe.GroupedExperts``) has a Parameter ``weight`` of shape ``(E, out, in)``,
+        dims multiples of 16, and is called as ``module(x, offs)``: ``x`` ``(M, in)`` holds tokens
+        sorted by expert, ``offs`` the ``(E,)`` int32 end offsets of the token groups (a group may
+        be empty; ``offs[-1] == M``; every group's size a multiple of 16), and the result is
+        ``x[g] @ weight[e].T`` per group ``g`` of expert ``e``. ``recipe`` is ``"rowwise"``: every
+        grouped GEMM (output, grad_input, grad_weight) has both operands in FP8 with per-row
+        scales along its contraction dim, and the grad_weight GEMM's scales are per token group;
+        ``emulate=True`` computes in high precision on purpose (no FP8 compute). The converted
+        module keeps the ``weight`` Parameter; its provenance has kind ``float8_grouped_experts``,
+        recipe ``"rowwise"`` and ``emulate``. The suite draws MoE models only for a backend that
+        claims ``moe``."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement convert_grouped_experts()")
 
     # -- the e8m0 op --------------------------------------------------------------------------
     def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):

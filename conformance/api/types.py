@@ -29,6 +29,7 @@ CAPABILITIES = frozenset(
         "artifacts",
         "e8m0",
         "mx",
+        "moe",
     }
 )
 
@@ -40,7 +41,7 @@ PASSES = ("forward", "backward")
 class Provenance:
     """Which quantized module issued a node, and with which quantization config.
 
-    ``kind`` is ``"float8_linear"`` or ``"mxfp8_linear"``; ``recipe`` is the recipe name
+    ``kind`` is ``"float8_linear"``, ``"mxfp8_linear"`` or ``"float8_grouped_experts"``; ``recipe`` is the recipe name
     (``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, ``"mxfp8"``, ...), or None for a
     backend that records no recipe (``Backend.provenance_has_recipe = False``: PROV-002 then
     checks kind and emulate only, and its report row says so).

@@ -17,7 +17,7 @@ class ReferenceBackend(Backend):
     capabilities = frozenset(
         {
             "provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp",
-            "fingerprint", "artifacts", "e8m0", "mx",
+            "fingerprint", "artifacts", "e8m0", "mx", "moe",
         }
     )
 
@@ -94,6 +94,11 @@ class ReferenceBackend(Backend):
         from fp8conf import convert_to_mx_training
 
         convert_to_mx_training(model, recipe=recipe, module_filter_fn=module_filter_fn)
+
+    def convert_grouped_experts(self, model, *, module_filter_fn, recipe, emulate):
+        from fp8conf import convert_to_float8_grouped_experts
+
+        convert_to_float8_grouped_experts(model, recipe=recipe, emulate=emulate, module_filter_fn=module_filter_fn)
 
     def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):
         from fp8conf.quantized.ops.e8m0 import scaled_mm_e8m0

@@ -61,8 +61,13 @@ def test_EMU_002_an_emulated_module_never_excuses_another(fp8_backend, spec, dat
 # rowwise by 0.15% to 1.3% (the real path rounds its output differently). Through more
 # layers a tiny difference flips FP8 roundings in the next backward and grows to ~10%, which no
 # useful bound separates from a bug; a ReLU kink does the same to one layer. So the property is
-# checked one quantized layer at a time, without activation.
-_TOLERANCE = {"tensorwise": 1e-5, "rowwise": 3e-2, "rowwise_with_gw_hp": 3e-2}
+# checked one quantized layer at a time, without activation. On CUDA the real path's FP8 GEMM
+# accumulates in its own order and precision: tensorwise differs by about 3e-5 on an H200
+# (sm90), so the rule allows 1e-4 there; rowwise keeps its bound.
+_TOLERANCE = {
+    "cpu": {"tensorwise": 1e-5, "rowwise": 3e-2, "rowwise_with_gw_hp": 3e-2},
+    "cuda": {"tensorwise": 1e-4, "rowwise": 3e-2, "rowwise_with_gw_hp": 3e-2},
+}
 
 
 @pytest.mark.fp8_property("EMU-003")
@@ -82,6 +87,6 @@ def test_EMU_003_emulated_and_real_models_agree(fp8_backend, spec):
     pairs = [("output", out_real[0], out_emu[0])] + [(f"grad of {k}", grads_real[k], grads_emu[k]) for k in sorted(grads_real)]
     for label, real, emu in pairs:
         error = ((real - emu).norm() / real.norm().clamp_min(1e-12)).item()
-        tolerance = _TOLERANCE[spec.layers[0].recipe]
+        tolerance = _TOLERANCE["cuda" if device().startswith("cuda") else "cpu"][spec.layers[0].recipe]
         if not error <= tolerance:
-            fail("EMU-003", f"{label}: real and emulated differ by {error:.3g} in relative norm (tolerance {tolerance:g})", spec)
+            fail("EMU-003", f"{label}: real and emulated differ by {error:.3g} in relative norm (tolerance {tolerance:g} on {device()})", spec)

@@ -1,14 +1,17 @@
-"""The artifact file format (version 2).
+"""The artifact file format (version 3).
 
 An artifact is one file::
 
-    b"FP8CONF-ARTIFACT/2\\n" | 8-byte big-endian header length | header (canonical JSON) | payload
+    b"FP8CONF-ARTIFACT/3\\n" | 8-byte big-endian header length | header (canonical JSON) | payload
                            | sha256 of everything before (32 bytes) | HMAC-SHA256 of the same (32 bytes)
 
 The header (:class:`ArtifactHeader`) holds the quantization signature and its sha256, the
 mechanism that wrote the payload, the payload's size, what every graph input and output is and
-the id of the key that signed it. The payload is code that runs when it is loaded (Inductor's
-generated wrapper and kernels, or a pickled graph), so :func:`read_artifact` proves, before it
+the id of the key that signed it, and for a ``regional`` artifact its parts and the table of
+its compiled pieces (version 3: each distinct compiled piece is stored once, however many call
+sites use it; version 2 stored one copy per call site and is refused, to be re-saved). The
+payload is code that runs when it is loaded (Inductor's generated wrapper and kernels, or a
+pickled graph), so :func:`read_artifact` proves, before it
 parses anything, that the bytes are the ones written (the digest: :class:`ArtifactIntegrityError`
 otherwise) and that they were written by a holder of the key (the MAC, under the key of
 :mod:`fp8conf.artifacts.keys`: :class:`ArtifactAuthenticityError` otherwise). Only then is the
@@ -44,7 +47,7 @@ __all__ = [
     "verify_mac",
 ]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _MAGIC_PREFIX = b"FP8CONF-ARTIFACT"
 ARTIFACT_MAGIC = _MAGIC_PREFIX + f"/{FORMAT_VERSION}\n".encode()
 MECHANISMS = ("standalone_compile", "graph_pickler", "regional")
@@ -53,7 +56,7 @@ _DIGEST_BYTES = 32
 _TRAILER = 2 * _DIGEST_BYTES
 _UNSIGNED = bytes(_DIGEST_BYTES)
 _MAX_HEADER = 16 << 20  # a header describes inputs and modules: megabytes at most
-_HEADER_FIELDS = {"mechanism", "signature", "fingerprint", "payload_size", "inputs", "outputs", "fp8conf_version", "note", "key_id", "parts", "split"}
+_HEADER_FIELDS = {"mechanism", "signature", "fingerprint", "payload_size", "inputs", "outputs", "fp8conf_version", "note", "key_id", "parts", "split", "pieces"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +66,8 @@ class ArtifactHeader:
     ``key_id`` names the key whose MAC the artifact carries (``None``: unsigned). A ``regional``
     artifact's payload is its ``parts`` one after the other (the joint graph, or a GraphPP split's
     forward, backward_input and backward_weight), each with its size and the FP8 regions compiled
-    in it; ``split`` holds the calling convention of a split (``None`` otherwise).
+    in it, then its ``pieces``: each distinct compiled piece the parts' graphs call, once, with its
+    size and sha256; ``split`` holds the calling convention of a split (``None`` otherwise).
     """
 
     format_version: int
@@ -78,6 +82,7 @@ class ArtifactHeader:
     key_id: str | None = None
     parts: list = dataclasses.field(default_factory=list)
     split: dict | None = None
+    pieces: list = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -92,6 +97,7 @@ class ArtifactHeader:
             "key_id": self.key_id,
             "parts": self.parts,
             "split": self.split,
+            "pieces": self.pieces,
         }
 
 
@@ -263,13 +269,14 @@ def _parse_header(text: bytes, path: str) -> ArtifactHeader:
     _expect(path, "inputs", raw["inputs"], lambda v: isinstance(v, list) and all(map(_is_input_spec, v)))
     _expect(path, "outputs", raw["outputs"], lambda v: isinstance(v, list) and all(map(_is_output_spec, v)))
     _expect(path, "key_id", raw["key_id"], lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16}", v)))
-    _expect(path, "parts", raw["parts"], lambda v: _are_parts(v, raw["mechanism"], raw["payload_size"]))
+    _expect(path, "pieces", raw["pieces"], lambda v: _are_pieces(v, raw["mechanism"]))
+    _expect(path, "parts", raw["parts"], lambda v: _are_parts(v, raw["mechanism"], raw["payload_size"] - _pieces_size(raw["pieces"])))
     _expect(path, "split", raw["split"], lambda v: v is None or _is_split(v, raw["parts"]))
     for name in ("fp8conf_version", "note"):
         _expect(path, name, raw[name], lambda v: isinstance(v, str))
     return ArtifactHeader(
         FORMAT_VERSION, raw["mechanism"], signature, raw["fingerprint"], raw["payload_size"], raw["inputs"], raw["outputs"],
-        raw["fp8conf_version"], raw["note"], raw["key_id"], raw["parts"], raw["split"],
+        raw["fp8conf_version"], raw["note"], raw["key_id"], raw["parts"], raw["split"], raw["pieces"],
     )
 
 
@@ -336,6 +343,20 @@ def _are_parts(parts, mechanism, payload_size) -> bool:
             return False
     names = [p["name"] for p in parts]
     return names in (["joint"], list(PART_NAMES[1:])) and sum(p["size"] for p in parts) == payload_size
+
+
+def _are_pieces(pieces, mechanism) -> bool:
+    if not isinstance(pieces, list) or (mechanism != "regional" and pieces):
+        return False
+    return all(
+        isinstance(p, dict) and set(p) == {"sha256", "size"} and isinstance(p["sha256"], str)
+        and re.fullmatch(r"[0-9a-f]{64}", p["sha256"]) is not None and _is_index(p["size"])
+        for p in pieces
+    )
+
+
+def _pieces_size(pieces) -> int:
+    return sum(p["size"] for p in pieces)  # checked by _are_pieces first
 
 
 def _is_split(split, parts) -> bool:

@@ -4,11 +4,15 @@ Regional compilation (:func:`fp8conf.compile_joint`, ``mode="regional"``) is the
 point is a short cold start, so its result can be saved too. What it returns (unpartitioned)
 is a flat graph in which every compiled FP8 region is one call of an
 ``AOTCompiledArtifact`` (Inductor's generated code for that region), and so is every compiled
-piece of the remainder between them (``remainder="inductor"``), the rest running eagerly; ``torch.fx._graph_pickler.GraphPickler`` serializes exactly that graph, with
-each region's compiled code. An artifact of mechanism ``regional`` holds one such graph per
-part (``joint``, or ``forward`` / ``backward_input`` / ``backward_weight`` for a split) and
-records, per part, the identity of each compiled region (id, module, pass, nodes). Loading
-deserializes the graphs and compiles nothing (on CPU the C++ compiler still builds the bundled
+piece of the remainder between the regions (``remainder="inductor"``); the rest runs eagerly. Structurally equal regions share one compiled object, so a deep model calls few
+compiled pieces from many call sites: the artifact stores each distinct piece once (keyed by the
+object, then by the sha256 of its serialized bytes), in a table after the graphs, and each call
+site of the pickled graph (``torch.fx._graph_pickler.GraphPickler``) calls a stand-in submodule
+naming its piece. Any call of an ``AOTCompiledArtifact`` counts as a piece, whatever the
+regional compile made it for. An artifact of mechanism ``regional`` holds one such graph per
+part (``joint``, or ``forward`` / ``backward_input`` / ``backward_weight`` for a split; the parts
+share the table) and records, per part, the identity of each compiled region (id, module, pass,
+nodes). Loading deserializes each piece once, puts it back at its call sites, and compiles nothing (on CPU the C++ compiler still builds the bundled
 kernel sources into a library when Inductor's cache does not already hold it, as for ``full``
 artifacts), then checks that no node of a recorded region runs eagerly.
 
@@ -19,12 +23,16 @@ The same format, digest, MAC and fingerprint checks apply as to every artifact (
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 
+import torch
+
 from fp8conf.artifacts.format import FORMAT_VERSION, ArtifactHeader, seal, write_atomic
 from fp8conf.artifacts.signature import QuantizationSignature
-from fp8conf.errors import ArtifactError, FP8ConfigError
+from fp8conf.errors import ArtifactError, ArtifactIntegrityError, FP8ConfigError
 
 __all__ = ["PrecompiledSplit", "save_split_artifact", "load_split_artifact"]
 
@@ -41,40 +49,163 @@ def region_specs(compiled) -> list[dict]:
     ]
 
 
-def pack_part(name: str, graph, regions: list[dict], path: str) -> tuple[bytes, dict]:
-    """``(bytes, part entry)`` of one regionally compiled flat graph (a
-    :class:`~fp8conf.CompiledJoint`'s ``artifact``, or the graph itself when it has no input and
-    nothing was compiled) whose compiled regions are ``regions``."""
+#: Prefix of the stand-in submodules a packed graph calls in place of its compiled pieces.
+PIECE_PREFIX = "fp8conf_piece_"
+
+
+class _PieceRef(torch.nn.Module):
+    """Stands, in a packed graph, for the compiled piece ``index`` of the artifact's piece table;
+    loading puts the piece itself back in its place before the graph runs."""
+
+    def __init__(self, index: int):
+        super().__init__()
+        self.index = index
+
+    def forward(self, *args):
+        raise ArtifactError(f"compiled piece {self.index} of a regional artifact was called before it was loaded; load the artifact with fp8conf")
+
+
+def _compiled_piece(target):
+    """The ``AOTCompiledArtifact`` a call_function target runs (a compiled region, or any other
+    compiled piece of a regional graph), or ``None``."""
+    try:
+        from torch._inductor.standalone_compile import AOTCompiledArtifact
+    except ImportError:  # a torch without it has no such pieces to find
+        return None
+    artifact = getattr(target, "__wrapped__", None)
+    return artifact if isinstance(artifact, AOTCompiledArtifact) else None
+
+
+class _PieceTable:
+    """The distinct compiled pieces of the graphs being packed, each serialized once: call sites
+    of one compiled object share its entry, and so do pieces whose bytes are equal."""
+
+    def __init__(self):
+        self.blobs: list[bytes] = []
+        self._by_object: dict[int, int] = {}
+        self._by_digest: dict[str, int] = {}
+        self._alive: list = []  # keeps every object whose id() is a key alive while packing
+
+    def index(self, artifact) -> int:
+        if id(artifact) not in self._by_object:
+            data = artifact.serialize()
+            digest = hashlib.sha256(data).hexdigest()
+            if digest not in self._by_digest:
+                self._by_digest[digest] = len(self.blobs)
+                self.blobs.append(data)
+            self._by_object[id(artifact)] = self._by_digest[digest]
+            self._alive.append(artifact)
+        return self._by_object[id(artifact)]
+
+    def entries(self) -> list[dict]:
+        return [{"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for b in self.blobs]
+
+
+def _with_piece_refs(graph, table: _PieceTable):
+    """A copy of ``graph`` whose calls of compiled pieces call :class:`_PieceRef` stand-ins, so
+    that pickling it stores no compiled code (the table holds it, once per piece)."""
+    from fp8conf.graph.trace import copy_graph_module
+
+    packed = copy_graph_module(graph)
+    for target in dict.fromkeys(n.target for n in packed.graph.nodes if n.op == "call_module"):
+        inner = packed.get_submodule(target)
+        if isinstance(inner, torch.fx.GraphModule):  # a piece cut out as a submodule: packed alike, in a copy
+            packed.add_submodule(target, _with_piece_refs(inner, table))
+    for node in [n for n in packed.graph.nodes if n.op == "call_function"]:
+        artifact = _compiled_piece(node.target)
+        if artifact is None:
+            continue
+        index = table.index(artifact)
+        name = f"{PIECE_PREFIX}{index}"
+        if not hasattr(packed, name):
+            packed.add_submodule(name, _PieceRef(index))
+        node.op, node.target = "call_module", name  # in place: node names stay what the header records
+    packed.recompile()
+    return packed
+
+
+def pack_parts(parts: Sequence[tuple[str, object, list[dict]]], path: str) -> tuple[bytes, list[dict], list[dict]]:
+    """``(payload, part entries, piece entries)`` of regionally compiled flat graphs, given as
+    ``(name, graph, regions)``: each a :class:`~fp8conf.CompiledJoint`'s ``artifact`` (or the graph
+    itself when it has no input and nothing was compiled) whose compiled regions are ``regions``.
+    The payload is each part's pickled graph, then each distinct compiled piece once."""
     from torch.fx._graph_pickler import GraphPickler, Options
 
-    try:
-        # Every op may be pickled by name (fp8conf's own ops too); each region's
-        # AOTCompiledArtifact is serialized with its generated code.
-        data = GraphPickler.dumps(graph, Options(ops_filter=None))
-    except Exception as exc:
-        raise ArtifactError(
-            f"cannot save the regionally compiled {name} graph in {path!r}: {type(exc).__name__}: {exc}. "
-            "Its regions must be compiled by fp8conf.compile_joint(mode='regional') of this fp8conf.",
-            path=path,
-        ) from exc
-    return data, {"name": name, "size": len(data), "regions": regions}
+    table, blobs, entries = _PieceTable(), [], []
+    for name, graph, regions in parts:
+        try:
+            # Every op may be pickled by name (fp8conf's own ops too); compiled pieces go to the table.
+            data = GraphPickler.dumps(_with_piece_refs(graph, table), Options(ops_filter=None))
+        except Exception as exc:
+            raise ArtifactError(
+                f"cannot save the regionally compiled {name} graph in {path!r}: {type(exc).__name__}: {exc}. "
+                "Its regions must be compiled by fp8conf.compile_joint(mode='regional') of this fp8conf.",
+                path=path,
+            ) from exc
+        blobs.append(data)
+        entries.append({"name": name, "size": len(data), "regions": regions})
+    return b"".join(blobs + table.blobs), entries, table.entries()
 
 
-def unpack_parts(payload: bytes, header: ArtifactHeader, path: str) -> dict[str, Callable]:
-    """Each part's graph, deserialized, checked and callable on flat inputs."""
+def unpack_parts(payload: bytes, header: ArtifactHeader, path: str) -> dict[str, torch.fx.GraphModule]:
+    """Each part's graph, deserialized, its compiled pieces loaded once each, and checked (call
+    it on flat inputs through :func:`flat_callable`)."""
     from torch._subclasses import FakeTensorMode
     from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    fns, offset = {}, 0
+    offset = sum(part["size"] for part in header.parts)
+    pieces = _load_pieces(payload[offset:], header.pieces, path)
+    graphs, offset = {}, 0
     for part in header.parts:
         data = payload[offset:offset + part["size"]]
         offset += part["size"]
         graph = GraphPickler.loads(data, FakeTensorMode(shape_env=ShapeEnv()))
-        graph.recompile()
+        _bind_pieces(graph, pieces, part["name"], path)
         _check_regions_compiled(graph, part, path)
-        fns[part["name"]] = flat_callable(graph)
-    return fns
+        graphs[part["name"]] = graph
+    return graphs
+
+
+def _load_pieces(data: bytes, entries: list[dict], path: str) -> list[Callable]:
+    """Each compiled piece deserialized once, as the plain function FX code calls."""
+    from torch._inductor.standalone_compile import AOTCompiledArtifact
+
+    pieces, offset = [], 0
+    for i, entry in enumerate(entries):
+        blob = data[offset:offset + entry["size"]]
+        offset += entry["size"]
+        if hashlib.sha256(blob).hexdigest() != entry["sha256"]:  # the header is authenticated: the bytes must be its
+            raise ArtifactIntegrityError(f"artifact {path!r}: compiled piece {i} does not match its sha256 in the header; save it again", path=path)
+        pieces.append(_piece_call(AOTCompiledArtifact.deserialize(blob)))
+    return pieces
+
+
+def _piece_call(artifact) -> Callable:
+    # A plain function wrapping the artifact, as compiling makes it: saving a loaded graph again
+    # finds the artifact behind it.
+    @functools.wraps(artifact)
+    def piece(*args):
+        return artifact(*args)
+
+    return piece
+
+
+def _bind_pieces(graph, pieces: list[Callable], part: str, path: str) -> None:
+    """Put each loaded piece where its stand-in is called, in ``graph`` and every graph module
+    inside it, and drop the stand-ins."""
+    for inner in [m for m in graph.children() if isinstance(m, torch.fx.GraphModule)]:
+        _bind_pieces(inner, pieces, part, path)
+    for node in [n for n in graph.graph.nodes if n.op == "call_module"]:
+        ref = getattr(graph, node.target, None) if isinstance(node.target, str) else None
+        if not isinstance(ref, _PieceRef):
+            continue
+        if not (type(ref.index) is int and 0 <= ref.index < len(pieces)):
+            raise ArtifactError(f"artifact {path!r}: the {part} graph calls compiled piece {ref.index!r}, which the artifact lacks; save it again", path=path)
+        node.op, node.target = "call_function", pieces[ref.index]
+    for name in [n for n, m in graph.named_children() if isinstance(m, _PieceRef)]:
+        delattr(graph, name)
+    graph.recompile()
 
 
 def _check_regions_compiled(graph, part: dict, path: str) -> None:
@@ -169,12 +300,12 @@ def save_split_artifact(path, gm, split, signature: QuantizationSignature, fns: 
             f"save_split_artifact: fns must be compile_split(split, mode='regional')'s result; got parts {sorted(fns)}"
             + (f", {wrong} not regionally compiled" if wrong else "")
         )
-    packed = [pack_part(name, _graph_of(fns[name]), region_specs(fns[name]), path) for name in split.parts]
+    payload, parts, pieces = pack_parts([(name, _graph_of(fns[name]), region_specs(fns[name])) for name in split.parts], path)
     header = ArtifactHeader(
-        FORMAT_VERSION, "regional", signature, signature.sha256, sum(len(d) for d, _ in packed), inputs, outputs,
-        fp8conf.__version__, parts=[entry for _, entry in packed], split=_split_layout(split),
+        FORMAT_VERSION, "regional", signature, signature.sha256, len(payload), inputs, outputs,
+        fp8conf.__version__, parts=parts, split=_split_layout(split), pieces=pieces,
     )
-    header, data = seal(header, b"".join(d for d, _ in packed), signing_key)
+    header, data = seal(header, payload, signing_key)
     write_atomic(path, data)
     return header
 
@@ -199,7 +330,8 @@ def load_split_artifact(path, expected_signature: QuantizationSignature, *, key=
     header, payload = _verified(path, expected_signature, key, trust_unsigned)
     if header.split is None:
         raise ArtifactError(f"artifact {path!r} holds a {header.mechanism} joint graph, not a GraphPP split; load it with fp8conf.load_artifact", path=path)
-    fns = _deserialize_guarded(path, header, lambda: unpack_parts(payload, header, path))
+    graphs = _deserialize_guarded(path, header, lambda: unpack_parts(payload, header, path))
+    fns = {name: flat_callable(graph) for name, graph in graphs.items()}
     layout = header.split
     stage = StageSplit(
         fns["forward"], fns["backward_input"], fns["backward_weight"], layout["num_outputs"],

@@ -297,7 +297,7 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         if mechanism not in ("auto", compiled.mechanism):
             raise ArtifactError(f"save_artifact: this PrecompiledJoint is saved with {compiled.mechanism}, not {mechanism}; pass the traced graph", path=path)
         _check_signature_describes(signature, compiled.modules, path)
-        payload, parts = _compiled_payload(compiled, path)
+        payload, parts, pieces = _compiled_payload(compiled, path)
         inputs, outputs, used = compiled.inputs, compiled.outputs, compiled.mechanism
     elif isinstance(gm_or_compiled, torch.fx.GraphModule):
         from fp8conf.graph.trace import trace_info
@@ -305,7 +305,7 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         info = trace_info(gm_or_compiled)
         _check_signature_describes(signature, info.modules if info else None, path)
         inputs, outputs = _describe(gm_or_compiled)
-        payload, used, parts, note = _compile_for_saving(gm_or_compiled, mechanism, example_inputs, path)
+        payload, used, parts, pieces, note = _compile_for_saving(gm_or_compiled, mechanism, example_inputs, path)
     else:
         raise FP8ConfigError(f"save_artifact: expected a torch.fx.GraphModule from trace_joint or a PrecompiledJoint, got {type(gm_or_compiled).__qualname__}")
     header = ArtifactHeader(
@@ -319,37 +319,37 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         fp8conf_version=fp8conf.__version__,
         note=note,
         parts=parts,
+        pieces=pieces,
     )
     header, data = seal(header, payload, signing_key)
     write_atomic(path, data)
     return header
 
 
-def _compile_for_saving(gm, mechanism: str, example_inputs, path: str) -> tuple[bytes, str, list[dict], str]:
-    """``(payload, mechanism used, parts, note)`` of the traced graph ``gm`` compiled as asked."""
+def _compile_for_saving(gm, mechanism: str, example_inputs, path: str) -> tuple[bytes, str, list[dict], list[dict], str]:
+    """``(payload, mechanism used, parts, pieces, note)`` of the traced graph ``gm`` compiled as asked."""
     if mechanism == "regional":
-        payload, parts = _compiled_payload(precompile_joint(gm, mode="regional"), path)
-        return payload, "regional", parts, ""
+        payload, parts, pieces = _compiled_payload(precompile_joint(gm, mode="regional"), path)
+        return payload, "regional", parts, pieces, ""
     if mechanism in ("auto", "standalone_compile"):
         try:
-            return _standalone_payload(precompile_joint(gm, example_inputs).artifact, path), "standalone_compile", [], ""
+            return _standalone_payload(precompile_joint(gm, example_inputs).artifact, path), "standalone_compile", [], [], ""
         except Exception as exc:
             if mechanism == "standalone_compile":
                 raise ArtifactError(f"cannot compile and save {path!r} with standalone_compile: {type(exc).__name__}: {exc}", path=path) from exc
             note = f"standalone_compile failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); saved the traced graph, compiled on load"
             warnings.warn(f"fp8conf.save_artifact: {note}", stacklevel=3)
-            return _pickled_graph_payload(gm, path), "graph_pickler", [], note
-    return _pickled_graph_payload(gm, path), "graph_pickler", [], ""
+            return _pickled_graph_payload(gm, path), "graph_pickler", [], [], note
+    return _pickled_graph_payload(gm, path), "graph_pickler", [], [], ""
 
 
-def _compiled_payload(compiled: PrecompiledJoint, path) -> tuple[bytes, list[dict]]:
-    """``(payload, parts)`` of a compiled joint graph."""
+def _compiled_payload(compiled: PrecompiledJoint, path) -> tuple[bytes, list[dict], list[dict]]:
+    """``(payload, parts, pieces)`` of a compiled joint graph."""
     if compiled.mechanism == "regional":
-        from fp8conf.artifacts.regional import pack_part
+        from fp8conf.artifacts.regional import pack_parts
 
-        payload, part = pack_part("joint", compiled.artifact, compiled.regions, path)
-        return payload, [part]
-    return _standalone_payload(compiled.artifact, path), []
+        return pack_parts([("joint", compiled.artifact, compiled.regions)], path)
+    return _standalone_payload(compiled.artifact, path), [], []
 
 
 def _standalone_payload(artifact, path) -> bytes:
@@ -466,10 +466,12 @@ def _load_pickled_graph(payload: bytes, header: ArtifactHeader, path: str) -> Pr
 
 
 def _load_regional(payload: bytes, header: ArtifactHeader, path: str) -> PrecompiledJoint:
-    from fp8conf.artifacts.regional import unpack_parts
+    from fp8conf.artifacts.regional import flat_callable, unpack_parts
 
-    fn = unpack_parts(payload, header, path)["joint"]
-    return PrecompiledJoint(fn, header.inputs, header.outputs, "regional", regions=header.parts[0]["regions"])
+    graph = unpack_parts(payload, header, path)["joint"]
+    # The loaded graph is what a regional artifact saves: it can be saved again as it is.
+    return PrecompiledJoint(flat_callable(graph), header.inputs, header.outputs, "regional", artifact=graph,
+                            regions=header.parts[0]["regions"])
 
 
 # --- model-level entry points -------------------------------------------------------------------

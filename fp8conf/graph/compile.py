@@ -5,8 +5,11 @@ compiles each callable with it and precompiled artifacts (:mod:`fp8conf.artifact
 what its unpartitioned ``full`` mode made. Both modes work on a flat copy of the graph
 (placeholders in, a flat list out) with torch's own machinery. A whole joint graph is first cut
 into forward and backward by the min-cut partitioner, as ``torch.compile`` does
-(:mod:`fp8conf.graph.partition`). ``full`` then compiles each graph with
-``torch._inductor.standalone_compile``; ``regional`` tags the complete FP8 regions of each
+(:mod:`fp8conf.graph.partition`): for ``full`` the very cut ``torch.compile`` makes (Inductor's
+decompositions and partition function), for ``regional`` one that keeps every FP8 region whole.
+``full`` then compiles each graph with ``torch._inductor.standalone_compile`` and calls the
+compiled backward with its inputs boxed, so that saved values are freed as the backward
+consumes them; ``regional`` tags the complete FP8 regions of each
 (:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct region once
 (:mod:`fp8conf.graph.region_compile`), then, with ``remainder="inductor"`` (the default), the
 pieces of the rest between them (:mod:`fp8conf.graph.remainder`) the same way; with
@@ -23,6 +26,7 @@ nothing is compiled or left eager silently.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +40,7 @@ from fp8conf.graph.provenance import get_provenance
 from fp8conf.graph.region_compile import compile_pieces, compile_regions
 from fp8conf.graph.regions import Region, tag_fp8_regions
 from fp8conf.graph.remainder import remainder_pieces
-from fp8conf.graph.trace import flat_graph_module, joint_signature
+from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
 
 __all__ = ["MODES", "REMAINDERS", "CompiledJoint", "compile_joint"]
 
@@ -75,6 +79,7 @@ class CompiledJoint:
         return self.fn(*args)
 
 
+@with_collector_paused  # see fp8conf.graph.trace.collector_paused
 def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: bool = True, cudagraph: bool = False,
                   example_inputs=None, partition: bool = True, remainder: str = "inductor") -> CompiledJoint:
     """Compile ``gm``, a joint graph made by :func:`fp8conf.trace_joint` or a graph cut from one
@@ -107,7 +112,7 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     if not flat.graph.find_nodes(op="placeholder"):
         # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
         return CompiledJoint(gm, mode, (), frozenset(), names, inductor_compiles=0)
-    parts = partition_joint(flat) if partition else None
+    parts = partition_joint(flat, keep_fp8_regions=mode == "regional") if partition else None
     if mode == "full":
         compiled = _full(flat, parts, names, example_inputs)
     elif parts is None:
@@ -123,13 +128,37 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
 
 
 def _full(flat, parts, names, example_inputs) -> CompiledJoint:
-    examples = _examples(flat, example_inputs)
     if parts is None:
-        artifact = _standalone_compile(flat, examples)
+        artifact = _standalone_compile(flat, _examples(flat, example_inputs))
         return CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
-    forward = _standalone_compile(parts.forward, examples[: parts.num_primals])
+    # Example inputs are real tensors, as large as the parameters (forward) and the saved values
+    # (backward): each graph's live only while that graph compiles, so they never add up.
+    forward = _standalone_compile(parts.forward, _examples(flat, example_inputs)[: parts.num_primals])
     backward = _standalone_compile(parts.backward, _examples(parts.backward, None))
-    return CompiledJoint(run_partitioned(parts, forward, backward), "full", (), names, frozenset(), (forward, backward), 2)
+    # The wrappers above the boxed function put a module's parameters and buffers in front of the
+    # inputs; only a graph with none (a joint graph's halves take them as inputs) can skip them.
+    stateless = not any(True for _ in parts.backward.parameters()) and not any(True for _ in parts.backward.buffers())
+    boxed = _boxed_entry(backward) if stateless else None
+    fn = run_partitioned(parts, forward, boxed or backward, boxed_backward=boxed is not None)
+    return CompiledJoint(fn, "full", (), names, frozenset(), (forward, backward), 2)
+
+
+def _boxed_entry(artifact) -> Callable | None:
+    """The function inside ``artifact`` (a ``CompiledArtifact``) that takes the graph's inputs as
+    one list and empties it, so that Inductor's code frees each input after its last use, as
+    ``torch.compile``'s backward does with the saved values; ``None`` where there is none.
+
+    ``CompiledArtifact.__call__(*args)`` and the AOTAutograd wrappers above the boxed runtime
+    wrapper take the inputs as separate arguments, whose tuple keeps every input alive for the
+    whole call; they are ``functools.wraps`` wrappers, so the boxed function is the first one
+    down the ``__wrapped__`` chain that takes a single positional argument."""
+    fn = getattr(artifact, "_compiled_fn", None)
+    while fn is not None:
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_argcount == 1 and not code.co_flags & inspect.CO_VARARGS:
+            return fn
+        fn = getattr(fn, "__wrapped__", None)
+    return None
 
 
 def _standalone_compile(flat: torch.fx.GraphModule, example_inputs) -> Callable:

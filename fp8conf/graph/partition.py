@@ -9,8 +9,16 @@ graph, and :func:`run_partitioned` calls the two compiled halves with the joint 
 convention (primals then tangents in, forward outputs then gradients out), so every caller of
 :func:`fp8conf.compile_joint` sees no difference but the memory.
 
-Nodes keep their names and meta (provenance, ``partitioner_tag``, annotations) in both graphs;
-a forward node the backward recomputes appears in both, still tagged forward.
+Two ways to cut, one per compile mode. For ``regional`` (the default), nodes keep their names
+and meta (provenance, ``partitioner_tag``, annotations) in both graphs, a forward node the
+backward recomputes appears in both, still tagged forward, and every FP8 region stays whole on
+its side of the cut. For ``full`` (``keep_fp8_regions=False``) the cut is the one
+``torch.compile`` makes: the joint graph is first rewritten into Inductor's decompositions, then
+handed to Inductor's own partition function, which runs its joint-graph passes and the min-cut
+partitioner with common-subexpression elimination, counting parameters and buffers as free to
+keep. Merged subexpressions let the backward reuse the forward's FP8 scales and the three
+projections of one input share one cast, so this cut saves fewer bytes and launches fewer
+kernels; the graphs it makes have new node names, and their regions are not kept whole.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections.abc import Callable
 
 import torch
 import torch.fx
+import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 
 __all__ = ["PartitionedJoint", "partition_joint", "run_partitioned"]
@@ -44,11 +53,15 @@ class PartitionedJoint:
     backward_sources: tuple[tuple[str, int], ...]
 
 
-def partition_joint(flat: torch.fx.GraphModule) -> PartitionedJoint | None:
+def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True) -> PartitionedJoint | None:
     """Partition ``flat`` (a joint graph as :func:`fp8conf.graph.trace.flat_graph_module` makes
     it) with the min-cut partitioner; ``None`` when it is no joint graph the partitioner can
     read: the partitioner tells primals from tangents by placeholder name, as AOTAutograd names
-    them, and a graph without tangents has no backward to cut off."""
+    them, and a graph without tangents has no backward to cut off.
+
+    ``keep_fp8_regions`` (for the regional mode) keeps nodes, names and FP8 regions whole;
+    without it the cut is ``torch.compile``'s own (see the module's documentation), and ``None``
+    also when the placeholders record no fake values to trace the decompositions with."""
     placeholders = flat.graph.find_nodes(op="placeholder")
     primals = [p for p in placeholders if p.name.startswith("primals")]
     tangents = [p for p in placeholders if p.name.startswith("tangents")]
@@ -57,18 +70,13 @@ def partition_joint(flat: torch.fx.GraphModule) -> PartitionedJoint | None:
     num_forward_outputs = _forward_output_count(flat, len(primals))
     if num_forward_outputs is None:
         return None
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-    examples = [p.meta.get("val") for p in placeholders]
-    pinned = _pin_backward_regions(flat)
-    # No common-subexpression pass: it would merge a backward region's cast into the forward
-    # one it repeats, leaving the region incomplete and its nodes neither compiled nor eager.
-    with torch._functorch.config.patch(cse=False):
-        forward, backward = min_cut_rematerialization_partition(flat, examples, num_fwd_outputs=num_forward_outputs)
-    for graph in (flat, forward, backward):
-        for node in graph.graph.nodes:
-            if node.name in pinned:
-                node.meta["partitioner_tag"] = "is_backward"
+    if keep_fp8_regions:
+        forward, backward = _partition_keeping_regions(flat, num_forward_outputs)
+    else:
+        cut = _partition_as_torch_compile(flat, num_forward_outputs)
+        if cut is None:
+            return None
+        forward, backward = cut
     saved = {node.name: i for i, node in enumerate(_output_nodes(forward))}
     tangent_index = {node.name: j for j, node in enumerate(tangents)}
     sources = []
@@ -82,6 +90,63 @@ def partition_joint(flat: torch.fx.GraphModule) -> PartitionedJoint | None:
     forward.meta.update(flat.meta)
     backward.meta.update(flat.meta)
     return PartitionedJoint(forward, backward, len(primals), num_forward_outputs, tuple(sources))
+
+
+def _partition_keeping_regions(flat, num_forward_outputs):
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    examples = [p.meta.get("val") for p in flat.graph.find_nodes(op="placeholder")]
+    pinned = _pin_backward_regions(flat)
+    # No common-subexpression pass: it would merge a backward region's cast into the forward
+    # one it repeats, leaving the region incomplete and its nodes neither compiled nor eager.
+    with torch._functorch.config.patch(cse=False):
+        forward, backward = min_cut_rematerialization_partition(flat, examples, num_fwd_outputs=num_forward_outputs)
+    for graph in (flat, forward, backward):
+        for node in graph.graph.nodes:
+            if node.name in pinned:
+                node.meta["partitioner_tag"] = "is_backward"
+    return forward, backward
+
+
+def _partition_as_torch_compile(flat, num_forward_outputs):
+    """The cut ``torch.compile`` makes of the same joint graph: AOTAutograd traces it in
+    Inductor's decompositions, and Inductor's partition function runs the joint-graph pattern
+    passes, then the min-cut partitioner, told which inputs (parameters, buffers) outlive the
+    step so that keeping them for the backward costs nothing."""
+    from fp8conf.graph.trace import joint_signature
+    from torch._inductor.compile_fx import partition_fn
+
+    decomposed = _decompose_for_inductor(flat)
+    if decomposed is None:
+        return None
+    static = [i for i, spec in enumerate(joint_signature(flat).inputs) if spec.kind in ("param", "buffer")]
+    examples = [p.meta["val"] for p in decomposed.graph.find_nodes(op="placeholder")]
+    return partition_fn(decomposed, examples, num_fwd_outputs=num_forward_outputs, static_lifetime_input_indices=static)
+
+
+def _decompose_for_inductor(flat):
+    """``flat`` retraced (on its own fake values) into Inductor's decomposition table; its
+    placeholders keep their names, by which the partitioner tells primals from tangents."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    placeholders = flat.graph.find_nodes(op="placeholder")
+    examples = [p.meta.get("val") for p in placeholders]
+    fake_mode = detect_fake_mode(examples)
+    if fake_mode is None or not all(isinstance(v, torch.Tensor) for v in examples):
+        return None
+    # preserve_node_meta carries each node's partitioner tag and stack trace to the nodes it becomes.
+    with fake_mode, fx_traceback.preserve_node_meta():
+        decomposed = make_fx(torch.fx.Interpreter(flat).run, decomposition_table=select_decomp_table())(*examples)
+    for new, old in zip(decomposed.graph.find_nodes(op="placeholder"), placeholders):
+        new._rename(old.name)
+        new.target = old.name
+        if new.name != old.name:
+            return None
+    decomposed.recompile()
+    decomposed.meta.update(flat.meta)
+    return decomposed
 
 
 def _forward_output_count(flat, num_primals) -> int | None:
@@ -124,9 +189,14 @@ def _output_nodes(gm: torch.fx.GraphModule) -> list:
     return list(pytree.tree_leaves(gm.graph.find_nodes(op="output")[0].args[0], is_leaf=lambda x: x is None))
 
 
-def run_partitioned(partitioned: PartitionedJoint, forward_fn: Callable, backward_fn: Callable) -> Callable:
+def run_partitioned(partitioned: PartitionedJoint, forward_fn: Callable, backward_fn: Callable, *, boxed_backward: bool = False) -> Callable:
     """A flat callable (primals then tangents in, the joint graph's flat outputs out) that runs
-    ``forward_fn`` and ``backward_fn``, the two graphs of ``partitioned`` compiled or not."""
+    ``forward_fn`` and ``backward_fn``, the two graphs of ``partitioned`` compiled or not.
+
+    With ``boxed_backward``, ``backward_fn`` takes its inputs as one list and empties it, as
+    Inductor's compiled graphs do (the boxed calling convention ``torch.compile``'s backward
+    uses): each saved value is then freed as soon as the backward has used it for the last
+    time, instead of living until the whole backward returns."""
     num_primals, num_out, sources = partitioned.num_primals, partitioned.num_forward_outputs, partitioned.backward_sources
 
     def run(*flat):
@@ -135,6 +205,8 @@ def run_partitioned(partitioned: PartitionedJoint, forward_fn: Callable, backwar
         backward_in = [forward_out[i] if kind == "saved" else tangents[i] for kind, i in sources]
         outputs = forward_out[:num_out]
         del forward_out  # the saved values live on in backward_in only
+        if boxed_backward:
+            return outputs + list(backward_fn(backward_in))
         return outputs + list(backward_fn(*backward_in))
 
     return run

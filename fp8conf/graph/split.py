@@ -32,9 +32,7 @@ convention of the stage is read from its :class:`~fp8conf.JointSignature`.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import gc
 import operator
 from collections.abc import Callable, Sequence
 
@@ -46,7 +44,7 @@ from fp8conf import errors
 from fp8conf.graph.compile import compile_joint
 from fp8conf.graph.provenance import get_provenance, node_passes
 from fp8conf.graph.roles import is_fp8_compute
-from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY, JointSignature, joint_signature, trace_info
+from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY, JointSignature, collector_paused, joint_signature, trace_info
 from fp8conf.graph.validate import SIBLING_COMPUTE_META_KEY, validate_fp8_graph
 
 __all__ = ["SPLIT_META_KEY", "SplitPart", "StageSplit", "split_stage", "compile_split"]
@@ -121,23 +119,10 @@ def split_stage(gm: torch.fx.GraphModule, *, strict: bool = True) -> StageSplit:
     Raises :class:`~fp8conf.errors.FP8GraphSplitError` when the graph cannot be cut correctly.
     """
     validate_fp8_graph(gm, strict=strict)
-    with _garbage_collection_paused():
+    # The split makes a few objects per node, all of which live as long as the callables; a
+    # paused collector doubled its speed per node on 100k-node graphs (benchmarks/bench_passes.py).
+    with collector_paused():
         return _split(gm)
-
-
-@contextlib.contextmanager
-def _garbage_collection_paused():
-    # The split makes a few objects per node, all of which live as long as the callables. Python's
-    # collector, triggered by those allocations, scans the whole heap (the stage graph and its
-    # fake tensors) without finding garbage, which doubled the split's time per node on 100k-node
-    # graphs (benchmarks/bench_passes.py). It is paused for the split and left as it was found.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _signature_of(gm) -> JointSignature:

@@ -1,7 +1,8 @@
 """Finding the quantized modules of a model and naming their quantization config.
 
-A *quantized module* computes in FP8: torchao's ``Float8Linear`` (kind ``float8_linear``) or
-fp8conf's own ``MXLinear`` (kind ``mxfp8_linear``). Each gets a :class:`QuantizationConfig`
+A *quantized module* computes in FP8: torchao's ``Float8Linear`` (kind ``float8_linear``),
+fp8conf's own ``MXLinear`` (kind ``mxfp8_linear``) or ``Float8GroupedExperts`` (kind
+``float8_grouped_experts``, the experts of a mixture-of-experts layer). Each gets a :class:`QuantizationConfig`
 that names its recipe the way people do (``tensorwise``, ``rowwise`` ...), so that provenance,
 validation and error messages speak the user's language.
 """
@@ -35,7 +36,7 @@ class QuantizationConfig:
     """How one quantized module computes.
 
     Attributes:
-        kind: ``"float8_linear"`` or ``"mxfp8_linear"``.
+        kind: ``"float8_linear"``, ``"mxfp8_linear"`` or ``"float8_grouped_experts"``.
         recipe: recipe name; ``"custom"`` for a Float8LinearConfig matching no named recipe.
         emulate: True when the module deliberately computes in high precision (no FP8 matmul).
         fp8_grad_input: the backward computes grad_input with an FP8 matmul.
@@ -93,8 +94,9 @@ def quantization_config_of(module: torch.nn.Module) -> QuantizationConfig | None
 
     if isinstance(module, Float8Linear):
         return _float8_linear_config(module)
-    if getattr(module, "quant_kind", None) == "mxfp8_linear":
-        return QuantizationConfig(kind="mxfp8_linear", recipe=module.recipe, emulate=bool(module.emulate))
+    kind = getattr(module, "quant_kind", None)
+    if kind in ("mxfp8_linear", "float8_grouped_experts"):
+        return QuantizationConfig(kind=kind, recipe=module.recipe, emulate=bool(module.emulate))
     return None
 
 

@@ -1,0 +1,293 @@
+"""Mixture-of-experts models the suite draws (kind ``float8_grouped_experts``), as plain data.
+
+A :class:`MoESpec` prints as Python that builds its model with a backend that claims capability
+``moe``::
+
+    from conformance.moe import *
+    from your_backend import YourBackend
+    model, args = build_moe_model(MoESpec(...), convert=YourBackend().convert_grouped_experts)
+
+Each layer of the model is a top-k router (a plain high-precision ``nn.Linear``: routers stay in
+high precision) and two experts modules, ``experts_up`` (dim -> hidden) and ``experts_down``
+(hidden -> dim), with an activation between them. The suite builds the experts as its own
+high-precision :class:`GroupedExperts` (a 3-D ``weight`` ``(E, out, in)``, called as
+``experts(x, offs)``) and the backend converts them to FP8 through the contract's
+``Backend.convert_grouped_experts``. Routing sorts the token copies by expert and pads every
+group with zero rows to a multiple of 16 (FP8 grouped GEMMs need it), all with static shapes,
+so the model traces with fake tensors; the token-group end offsets are an input of each experts
+call. Experts listed in ``MoESpec.unused`` are masked out of routing: their groups are empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = [
+    "GROUPED_KIND", "ALIGNMENT", "MoESpec", "ExpertsSpec", "GroupedExperts", "build_moe_model", "build_experts_model",
+    "experts_inputs",
+]
+
+#: The quantized module kind of FP8 grouped experts.
+GROUPED_KIND = "float8_grouped_experts"
+#: Token groups are padded to a multiple of this many rows.
+ALIGNMENT = 16
+ACTIVATIONS = ("relu", "gelu")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoESpec:
+    """A stack of ``layers`` MoE layers on ``tokens`` tokens of ``dim`` features.
+
+    ``unused``: experts no token is routed to (never the last one, whose group also takes the
+    padding slack). ``emulate``: the experts compute in high precision on purpose."""
+
+    dim: int = 16
+    hidden: int = 32
+    experts: int = 4
+    top_k: int = 2
+    layers: int = 1
+    tokens: int = 16
+    unused: tuple[int, ...] = ()
+    activation: str = "relu"
+    emulate: bool = False
+    input_requires_grad: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dim % ALIGNMENT or self.hidden % ALIGNMENT:
+            raise ValueError(f"dim and hidden must be multiples of {ALIGNMENT}, got {self.dim}, {self.hidden}")
+        if any(not 0 <= e < self.experts - 1 for e in self.unused) or len(set(self.unused)) != len(self.unused):
+            raise ValueError(f"unused experts {self.unused} must be distinct and below {self.experts - 1}")
+        if not 1 <= self.top_k <= self.experts - len(self.unused):
+            raise ValueError(f"top_k={self.top_k} needs that many routable experts of {self.experts} - {len(self.unused)} unused")
+
+    @property
+    def padded_tokens(self) -> int:
+        """Rows of every experts call: the token copies plus the most padding routing can add, a
+        multiple of 16 (the weight-gradient GEMM contracts over the rows)."""
+        copies = self.tokens * self.top_k
+        return -(-copies // ALIGNMENT) * ALIGNMENT + ALIGNMENT * self.experts
+
+    def quantized_modules(self) -> dict[str, tuple[str, str, bool]]:
+        """FQN -> (kind, recipe, emulate) of every experts module: the ground truth."""
+        return {
+            f"layers.{i}.{name}": (GROUPED_KIND, "rowwise", self.emulate)
+            for i in range(self.layers)
+            for name in ("experts_up", "experts_down")
+        }
+
+    def calls(self) -> list[tuple[str, bool]]:
+        """``(fqn, input_requires_grad)`` for every experts call, in call order."""
+        calls = []
+        for i in range(self.layers):
+            calls.append((f"layers.{i}.experts_up", self.input_requires_grad or i > 0))
+            calls.append((f"layers.{i}.experts_down", True))
+        return calls
+
+    def expected_compute_counts(self) -> dict[tuple[str, str], int]:
+        """(fqn, pass) -> FP8 grouped GEMMs: forward 1 per call; backward grad_input when the
+        call's input needs a gradient, and grad_weight; none for emulated experts."""
+        if self.emulate:
+            return {}
+        counts = {}
+        for fqn, input_grad in self.calls():
+            counts[(fqn, "forward")] = 1
+            counts[(fqn, "backward")] = 1 + int(input_grad)
+        return counts
+
+    def to_python(self, backend: str | None = None) -> str:
+        module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
+        return (
+            "import torch\n"
+            "from conformance.moe import *\n"
+            f"from {module} import {qualname}\n"
+            f"model, args = build_moe_model({self!r}, convert={qualname}().convert_grouped_experts)\n"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertsSpec:
+    """One experts module on tokens already grouped: ``groups`` are the token counts per expert
+    (multiples of 16, zeros for empty groups), the offsets a model input. The last ``padding``
+    rows of every non-empty group are zeros, as routing's padding makes them."""
+
+    groups: tuple[int, ...] = (16, 0, 32)
+    in_features: int = 16
+    out_features: int = 32
+    padding: int = 0
+    emulate: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        if any(g % ALIGNMENT or g < 0 for g in self.groups) or not any(self.groups):
+            raise ValueError(f"groups {self.groups} must be multiples of {ALIGNMENT}, not all empty")
+        if self.in_features % ALIGNMENT or self.out_features % ALIGNMENT:
+            raise ValueError(f"features must be multiples of {ALIGNMENT}")
+        if not 0 <= self.padding <= min(g for g in self.groups if g):
+            raise ValueError(f"padding {self.padding} exceeds a group")
+
+    @property
+    def experts(self) -> int:
+        return len(self.groups)
+
+    def quantized_modules(self) -> dict[str, tuple[str, str, bool]]:
+        return {"experts": (GROUPED_KIND, "rowwise", self.emulate)}
+
+    def group_rows(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of every group's rows."""
+        bounds, start = [], 0
+        for size in self.groups:
+            bounds.append((start, start + size))
+            start += size
+        return bounds
+
+    def to_python(self, backend: str | None = None) -> str:
+        module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
+        return (
+            "import torch\n"
+            "from conformance.moe import *\n"
+            f"from {module} import {qualname}\n"
+            f"model, args = build_experts_model({self!r}, convert={qualname}().convert_grouped_experts)\n"
+        )
+
+
+_CACHE: dict[str, type] = {}
+
+
+def _classes():
+    if _CACHE:
+        return _CACHE
+    import torch
+    from torch import nn
+
+    class GroupedExperts(nn.Module):
+        """High-precision (bfloat16) experts: ``weight`` (E, out, in); ``forward(x, offs)``
+        multiplies each token group of ``x`` by its expert's ``weight[e].T``."""
+
+        def __init__(self, experts: int, in_features: int, out_features: int):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(experts, out_features, in_features) / in_features**0.5)
+
+        def forward(self, x, offs):
+            # bfloat16: the dtype torch's grouped GEMM takes on every device (and under fake tensors).
+            weight = self.weight.to(torch.bfloat16).transpose(-2, -1)
+            return torch._grouped_mm(x.to(torch.bfloat16), weight, offs=offs).to(x.dtype)
+
+    class MoELayer(nn.Module):
+        def __init__(self, spec: MoESpec):
+            super().__init__()
+            self.spec = spec
+            self.router = nn.Linear(spec.dim, spec.experts, bias=False)
+            mask = torch.zeros(spec.experts)
+            mask[list(spec.unused)] = float("-inf")
+            self.register_buffer("expert_mask", mask)
+            self.experts_up = GroupedExperts(spec.experts, spec.dim, spec.hidden)
+            self.experts_down = GroupedExperts(spec.experts, spec.hidden, spec.dim)
+
+        def forward(self, x):
+            spec = self.spec
+            probs = torch.softmax(self.router(x) + self.expert_mask, dim=-1)
+            weights, chosen = probs.topk(spec.top_k, dim=-1)
+            order, dest, offs = _route(chosen.reshape(-1), spec)
+            token = torch.div(order, spec.top_k, rounding_mode="floor")
+            rows = x.new_zeros(spec.padded_tokens, spec.dim).index_put((dest,), x[token])
+            hidden = self.experts_up(rows, offs)
+            hidden = torch.relu(hidden) if spec.activation == "relu" else torch.nn.functional.gelu(hidden)
+            out_rows = self.experts_down(hidden, offs)[dest] * weights.reshape(-1)[order].unsqueeze(-1)
+            return x.new_zeros(x.shape).index_add(0, token, out_rows.to(x.dtype))
+
+    class DrawnMoE(nn.Module):
+        def __init__(self, spec: MoESpec):
+            super().__init__()
+            self.spec = spec
+            self.layers = nn.ModuleList(MoELayer(spec) for _ in range(spec.layers))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = x + layer(x)
+            return x
+
+    class ExpertsOnly(nn.Module):
+        def __init__(self, spec: ExpertsSpec):
+            super().__init__()
+            self.experts = GroupedExperts(spec.experts, spec.in_features, spec.out_features)
+
+        def forward(self, x, offs):
+            return self.experts(x, offs)
+
+    _CACHE.update(GroupedExperts=GroupedExperts, MoELayer=MoELayer, DrawnMoE=DrawnMoE, ExpertsOnly=ExpertsOnly)
+    return _CACHE
+
+
+def _route(expert_of_copy, spec: MoESpec):
+    """Sort token copies by expert and place them in zero-padded groups.
+
+    Returns ``(order, dest, offs)``: ``order`` the copies sorted by expert, ``dest`` the row
+    each sorted copy lands in, ``offs`` the int32 group end offsets (the last group ends at
+    :attr:`MoESpec.padded_tokens`, taking the padding slack)."""
+    import torch
+
+    order = torch.argsort(expert_of_copy, stable=True)
+    # A scatter, not one_hot or bincount: no host synchronisation, so CUDA graphs can capture it.
+    counts = torch.zeros(spec.experts, dtype=expert_of_copy.dtype, device=expert_of_copy.device)
+    counts = counts.scatter_add(0, expert_of_copy, torch.ones_like(expert_of_copy))
+    padded = torch.div(counts + ALIGNMENT - 1, ALIGNMENT, rounding_mode="floor") * ALIGNMENT
+    starts = torch.cumsum(counts, 0) - counts
+    padded_starts = torch.cumsum(padded, 0) - padded
+    sorted_experts = expert_of_copy[order]
+    rank = torch.arange(order.shape[0], device=order.device) - starts[sorted_experts]
+    dest = padded_starts[sorted_experts] + rank
+    ends = torch.cumsum(padded, 0)
+    last = torch.full_like(ends[-1:], spec.padded_tokens)
+    offs = torch.cat([ends[:-1], last]).to(torch.int32)
+    return order, dest, offs
+
+
+def __getattr__(name):
+    # Lazily defined so that importing conformance.moe does not import torch.
+    if name in ("GroupedExperts", "MoELayer", "DrawnMoE", "ExpertsOnly"):
+        return _classes()[name]
+    raise AttributeError(name)
+
+
+def build_moe_model(spec: MoESpec, device: str = "cpu", *, convert):
+    """Build ``spec``'s model and convert its experts with ``convert`` (a backend's
+    ``convert_grouped_experts``, called as ``convert(model, module_filter_fn=..., recipe="rowwise",
+    emulate=...)``); return ``(model, args)``."""
+    import torch
+
+    torch.manual_seed(spec.seed)
+    model = _classes()["DrawnMoE"](spec)
+    experts = set(spec.quantized_modules())
+    convert(model, module_filter_fn=lambda m, fqn: fqn in experts, recipe="rowwise", emulate=spec.emulate)
+    model.to(device)
+    x = torch.randn(spec.tokens, spec.dim, device=device, requires_grad=spec.input_requires_grad)
+    return model, (x,)
+
+
+def experts_inputs(spec: ExpertsSpec, seed: int, device: str = "cpu", *, scale_group: int | None = None, factor: float = 1.0):
+    """``(x, offs)`` for ``spec``'s model drawn from ``seed``; with ``scale_group``, that group's
+    rows are multiplied by ``factor`` (every other row is unchanged)."""
+    import torch
+
+    generator = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(sum(spec.groups), spec.in_features, device=device, generator=generator)
+    for group, (start, end) in enumerate(spec.group_rows()):
+        if end > start and spec.padding:
+            x[end - spec.padding:end] = 0
+        if group == scale_group:
+            x[start:end] *= factor
+    offs = torch.tensor([end for _, end in spec.group_rows()], dtype=torch.int32, device=device)
+    return x.requires_grad_(True), offs
+
+
+def build_experts_model(spec: ExpertsSpec, device: str = "cpu", *, convert):
+    """Build ``spec``'s one-experts model, converted by ``convert`` (as :func:`build_moe_model`);
+    return ``(model, (x, offs))``."""
+    import torch
+
+    torch.manual_seed(spec.seed)
+    model = _classes()["ExpertsOnly"](spec)
+    convert(model, module_filter_fn=lambda m, fqn: fqn == "experts", recipe="rowwise", emulate=spec.emulate)
+    model.to(device)
+    return model, experts_inputs(spec, spec.seed, device)
