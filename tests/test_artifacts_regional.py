@@ -81,8 +81,10 @@ def _piece_calls(graph) -> list:
 
 def test_each_distinct_compiled_region_is_stored_once_and_loaded_once(tmp_path):
     """Three identical blocks: twelve region call sites, four distinct regions (forward and backward
-    of each of the two linears). The artifact holds four compiled pieces, and after loading the
-    twelve call sites share four callables, computing what the compiled step computed."""
+    of each of the two linears), and between the blocks four calls of two distinct compiled pieces
+    of the remainder (a residual add with the next block's norm, forward and backward). The
+    artifact holds six compiled pieces, and after loading the sixteen call sites share six
+    callables, computing what the compiled step computed."""
     from fp8conf.tools.example_models import build_stack
 
     model = build_stack(16, 3, "tensorwise", head=False)
@@ -90,13 +92,13 @@ def test_each_distinct_compiled_region_is_stored_once_and_loaded_once(tmp_path):
     joint = fp8conf.precompile_joint(fp8conf.trace_joint(model, (x,)), mode="regional")
     calls = _piece_calls(joint.artifact)
     distinct = {id(n.target.__wrapped__) for n in calls}
-    assert len(calls) == 12 and len(distinct) == 4
+    assert len(calls) == 12 + 4 and len(distinct) == 4 + 2
     header = fp8conf.save_artifact(tmp_path / "stack.fp8", joint, QuantizationSignature.from_model(model), key=KEY)
     assert len(header.pieces) == len(distinct)
     assert header.payload_size == header.parts[0]["size"] + sum(p["size"] for p in header.pieces)
     loaded = fp8conf.load_for_model(tmp_path / "stack.fp8", model, (x,))
     loaded_calls = _piece_calls(loaded.artifact)
-    assert len(loaded_calls) == 12 and len({n.target for n in loaded_calls}) == 4
+    assert len(loaded_calls) == 16 and len({n.target for n in loaded_calls}) == 6
     (out, grads), (want, want_grads) = loaded.run(model, (x,), (grad,)), joint.run(model, (x,), (grad,))
     assert all(_same(a, b) for a, b in zip(out, want)) and all(_same(grads[k], want_grads[k]) for k in want_grads)
     # A piece whose bytes are not the ones its (authenticated) header entry names is not loaded,
@@ -122,19 +124,14 @@ def test_a_regional_artifact_loads_in_process_bitwise(saved):
     assert sorted(split.regions) == ["backward_input", "backward_weight", "forward"]
 
 
-def _compiled_calls(graph) -> int:
-    """Calls of compiled code in a regionally compiled flat graph: regions and remainder pieces."""
-    return sum(1 for n in graph.graph.nodes if n.op == "call_function" and hasattr(n.target, "__wrapped__"))
-
-
 def test_the_remainders_compiled_pieces_are_saved_and_loaded_with_the_regions(saved):
     directory, model, args, *_ = saved
     joint = saved[4]
     # Two compiled regions; the rest of the step is compiled in pieces of its own.
-    calls = _compiled_calls(joint.artifact)
+    calls = len(_piece_calls(joint.artifact))
     assert calls > len(joint.regions) == 2
     loaded = fp8conf.load_for_model(directory / "joint.fp8", build_model(SPEC_R)[0], args)
-    assert _compiled_calls(loaded._fn) == calls
+    assert len(_piece_calls(loaded.artifact)) == calls
 
 
 def test_round_trip_in_a_fresh_process_is_bitwise_and_compiles_nothing(saved, tmp_path):
