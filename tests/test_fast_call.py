@@ -65,7 +65,7 @@ def test_a_graph_whose_wrappers_matter_keeps_calling_the_artifact(fn):
     assert not graph_allows_fast_call(gm, [x])
     artifact = torch._inductor.standalone_compile(gm, [x], dynamic_shapes="from_example_inputs", aot=True)
     assert fast_entry(artifact) is None  # the runtime wrapper has work to do: no fast entry either
-    region = region_compile._region_call(artifact, None)
+    region = region_compile.region_call(artifact, None)
     eager_input, compiled_input = x.clone(), x.clone()
     for _ in range(2):
         expected, got = fn(eager_input), region(compiled_input)

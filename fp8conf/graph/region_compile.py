@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.graph.regions import Region
 
-__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "structural_key", "compile_regions", "compile_pieces"]
+__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions", "compile_pieces", "region_call"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"
@@ -116,7 +116,7 @@ def _fuse_and_compile(gm, groups, prefix: str, cache: dict, error: Callable[[int
                     raise error(int(node.target[len(prefix):]), exc) from exc
             fast = fast_entry(cache[key]) if FAST_CALLS and graph_allows_fast_call(submodule, fake_inputs) else None
             with gm.graph.inserting_after(node):
-                call = gm.graph.call_function(_region_call(cache[key], fast), args=node.args, kwargs=node.kwargs)
+                call = gm.graph.call_function(region_call(cache[key], fast), args=node.args, kwargs=node.kwargs)
             call.meta = node.meta
             node.replace_all_uses_with(call)
             gm.graph.erase_node(node)
@@ -141,7 +141,7 @@ def _no_nested_remat():
     return contextlib.nullcontext()
 
 
-def _region_call(compiled, fast: Callable | None = None) -> Callable:
+def region_call(compiled, fast: Callable | None = None) -> Callable:
     """A plain function, not the artifact object (FX code generation calls functions by name),
     whose ``__wrapped__`` is the artifact (what a regional artifact saves). With ``fast``
     (:func:`fp8conf.graph.fast_call.fast_entry`), calls after the first skip the artifact's
