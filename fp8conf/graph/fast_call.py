@@ -105,7 +105,8 @@ def graph_allows_fast_call(gm: torch.fx.GraphModule, example_inputs) -> bool:
             return False
     storages = [_storage(n) for n in gm.graph.find_nodes(op="placeholder")]
     (output,) = gm.graph.find_nodes(op="output")
-    for value in torch.fx.node.map_arg(output.args[0], lambda n: n) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]:
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    for value in values:
         storage = _storage(value) if isinstance(value, torch.fx.Node) else None
         if storage is None or storage in storages:
             return False  # not a tensor we can see, or a pass-through or alias: the wrapper may matter
