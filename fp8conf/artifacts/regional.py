@@ -23,7 +23,6 @@ The same format, digest, MAC and fingerprint checks apply as to every artifact (
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import os
 from collections.abc import Callable, Sequence
@@ -182,13 +181,13 @@ def _load_pieces(data: bytes, entries: list[dict], path: str) -> list[Callable]:
 
 
 def _piece_call(artifact) -> Callable:
-    # A plain function wrapping the artifact, as compiling makes it: saving a loaded graph again
-    # finds the artifact behind it.
-    @functools.wraps(artifact)
-    def piece(*args):
-        return artifact(*args)
+    """A plain function wrapping the artifact, as compiling makes it: saving a loaded graph again
+    finds the artifact behind it; after its first call it skips the artifact's wrappers where
+    they have nothing to do (:mod:`fp8conf.graph.fast_call`)."""
+    from fp8conf.graph import region_compile
+    from fp8conf.graph.fast_call import fast_entry
 
-    return piece
+    return region_compile.region_call(artifact, fast_entry(artifact) if region_compile.FAST_CALLS else None)
 
 
 def _bind_pieces(graph, pieces: list[Callable], part: str, path: str) -> None:

@@ -220,7 +220,9 @@ def _regional(gm, graphs, names, strict, remainder) -> CompiledJoint:
             uncompiled = {n.name for r in found if not r.complete for n in r.nodes}
             fn, fused = compile_pieces(graph, remainder_pieces(graph, keep_eager=uncompiled), cache, error=_piece_error)
             compiled_names |= fused
-        fns.append(fn)
+        # One dynamo-disable frame for the whole graph: the regions called straight through
+        # Inductor's code (fp8conf.graph.fast_call) no longer pass through the artifact's own.
+        fns.append(torch._dynamo.disable(fn))
     tagged = {n.name for r in regions if r.complete for n in r.nodes}
     left_eager = tagged - compiled_names
     if left_eager and strict:

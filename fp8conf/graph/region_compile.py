@@ -25,14 +25,19 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
+from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.graph.regions import Region
 
-__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "structural_key", "compile_regions", "compile_pieces"]
+__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions", "compile_pieces", "region_call"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"
 #: Prefix of the submodules pieces of the eager remainder are cut into.
 PIECE_SUBMODULE_PREFIX = "fp8conf_piece_"
+#: Whether compiled regions and pieces are called through :func:`fp8conf.graph.fast_call.fast_entry`
+#: where it is safe (read when a graph is compiled; ``False`` keeps every call on the artifact,
+#: as benchmarks/bench_host.py does to measure what the fast path saves).
+FAST_CALLS = True
 
 
 def structural_key(gm: torch.fx.GraphModule) -> tuple:
@@ -103,13 +108,15 @@ def _fuse_and_compile(gm, groups, prefix: str, cache: dict, error: Callable[[int
                 continue
             submodule = getattr(gm, node.target)
             key = structural_key(submodule)
+            fake_inputs = [i.meta["val"] for i in node.all_input_nodes]
             if key not in cache:
                 try:
-                    cache[key] = _compile_region(submodule, [i.meta["val"] for i in node.all_input_nodes])
+                    cache[key] = _compile_region(submodule, fake_inputs)
                 except Exception as exc:
                     raise error(int(node.target[len(prefix):]), exc) from exc
+            fast = fast_entry(cache[key]) if FAST_CALLS and graph_allows_fast_call(submodule, fake_inputs) else None
             with gm.graph.inserting_after(node):
-                call = gm.graph.call_function(_region_call(cache[key]), args=node.args, kwargs=node.kwargs)
+                call = gm.graph.call_function(region_call(cache[key], fast), args=node.args, kwargs=node.kwargs)
             call.meta = node.meta
             node.replace_all_uses_with(call)
             gm.graph.erase_node(node)
@@ -134,10 +141,20 @@ def _no_nested_remat():
     return contextlib.nullcontext()
 
 
-def _region_call(compiled) -> Callable:
-    # A plain function, not the artifact object: FX code generation calls functions by name.
+def region_call(compiled, fast: Callable | None = None) -> Callable:
+    """A plain function, not the artifact object (FX code generation calls functions by name),
+    whose ``__wrapped__`` is the artifact (what a regional artifact saves). With ``fast``
+    (:func:`fp8conf.graph.fast_call.fast_entry`), calls after the first skip the artifact's
+    wrappers; the first goes through them, for whatever torch does on a graph's first run
+    (writing its autotuning cache, say)."""
+    call = compiled
+
     @functools.wraps(compiled)
     def region(*args):
+        nonlocal call
+        if fast is None or call is fast:
+            return call(*args)
+        call = fast
         return compiled(*args)
 
     return region

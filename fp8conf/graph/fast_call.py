@@ -1,0 +1,121 @@
+"""The cheapest safe way to call a compiled region or remainder piece.
+
+A regionally compiled graph calls each of its regions and pieces once per step, dozens of calls
+for a small model, and each call of torch's ``CompiledArtifact`` passes through a stack of
+Python layers: the artifact, its serializable callable, a dynamo-disable frame, AOTAutograd's
+``forward`` (which prepends parameters), its runtime wrapper (grad mode, input mutations, output
+aliases) and Inductor's ``CompiledFxGraph.__call__``, before Inductor's generated ``call(args)``
+runs the kernels. When the graph is called with gradients off (the regional callable runs under
+one ``no_grad``) and AOTAutograd recorded nothing for its wrappers to do, every layer above
+``call`` only forwards the arguments, and calling ``call`` directly computes the same values
+with none of that host time.
+
+:func:`fast_entry` finds that function, or ``None`` wherever a layer might matter or is not one
+it recognises (another torch version's wrappers, say): callers then keep calling the artifact,
+so a torch that wraps differently is slower, never wrong. The artifact itself, what a regional
+artifact saves, is not changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.fx
+
+__all__ = ["fast_entry", "graph_allows_fast_call"]
+
+#: Names the runtime wrapper's generated code binds only when it has work of its own to do:
+#: write back mutated inputs, bump their versions, regenerate aliased outputs, mark dynamic
+#: dimensions, turn autocast off.
+_WRAPPER_WORK = frozenset({"_apply_mutations_", "_increment_version_", "_replay_aliases_", "_mark_dynamic_", "_DisableAutocast_"})
+#: Attributes a joint (training) runtime wrapper's code reads, and an inference one's does not.
+_JOINT_WRAPPER = frozenset({"_is_view_replay_enabled", "enable_grad"})
+#: Closure cells through which a recognised wrapper function calls the next layer down.
+_NEXT_CELLS = ("fn", "compiled_fn", "_inner_compiled_fn")
+
+
+def fast_entry(artifact) -> Callable | None:
+    """A function called like ``artifact`` (positional tensors in, a sequence of tensors out) that
+    calls Inductor's generated code directly, or ``None`` when a layer in between might do work."""
+    try:
+        from torch._inductor.output_code import CompiledFxGraph
+    except ImportError:
+        return None
+    layer = artifact
+    for _ in range(16):
+        if isinstance(layer, CompiledFxGraph):
+            return _direct_call(layer)
+        layer = _next_layer(layer)
+        if layer is None:
+            return None
+    return None
+
+
+def _direct_call(graph) -> Callable | None:
+    if getattr(graph, "current_callable", None) is None:
+        return None
+
+    def region(*args):
+        # Inductor's code takes its inputs as one list and empties it; the attribute is read per
+        # call since torch may replace the callable after the first run (CUDA graph trees).
+        return graph.current_callable(list(args))
+
+    return region
+
+
+def _next_layer(layer):
+    """The layer ``layer`` calls, when ``layer`` is known to only forward its arguments to it."""
+    name = type(layer).__name__
+    if name == "AOTCompiledArtifact":
+        return getattr(layer, "inner_fn", None)
+    if name in ("BundledAOTAutogradSerializableCallable", "SerializableCompiledFunction"):
+        return getattr(layer, "compiled_fn", None)
+    code = getattr(layer, "__code__", None)
+    if code is None or layer.__closure__ is None:
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in layer.__closure__)))
+    if cells.get("params_buffers_flat"):
+        return None  # AOTAutograd's forward puts a module's parameters in front of the inputs
+    if "_codegen_runtime_wrapper" in cells and not _plain_runtime_wrapper(cells["_codegen_runtime_wrapper"]):
+        return None
+    if any(k in cells for k in ("runtime_metadata", "trace_joint", "disable_amp")):
+        return None  # a runtime wrapper this module cannot read: assume it does work
+    known = code.co_name in ("_fn", "forward", "runtime_wrapper")
+    return next((cells[k] for k in _NEXT_CELLS if k in cells), None) if known else None
+
+
+def _plain_runtime_wrapper(generated) -> bool:
+    """Whether AOTAutograd's generated runtime wrapper does no work of its own: an inference
+    wrapper that only calls the compiled graph (with grad mode off, as the caller has it)."""
+    code = getattr(generated, "__code__", None)
+    if code is None:
+        return False
+    return not (_WRAPPER_WORK & set(generated.__globals__)) and not (_JOINT_WRAPPER & set(code.co_names))
+
+
+def graph_allows_fast_call(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    """Whether ``gm`` (a region or piece, before compilation) has nothing for AOTAutograd's
+    wrappers to do, judged on the graph itself: no input that requires grad, no op that mutates,
+    no output that is an input or shares storage with one or with another output."""
+    if any(isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs):
+        return False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+            return False
+    storages = [_storage(n) for n in gm.graph.find_nodes(op="placeholder")]
+    (output,) = gm.graph.find_nodes(op="output")
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    for value in values:
+        storage = _storage(value) if isinstance(value, torch.fx.Node) else None
+        if storage is None or storage in storages:
+            return False  # not a tensor we can see, or a pass-through or alias: the wrapper may matter
+        storages.append(storage)
+    return True
+
+
+def _storage(node: torch.fx.Node):
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return None
+    return torch.multiprocessing.reductions.StorageWeakRef(value.untyped_storage())
