@@ -43,12 +43,15 @@ def fast_entry(artifact) -> Callable | None:
     except ImportError:
         return None
     layer = artifact
-    for _ in range(16):
-        if isinstance(layer, CompiledFxGraph):
-            return _direct_call(layer)
-        layer = _next_layer(layer)
-        if layer is None:
-            return None
+    try:
+        for _ in range(16):
+            if isinstance(layer, CompiledFxGraph):
+                return _direct_call(layer)
+            layer = _next_layer(layer)
+            if layer is None:
+                return None
+    except Exception:  # noqa: BLE001 - a layout this walk does not know: the artifact call is always right
+        return None
     return None
 
 
@@ -74,7 +77,7 @@ def _next_layer(layer):
     code = getattr(layer, "__code__", None)
     if code is None or layer.__closure__ is None:
         return None
-    cells = dict(zip(code.co_freevars, (c.cell_contents for c in layer.__closure__)))
+    cells = {name: value for name, value in zip(code.co_freevars, map(_cell_value, layer.__closure__)) if value is not _EMPTY}
     if cells.get("params_buffers_flat"):
         return None  # AOTAutograd's forward puts a module's parameters in front of the inputs
     if "_codegen_runtime_wrapper" in cells and not _plain_runtime_wrapper(cells["_codegen_runtime_wrapper"]):
@@ -83,6 +86,18 @@ def _next_layer(layer):
         return None  # a runtime wrapper this module cannot read: assume it does work
     known = code.co_name in ("_fn", "forward", "runtime_wrapper")
     return next((cells[k] for k in _NEXT_CELLS if k in cells), None) if known else None
+
+
+_EMPTY = object()
+
+
+def _cell_value(cell):
+    # A closure cell still unbound when the artifact is built (torch 2.11 leaves some so) holds
+    # nothing this walk could follow.
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _EMPTY
 
 
 def _plain_runtime_wrapper(generated) -> bool:
