@@ -100,6 +100,10 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     that exactly the tagged regions are compiled. Ops Inductor would change or cannot take alone
     (random, in-place, non-tensor values, FP8 values outside a region) stay eager either way and
     are named in ``eager_nodes``.
+
+    With ``cudagraph=True`` every call replays one captured graph and returns the same output
+    tensors, which the next call overwrites: clone what a step must keep (its gradients, say)
+    before calling again.
     """
     if mode not in MODES:
         raise errors.FP8ConfigError(f"compile_joint(mode={mode!r}): choose one of {MODES}")
