@@ -82,6 +82,12 @@ def _next_layer(layer):
         return None  # AOTAutograd's forward puts a module's parameters in front of the inputs
     if "_codegen_runtime_wrapper" in cells and not _plain_runtime_wrapper(cells["_codegen_runtime_wrapper"]):
         return None
+    if code.co_name == "wrapper" and type(cells.get("self")).__name__ == "FunctionalizedRngRuntimeWrapper":
+        # Adds RNG seed and offset only for a graph whose random ops were functionalized.
+        plain = getattr(cells.get("runtime_metadata"), "is_rng_op_functionalized", True) is False
+        return cells.get("compiled_fn") if plain else None
+    if code.co_name == "runtime_wrapper" and "runtime_metadata" in cells:
+        return cells.get("compiled_fn") if _plain_metadata_wrapper(cells) else None
     if any(k in cells for k in ("runtime_metadata", "trace_joint", "disable_amp")):
         return None  # a runtime wrapper this module cannot read: assume it does work
     known = code.co_name in ("_fn", "forward", "runtime_wrapper")
@@ -98,6 +104,27 @@ def _cell_value(cell):
         return cell.cell_contents
     except ValueError:
         return _EMPTY
+
+
+def _plain_metadata_wrapper(cells: dict) -> bool:
+    """Whether AOTAutograd's hand-written runtime wrapper (torch 2.11's, which reads its
+    ``runtime_metadata`` at every call) has nothing to do: an inference graph, no input mutation
+    to write back, no aliased output or intermediate base to regenerate, no dynamic dims to
+    mark, no grad-mode change, autocast left alone."""
+    meta = cells["runtime_metadata"]
+    try:
+        return (
+            cells.get("trace_joint") is False
+            and cells.get("disable_amp") is False
+            and not meta.mutated_graph_handled_indices_seen_by_autograd
+            and meta.num_mutated_inp_runtime_indices == 0
+            and meta.num_outputs_aliased == 0
+            and meta.num_intermediate_bases == 0
+            and not meta.dynamic_outputs
+            and meta.grad_enabled_mutation is None
+        )
+    except AttributeError:
+        return False  # metadata of another layout: assume it matters
 
 
 def _plain_runtime_wrapper(generated) -> bool:
