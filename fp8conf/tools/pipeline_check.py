@@ -190,8 +190,8 @@ def _worker(rank, ranks, init_file, options, result_dir):
         modules, batch, target = _problem(options, device)
         num_stages = ranks * options["stages_per_rank"]
         mine = stage_indices(options["schedule"], rank, ranks, options["stages_per_rank"])
-        example = batch[: options["tokens"]]
-        stages = [GraphPPStage(modules[i], i, num_stages, device, example, compile=options["compile"]) for i in mine]
+        examples = _stage_examples(modules, batch, options["microbatches"])
+        stages = [GraphPPStage(modules[i], i, num_stages, device, examples[i], compile=options["compile"]) for i in mine]
         cls = get_schedule_class(options["schedule"])
         schedule = cls(stages[0] if issubclass(cls, PipelineScheduleSingle) else stages, options["microbatches"], loss_fn=_loss)
         times = []
@@ -242,9 +242,19 @@ def _deferred_weight_steps(runs: dict[int, list]) -> int:
     return deferred
 
 
+def _stage_examples(stages, batch, microbatches) -> list[torch.Tensor]:
+    """Each stage's input for the first microbatch: a stage's input may differ from the batch in
+    shape and dtype (token ids into an embedding), so it is what the stages before it return."""
+    examples = [batch.tensor_split(microbatches)[0]]
+    with torch.no_grad():
+        for module in stages[:-1]:
+            examples.append(module(examples[-1]))
+    return examples
+
+
 def _unsplit_graphs(stages, batch, microbatches):
-    example = batch.tensor_split(microbatches)[0]
-    return [trace_joint(m, (example.detach().clone().requires_grad_(i > 0),)) for i, m in enumerate(stages)]
+    examples = _stage_examples(stages, batch, microbatches)
+    return [trace_joint(m, (x.detach().clone().requires_grad_(i > 0),)) for i, (m, x) in enumerate(zip(stages, examples))]
 
 
 def _synchronize(tensor):
