@@ -7,7 +7,8 @@ rank. A rank is *busy* while it computes, and *idle* the rest of the window::
     idle share = 1 - |union of the rank's compute intervals, clipped to the window| / |window|
 
 Compute intervals are, on a GPU, the device activities of that rank's trace (kernels, copies,
-fills) other than NCCL's, whose kernels spin while they wait for the peer; on CPU, the operators
+fills) other than NCCL's, whose kernels spin while they wait for the peer, and other than the
+``record_function`` labels the profiler mirrors onto the device's timeline; on CPU, the operators
 run under the step's label other than communication (``c10d::``, ``gloo:``, ``nccl:``) and its
 children, and other than ``torch.distributed.pipelining``'s per-action labels (``PP:...``), which
 wrap the waits for a peer's activation or gradient as well as the compute. A union, not a sum, so
@@ -58,7 +59,11 @@ def _host_compute(event, step) -> bool:
 
 
 def _device_compute(event) -> bool:
-    return event.device_type == DeviceType.CUDA and "nccl" not in event.name.lower()
+    # record_function labels also appear on the device's timeline (spanning the kernels run
+    # under them, waits included): they are annotations, not activity.
+    if event.device_type != DeviceType.CUDA or getattr(event, "is_user_annotation", False):
+        return False
+    return event.name != STEP_LABEL and not event.name.startswith(_SCHEDULE_ACTION) and "nccl" not in event.name.lower()
 
 
 def _covered(intervals, start, end) -> float:
