@@ -163,12 +163,13 @@ def test_idle_share_counts_the_time_a_real_trace_spends_outside_compute_ops():
             start = time.perf_counter()
             a @ a
             time.sleep(0.05)  # no operator runs: idle
-            with record_function("PP:0F0"):  # a schedule's action label is not compute by itself
-                time.sleep(0.05)
+            for label in ("PP:0F0", "Forward 1"):  # a schedule's action labels are not compute by themselves
+                with record_function(label):
+                    time.sleep(0.05)
             a @ a
             wall = time.perf_counter() - start
     share = idle_share(prof.events(), device="cpu")
-    assert 0.1 / wall - 0.05 <= share < 1, (share, wall)
+    assert 0.15 / wall - 0.05 <= share < 1, (share, wall)
 
 
 @pytest.mark.timeout(300)

@@ -10,8 +10,9 @@ Compute intervals are, on a GPU, the device activities of that rank's trace (ker
 fills) other than NCCL's, whose kernels spin while they wait for the peer, and other than the
 ``record_function`` labels the profiler mirrors onto the device's timeline; on CPU, the operators
 run under the step's label other than communication (``c10d::``, ``gloo:``, ``nccl:``) and its
-children, and other than ``torch.distributed.pipelining``'s per-action labels (``PP:...``), which
-wrap the waits for a peer's activation or gradient as well as the compute. A union, not a sum, so
+children, and other than ``torch.distributed.pipelining``'s ``record_function`` labels per action
+(``PP:...``, ``Forward <i>``, ``Backward <i>``), which wrap the waits for a peer's activation or
+gradient as well as the compute (labels of compute, such as a compiled graph's call, count). A union, not a sum, so
 nested operators and concurrent streams count once.
 
 So on a GPU the share is the fraction of the step its device has nothing but communication to
@@ -22,13 +23,16 @@ for them as well as the bubble; it is not what separate devices would show.
 
 from __future__ import annotations
 
+import re
+
 from torch.autograd import DeviceType
 
 __all__ = ["STEP_LABEL", "idle_share"]
 
 STEP_LABEL = "fp8conf.pipeline.step"
 _COMMUNICATION = ("c10d::", "gloo:", "nccl:")
-_SCHEDULE_ACTION = "PP:"
+# The labels torch.distributed.pipelining's schedules put around each action they run.
+_SCHEDULE_ACTION = re.compile(r"PP:|(Forward|Backward) \d+$")
 
 
 def _window(events):
@@ -55,7 +59,7 @@ def _host_compute(event, step) -> bool:
         if node.name.startswith(_COMMUNICATION):
             return False
         node = node.cpu_parent
-    return not event.name.startswith(_SCHEDULE_ACTION)
+    return not _SCHEDULE_ACTION.match(event.name)
 
 
 def _device_compute(event) -> bool:
@@ -63,7 +67,7 @@ def _device_compute(event) -> bool:
     # under them, waits included): they are annotations, not activity.
     if event.device_type != DeviceType.CUDA or getattr(event, "is_user_annotation", False):
         return False
-    return event.name != STEP_LABEL and not event.name.startswith(_SCHEDULE_ACTION) and "nccl" not in event.name.lower()
+    return event.name != STEP_LABEL and not _SCHEDULE_ACTION.match(event.name) and "nccl" not in event.name.lower()
 
 
 def _covered(intervals, start, end) -> float:
