@@ -88,3 +88,40 @@ def build_llama(dim: int, layers: int, recipe: str | None, *, device, heads: int
 
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=lambda m, fqn: fqn != "output")
     return model
+
+
+class PipelineStage(torch.nn.Module):
+    """Consecutive :class:`Block` s of a :class:`Llama`, with its token embedding on the first stage
+    and its norm and output head on the last; parameters shared with the model, not copied."""
+
+    def __init__(self, model: Llama, first: int, last: int):
+        super().__init__()
+        self.tok_embeddings = model.tok_embeddings if first == 0 else None
+        self.layers = torch.nn.ModuleList(model.layers[first:last])
+        head = last == len(model.layers)
+        self.norm, self.output = (model.norm, model.output) if head else (None, None)
+
+    def forward(self, x):
+        if self.tok_embeddings is not None:
+            x = self.tok_embeddings(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.norm(x)) if self.output is not None else x
+
+
+def pipeline_problem(options: dict, num_stages: int, device, *, heads: int = 4, vocab: int = 256):
+    """``fp8conf.tools.pipeline_check.launch``'s ``problem``: a Llama of ``options["blocks"]``
+    layers of width ``options["dim"]`` cut into ``num_stages`` stages of consecutive layers, and
+    one sequence of ``options["tokens"]`` random token ids per microbatch, with random next-token
+    targets."""
+    layers = options["blocks"]
+    if layers < num_stages:
+        raise ValueError(f"cannot cut {layers} Llama layers into {num_stages} stages")
+    model = build_llama(options["dim"], layers, options["recipe"], device=device, heads=heads, vocab=vocab)
+    bounds = [round(i * layers / num_stages) for i in range(num_stages + 1)]
+    stages = [PipelineStage(model, bounds[i], bounds[i + 1]) for i in range(num_stages)]
+    generator = torch.Generator().manual_seed(1)
+    shape = (options["microbatches"], options["tokens"])
+    batch = torch.randint(vocab, shape, generator=generator).to(device)
+    target = torch.randint(vocab, shape, generator=generator).to(device)
+    return stages, batch, target

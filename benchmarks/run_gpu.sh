@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one go: the GPU-marked tests of fp8conf, the conformance
 # suite on CUDA (NUM-004 included), its structural areas (PROV, VAL, EMU, REG, BND) with the
-# models themselves on CUDA (--fp8-device=cuda) for both in-tree backends, and, where 2 GPUs exist, the GraphPP pipeline over NCCL. Runs from the repository root on a machine
+# models themselves on CUDA (--fp8-device=cuda) for both in-tree backends, and, where 2 GPUs exist, the GraphPP pipeline over NCCL and its benchmark (bench_pipeline.py). Runs from the repository root on a machine
 # with CUDA, torch and torchao installed (fp8conf itself need not be installed).
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -23,6 +23,14 @@ if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
         done
     done
     python3 -m fp8conf.pipeline --backend gloo --ranks 2 --schedule ZBVZeroBubble 2>&1 | tee -a "$OUT/pipeline-nccl.log" | grep "pipeline over"
+    # Every checked schedule over NCCL, eager and regionally compiled, 4 microbatches, for the FP8
+    # block stack and the Llama-shaped model, tensorwise and rowwise: gradients against the
+    # unsplit step, step times and each rank's idle share (torch.profiler). One table per model.
+    for model in stack llama; do
+        python3 benchmarks/bench_pipeline.py --backend nccl --ranks 2 --models $model --recipes tensorwise rowwise \
+            --compile eager regional --microbatches 4 --dim 1024 --tokens 1024 --repeats 3 \
+            2>&1 | tee "$OUT/bench-pipeline-nccl-$model.log" | grep "^|"
+    done
 else
     echo "one GPU: the NCCL pipeline needs 2 (nvidia-h200-x2)"
 fi

@@ -146,6 +146,30 @@ def _assert_matches_the_unsplit_step(check, *, stages, parameters):
     # No cast repeated (or dropped) because the schedule ran dW apart from dI, on every stage.
     assert check.casts_run == check.casts_unsplit and len(check.casts_run) == stages, check.summary()
     assert check.each_part_once, check.summary()
+    # Every rank computed during its profiled step and waited at some point of it.
+    assert sorted(check.idle_share) == [0, 1] and all(0 < v < 1 for v in check.idle_share.values()), check.summary()
+
+
+def test_idle_share_counts_the_time_a_real_trace_spends_outside_compute_ops():
+    import time
+
+    from torch.profiler import profile, record_function
+
+    from fp8conf.tools.pipeline_idle import STEP_LABEL, idle_share
+
+    a = torch.randn(256, 256)
+    with profile() as prof:
+        with record_function(STEP_LABEL):
+            start = time.perf_counter()
+            a @ a
+            time.sleep(0.05)  # no operator runs: idle
+            for label in ("PP:0F0", "Forward 1"):  # a schedule's action labels are not compute by themselves
+                with record_function(label):
+                    time.sleep(0.05)
+            a @ a
+            wall = time.perf_counter() - start
+    share = idle_share(prof.events(), device="cpu")
+    assert 0.15 / wall - 0.05 <= share < 1, (share, wall)
 
 
 @pytest.mark.timeout(300)

@@ -8,7 +8,10 @@ microbatches run unsplit in one process (each stage's joint graph):
 - every parameter gradient (bitwise on CPU);
 - the FP8 casts per stage: those in the callables the schedule ran equal those of the unsplit
   stage graph, so no tensor was cast again because a schedule ran dW apart from dI;
-- that every stage ran forward, dI and dW once per microbatch.
+- that every stage ran forward, dI and dW once per microbatch;
+
+and, from one more step run under ``torch.profiler``, the share of the step each rank sat idle
+(:mod:`fp8conf.tools.pipeline_idle` defines it).
 
 ::
 
@@ -30,8 +33,9 @@ import torch
 
 from fp8conf.errors import FP8ConfigError
 from fp8conf.graph.roles import OpRole, classify_node
-from fp8conf.graph.trace import run_joint, trace_joint
+from fp8conf.graph.trace import joint_signature, run_joint, trace_joint
 from fp8conf.pipeline.stage import CHECKED_SCHEDULES, GraphPPStage
+from fp8conf.tools.pipeline_idle import STEP_LABEL, idle_share
 
 __all__ = ["PipelineCheck", "launch", "main", "stage_modules", "stage_indices"]
 
@@ -66,6 +70,8 @@ class PipelineCheck:
     step_s: float
     unsplit_step_s: float
     eager_step_s: float
+    #: Per rank, the share of a profiled step it computed nothing (see :mod:`fp8conf.tools.pipeline_idle`).
+    idle_share: dict[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def casts_equal(self) -> bool:
@@ -83,7 +89,8 @@ class PipelineCheck:
             f"deferred from their I; {self.parameters} parameter gradients: {verdict}; vs eager autograd max |diff| "
             f"{self.max_abs_diff_vs_eager_autograd:.3g}; FP8 casts per stage run {sum(self.casts_run.values())}, "
             f"unsplit {sum(self.casts_unsplit.values())} (equal: {self.casts_equal}); each part once per "
-            f"microbatch: {self.each_part_once}"
+            f"microbatch: {self.each_part_once}; idle share per rank "
+            f"{' / '.join(f'{v:.2f}' for _, v in sorted(self.idle_share.items()))}"
         )
 
 
@@ -130,6 +137,11 @@ def stage_indices(schedule: str, rank: int, ranks: int, stages_per_rank: int) ->
 
 
 def _problem(options, device):
+    """``(stage modules, batch, target)``: ``options["problem"]``'s, when given, else an FP8 block
+    stack's cut into the stages, with random activations and targets."""
+    num_stages = options["ranks"] * options["stages_per_rank"]
+    if options.get("problem") is not None:
+        return options["problem"](options, num_stages, device)
     from fp8conf.tools.example_models import build_stack
 
     model = build_stack(options["dim"], options["blocks"], options["recipe"], device=device)
@@ -137,11 +149,33 @@ def _problem(options, device):
     shape = (options["microbatches"] * options["tokens"], options["dim"])
     batch = torch.randn(shape, generator=generator).to(device)
     target = torch.randn(shape, generator=generator).to(device)
-    return model, batch, target
+    return stage_modules(model, num_stages), batch, target
 
 
 def _loss(output, target):
+    # Integer targets are token ids (a language model's logits); others are regression targets.
+    if not target.is_floating_point():
+        return torch.nn.functional.cross_entropy(output.flatten(0, -2).float(), target.flatten())
     return torch.nn.functional.mse_loss(output, target)
+
+
+def _step(schedule, stages, batch, target):
+    for stage in stages:
+        stage.submod.zero_grad(set_to_none=True)
+        stage.runs.clear()
+    args = (batch,) if any(s.is_first for s in stages) else ()
+    schedule.step(*args, target=target if any(s.is_last for s in stages) else None)
+    _synchronize(batch)
+
+
+def _profiled_idle_share(schedule, stages, batch, target, device) -> float:
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
+    with profile(activities=activities) as prof:
+        with record_function(STEP_LABEL):
+            _step(schedule, stages, batch, target)
+    return idle_share(prof.events(), device=device)
 
 
 def _worker(rank, ranks, init_file, options, result_dir):
@@ -153,31 +187,31 @@ def _worker(rank, ranks, init_file, options, result_dir):
         torch.cuda.set_device(rank)
     dist.init_process_group(options["backend"], init_method=f"file://{init_file}", rank=rank, world_size=ranks)
     try:
-        model, batch, target = _problem(options, device)
+        modules, batch, target = _problem(options, device)
         num_stages = ranks * options["stages_per_rank"]
-        modules = stage_modules(model, num_stages)
         mine = stage_indices(options["schedule"], rank, ranks, options["stages_per_rank"])
-        example = batch[: options["tokens"]]
-        stages = [GraphPPStage(modules[i], i, num_stages, device, example, compile=options["compile"]) for i in mine]
+        examples = _stage_examples(modules, batch, options["microbatches"])
+        stages = [GraphPPStage(modules[i], i, num_stages, device, examples[i], compile=options["compile"]) for i in mine]
         cls = get_schedule_class(options["schedule"])
         schedule = cls(stages[0] if issubclass(cls, PipelineScheduleSingle) else stages, options["microbatches"], loss_fn=_loss)
         times = []
         for _ in range(options["repeats"]):
-            for stage in stages:
-                stage.submod.zero_grad(set_to_none=True)
-                stage.runs.clear()
-            args = (batch,) if any(s.is_first for s in stages) else ()
             dist.barrier()
             start = time.perf_counter()
-            schedule.step(*args, target=target if any(s.is_last for s in stages) else None)
-            _synchronize(batch)
+            _step(schedule, stages, batch, target)
             dist.barrier()
             times.append(time.perf_counter() - start)
+        # One more step, profiled, after the timed ones: the profiler's overhead stays out of the
+        # step times, and this step's gradients (the same, .grad reset) are the ones checked.
+        dist.barrier()
+        idle = _profiled_idle_share(schedule, stages, batch, target, device)
+        dist.barrier()
         result = {
             "grads": {(s.stage_index, fqn): p.grad.cpu() for s in stages for fqn, p in s.submod.named_parameters()},
             "runs": {s.stage_index: list(s.runs) for s in stages},
             "casts_run": {s.stage_index: _casts_run(s) for s in stages},
             "times": times,
+            "idle_share": idle,
         }
         torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
     finally:
@@ -208,14 +242,31 @@ def _deferred_weight_steps(runs: dict[int, list]) -> int:
     return deferred
 
 
+def _stage_examples(stages, batch, microbatches) -> list[torch.Tensor]:
+    """Each stage's input for the first microbatch: a stage's input may differ from the batch in
+    shape and dtype (token ids into an embedding), so it is what the stages before it return."""
+    examples = [batch.tensor_split(microbatches)[0]]
+    with torch.no_grad():
+        for module in stages[:-1]:
+            examples.append(module(examples[-1]))
+    return examples
+
+
 def _unsplit_graphs(stages, batch, microbatches):
-    example = batch.tensor_split(microbatches)[0]
-    return [trace_joint(m, (example.detach().clone().requires_grad_(i > 0),)) for i, m in enumerate(stages)]
+    examples = _stage_examples(stages, batch, microbatches)
+    return [trace_joint(m, (x.detach().clone().requires_grad_(i > 0),)) for i, (m, x) in enumerate(zip(stages, examples))]
 
 
 def _synchronize(tensor):
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)
+
+
+def _zero_output_grad(gm, like):
+    # The stage's output may differ from its input in shape and dtype (a language model's
+    # embedding and head): the tangent placeholder's traced value says which.
+    tangent = list(gm.graph.find_nodes(op="placeholder"))[joint_signature(gm).num_primals].meta["val"]
+    return torch.zeros(tangent.shape, dtype=tangent.dtype, device=like.device)
 
 
 def _unsplit_step(stages, graphs, batch, target, microbatches):
@@ -228,7 +279,7 @@ def _unsplit_step(stages, graphs, batch, target, microbatches):
         for i, (module, gm) in enumerate(zip(stages, graphs)):
             # The joint graph needs its output's gradient as an input; this first call only
             # produces the output, for the next stage and the loss.
-            (y,), _ = run_joint(gm, module, (acts[-1].detach().requires_grad_(i > 0),), (torch.zeros_like(acts[-1]),))
+            (y,), _ = run_joint(gm, module, (acts[-1].detach().requires_grad_(i > 0),), (_zero_output_grad(gm, acts[-1]),))
             acts.append(y)
         y = acts[-1].detach().requires_grad_(True)
         (grad,) = torch.autograd.grad(_loss(y, t), y)
@@ -264,9 +315,8 @@ def _eager_step(stages, batch, target, microbatches):
 def _compare(options, results, device_name):
     # The reference runs on the device the ranks ran on (the first GPU under NCCL): a CPU
     # reference for a GPU pipeline would compare kernels, not the pipeline.
-    model, batch, target = _problem(options, "cuda:0" if options["backend"] == "nccl" else "cpu")
+    stages, batch, target = _problem(options, "cuda:0" if options["backend"] == "nccl" else "cpu")
     m = options["microbatches"]
-    stages = stage_modules(model, options["ranks"] * options["stages_per_rank"])
     graphs = _unsplit_graphs(stages, batch, m)
     unsplit_times, eager_times = [], []
     for _ in range(options["repeats"]):
@@ -291,22 +341,26 @@ def _compare(options, results, device_name):
         each_part_once=_each_part_once(runs, m) and len(runs) == len(stages),
         deferred_weight_steps=_deferred_weight_steps(runs),
         step_s=statistics.median(step_times), unsplit_step_s=statistics.median(unsplit_times), eager_step_s=statistics.median(eager_times),
+        idle_share={rank: r["idle_share"] for rank, r in enumerate(results)},
     )
 
 
 def launch(*, schedule: str = "ZBVZeroBubble", ranks: int = 2, stages_per_rank: int | None = None, microbatches: int = 4,
            backend: str = "gloo", dim: int = 64, blocks: int | None = None, tokens: int = 32, recipe: str = "tensorwise",
-           compile: str | None = None, repeats: int = 1) -> PipelineCheck:
-    """Spawn ``ranks`` processes, run ``repeats`` steps of ``schedule`` and return the check of the
-    last. ``stages_per_rank`` defaults to 2 for the V-shaped schedules and 1 otherwise; ``blocks``
-    to one per stage."""
+           compile: str | None = None, repeats: int = 1, problem=None) -> PipelineCheck:
+    """Spawn ``ranks`` processes, run ``repeats`` timed steps of ``schedule`` and one profiled step,
+    and return the check of the last. ``stages_per_rank`` defaults to 2 for the V-shaped schedules
+    and 1 otherwise; ``blocks`` to one per stage. ``problem``, a picklable callable
+    ``(options, num_stages, device) -> (stage modules, batch, target)``, replaces the FP8 block
+    stack (integer targets are token ids, taken with cross-entropy)."""
     import torch.multiprocessing as mp
 
     if stages_per_rank is None:
         stages_per_rank = 2 if schedule in _V_SHAPED else 1
     stage_indices(schedule, 0, ranks, stages_per_rank)  # a usage mistake fails here, not in every process
     options = dict(schedule=schedule, ranks=ranks, stages_per_rank=stages_per_rank, microbatches=microbatches, backend=backend,
-                   dim=dim, blocks=blocks or ranks * stages_per_rank, tokens=tokens, recipe=recipe, compile=compile, repeats=repeats)
+                   dim=dim, blocks=blocks or ranks * stages_per_rank, tokens=tokens, recipe=recipe, compile=compile, repeats=repeats,
+                   problem=problem)
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
         mp.start_processes(_worker, args=(ranks, init_file, options, tmp), nprocs=ranks, join=True, start_method="spawn")
@@ -332,7 +386,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=None, help="FP8 blocks in the model (default one per stage)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens per microbatch")
-    parser.add_argument("--recipe", default="tensorwise")
+    parser.add_argument("--recipe", default="tensorwise", choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"])
     return parser
 
 
