@@ -34,6 +34,25 @@ def _keep_hypothesis_profile():
     settings.load_profile(name)
 
 
+@pytest.fixture
+def inductor_calls(monkeypatch):
+    """The graphs given to the real ``standalone_compile`` (each one an Inductor compilation)."""
+    import functools
+
+    import torch
+
+    calls = []
+    real = torch._inductor.standalone_compile
+
+    @functools.wraps(real)  # keeps its signature, which compile_joint inspects
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", counting)
+    return calls
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     # The suite's own power: per area, mutants caught out of those run (tests/test_mutants.py
     # records one outcome per mutant; with xdist the records arrive on the reports).

@@ -4,7 +4,6 @@ Both are checked against the eager joint graph on CPU."""
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 import torch
@@ -25,21 +24,6 @@ def _traced(blocks, seed=0):
     model = build_stack(DIM, blocks, seed=seed)
     x = torch.randn(TOKENS, DIM, requires_grad=True)
     return model, x, fp8conf.trace_joint(model, (x,))
-
-
-@pytest.fixture
-def inductor_calls(monkeypatch):
-    """Count the real ``standalone_compile`` calls (each one an Inductor compilation)."""
-    calls = []
-    real = torch._inductor.standalone_compile
-
-    @functools.wraps(real)  # keeps its signature, which compile_joint inspects
-    def counting(*args, **kwargs):
-        calls.append(args[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(torch._inductor, "standalone_compile", counting)
-    return calls
 
 
 def _assert_matches_eager(gm, model, x, fn, *, seed):

@@ -5,7 +5,6 @@ the tagged regions, as before. On CPU, on the block stack (LayerNorm, GELU, resi
 
 from __future__ import annotations
 
-import functools
 import operator
 
 import pytest
@@ -29,21 +28,6 @@ def _traced(blocks, seed=0):
     model = build_stack(DIM, blocks, seed=seed)
     x = torch.randn(TOKENS, DIM, requires_grad=True)
     return model, x, fp8conf.trace_joint(model, (x,))
-
-
-@pytest.fixture
-def inductor_calls(monkeypatch):
-    """The graphs given to the real ``standalone_compile`` (each one an Inductor compilation)."""
-    calls = []
-    real = torch._inductor.standalone_compile
-
-    @functools.wraps(real)  # keeps its signature, which compile_joint inspects
-    def counting(*args, **kwargs):
-        calls.append(args[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(torch._inductor, "standalone_compile", counting)
-    return calls
 
 
 def _tagged(gm) -> set[str]:

@@ -6,7 +6,6 @@ GPU suite (``--fp8-device=cuda``), since CPU machines skip the property.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
@@ -18,17 +17,8 @@ import fp8conf.quantized.grouped as grouped
 from conformance import rewrites
 from conformance.api.types import Compiled, Provenance
 from conformance.backends.reference import ReferenceBackend
+from mutants.backends import _replaced
 from mutants.graphpp import WeightWorkInInput
-
-
-@contextlib.contextmanager
-def _replaced(owner, name, value):
-    original = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 class GroupedLabelledAsLinear(ReferenceBackend):
