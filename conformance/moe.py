@@ -96,13 +96,7 @@ class MoESpec:
         return counts
 
     def to_python(self, backend: str | None = None) -> str:
-        module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
-        return (
-            "import torch\n"
-            "from conformance.moe import *\n"
-            f"from {module} import {qualname}\n"
-            f"model, args = build_moe_model({self!r}, convert={qualname}().convert_grouped_experts)\n"
-        )
+        return _reproducer("build_moe_model", self, backend)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,13 +136,18 @@ class ExpertsSpec:
         return bounds
 
     def to_python(self, backend: str | None = None) -> str:
-        module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
-        return (
-            "import torch\n"
-            "from conformance.moe import *\n"
-            f"from {module} import {qualname}\n"
-            f"model, args = build_experts_model({self!r}, convert={qualname}().convert_grouped_experts)\n"
-        )
+        return _reproducer("build_experts_model", self, backend)
+
+
+def _reproducer(builder: str, spec, backend: str | None) -> str:
+    """Python that rebuilds ``spec``'s model with ``backend``'s conversion, to paste and run."""
+    module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
+    return (
+        "import torch\n"
+        "from conformance.moe import *\n"
+        f"from {module} import {qualname}\n"
+        f"model, args = {builder}({spec!r}, convert={qualname}().convert_grouped_experts)\n"
+    )
 
 
 _CACHE: dict[str, type] = {}
