@@ -139,13 +139,19 @@ class ModelSpec:
         MX layers; a model without MX layers needs none."""
         if not self.has_mx():
             return "import torch\n" "from conformance.models import *\n" f"model, args = build_model({self!r})\n"
-        module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
-        return (
-            "import torch\n"
-            "from conformance.models import *\n"
-            f"from {module} import {qualname}\n"
-            f"model, args = build_model({self!r}, mx={qualname}().convert_mx)\n"
-        )
+        return reproducer("conformance.models", "build_model", self, backend, "mx", "convert_mx")
+
+
+def reproducer(module_name: str, builder: str, spec, backend: str | None, keyword: str, method: str) -> str:
+    """Python that rebuilds ``spec``'s model with ``builder`` from ``module_name``, the quantized
+    layers converted by ``backend``'s ``method`` (passed as ``keyword``), to paste and run."""
+    module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
+    return (
+        "import torch\n"
+        f"from {module_name} import *\n"
+        f"from {module} import {qualname}\n"
+        f"model, args = {builder}({spec!r}, {keyword}={qualname}().{method})\n"
+    )
 
 
 def _float8_config(recipe: str, emulate: bool, fqn: str | None = None):

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from conformance.models import reproducer
+
 __all__ = [
     "GROUPED_KIND", "ALIGNMENT", "MoESpec", "ExpertsSpec", "GroupedExperts", "build_moe_model", "build_experts_model",
     "experts_inputs",
@@ -96,7 +98,7 @@ class MoESpec:
         return counts
 
     def to_python(self, backend: str | None = None) -> str:
-        return _reproducer("build_moe_model", self, backend)
+        return reproducer("conformance.moe", "build_moe_model", self, backend, "convert", "convert_grouped_experts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,18 +138,7 @@ class ExpertsSpec:
         return bounds
 
     def to_python(self, backend: str | None = None) -> str:
-        return _reproducer("build_experts_model", self, backend)
-
-
-def _reproducer(builder: str, spec, backend: str | None) -> str:
-    """Python that rebuilds ``spec``'s model with ``backend``'s conversion, to paste and run."""
-    module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
-    return (
-        "import torch\n"
-        "from conformance.moe import *\n"
-        f"from {module} import {qualname}\n"
-        f"model, args = {builder}({spec!r}, convert={qualname}().convert_grouped_experts)\n"
-    )
+        return reproducer("conformance.moe", "build_experts_model", self, backend, "convert", "convert_grouped_experts")
 
 
 _CACHE: dict[str, type] = {}
