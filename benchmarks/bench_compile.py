@@ -7,9 +7,11 @@ q/k/v/o, SwiGLU feed-forward with FP8 projections, bf16 head) at the Llama-3 deb
 stack of ``fp8conf.tools.example_models`` (``--model stack``). Variants: eager bf16, eager
 Float8Linear, ``torch.compile``, fp8conf full, fp8conf regional, the last three also with CUDA
 graphs (``torch.compile(mode="reduce-overhead")`` for torch's). fp8conf regional compiles the
-remainder between its FP8 regions too (``compile_joint``'s default ``remainder="inductor"``);
-``--variants`` can add "fp8conf regional, eager remainder" (``remainder="eager"``, the FP8 regions
-only), measured after the others and so sharing their Inductor cache.
+rest of the graph with its FP8 regions, in units of a block each (``compile_joint``'s default
+``remainder="inductor"``); ``--variants`` can add "fp8conf regional, pieces" (each region
+compiled alone, the rest in pieces between them) and "fp8conf regional, eager remainder"
+(``remainder="eager"``, the FP8 regions only), measured after the others and so sharing their
+Inductor cache.
 
 Every variant of a configuration is built first (its first step timed, with one empty Inductor
 cache per configuration, shared by its variants in the order above); then ``--repeats`` rounds
@@ -66,7 +68,8 @@ VARIANTS = (
     "fp8conf full", "fp8conf full + CUDA graphs", "fp8conf regional", "fp8conf regional + CUDA graphs",
 )
 #: Measured only when --variants names them.
-EXTRA_VARIANTS = ("fp8conf regional, eager remainder", "fp8conf regional + CUDA graphs, eager remainder")
+EXTRA_VARIANTS = ("fp8conf regional, eager remainder", "fp8conf regional + CUDA graphs, eager remainder",
+                  "fp8conf regional, pieces")
 DEPTH_VARIANTS = ("fp8conf regional", "torch.compile", "fp8conf full")
 
 
@@ -131,7 +134,7 @@ def make_variant(label, work: Workload):
         return eager_step(torch.compile(model, mode=mode), work.x, work.grad), model, {}
     mode = "full" if "full" in label else "regional"
     gm = fp8conf.trace_joint(model, (work.x,))
-    remainder = "eager" if "eager remainder" in label else "inductor"
+    remainder = "eager" if "eager remainder" in label else "pieces" if label.endswith(", pieces") else "inductor"
     compiled = fp8conf.compile_joint(gm, mode=mode, cudagraph="CUDA graphs" in label, remainder=remainder)
     info = {"inductor_compiles": compiled.inductor_compiles, "regions": sum(r.complete for r in compiled.regions)}
     return joint_step(gm, model, work.x, work.grad, compiled), model, info

@@ -66,12 +66,15 @@ def _wall_us(step, device, steps, repeats) -> float:
     return statistics.median(rounds)
 
 
-def _python_us(step, steps) -> float:
+def _python_us(step, steps, top=0, label="") -> float:
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(steps):
         step()
     profiler.disable()
+    if top:
+        print(f"-- {label}: the {top} functions of most own time, {steps} steps")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
     stats = pstats.Stats(profiler).stats
     # Entries of C functions have the file name "~"; everything else is Python code's own time.
     own = sum(tottime for (filename, _, _), (_, _, tottime, _, _) in stats.items() if filename != "~")
@@ -118,6 +121,7 @@ def main():
     parser.add_argument("--recipe", default="tensorwise")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile-top", type=int, default=0, help="print the N functions of most own time per variant")
     args = parser.parse_args()
 
     vocab = 256 if args.dim < 256 else 2048
@@ -138,7 +142,7 @@ def main():
         sites, fast_sites, outer = _call_sites(compiled)
         site, site_args = _piece_site_args(compiled, args.device)
         rows.append((label, len(sites), fast_sites, outer, _wall_us(step, args.device, args.steps, args.repeats),
-                     _python_us(step, args.steps), *_per_call_us(site, site_args)))
+                     _python_us(step, args.steps, args.profile_top, label), *_per_call_us(site, site_args)))
     region_compile.FAST_CALLS = True
     equal = all(torch.equal(a, b) for a, b in zip(*results, strict=True))
 

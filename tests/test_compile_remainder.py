@@ -1,7 +1,9 @@
-"""Regional compilation of the eager remainder (compile_joint's ``remainder="inductor"``): the
-nodes between the FP8 regions are cut into pieces and compiled, each structurally distinct
-piece once, and the result matches the eager joint graph; ``remainder="eager"`` compiles exactly
-the tagged regions, as before. On CPU, on the block stack (LayerNorm, GELU, residual add)."""
+"""Regional compilation of the rest of the graph (compile_joint's ``remainder``): by default
+(``"inductor"``) each FP8 region is compiled together with the nodes around it, in units that
+hold whole regions of one repeated block, each structurally distinct unit once; with
+``"pieces"`` the regions alone and the nodes between them in pieces; either way the result
+matches the eager joint graph; ``remainder="eager"`` compiles exactly the tagged regions. On CPU,
+on the block stack (LayerNorm, GELU, residual add)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import fp8conf
 from fp8conf.graph.partition import partition_joint
 from fp8conf.graph.region_compile import compile_regions
 from fp8conf.graph.regions import tag_fp8_regions
-from fp8conf.graph.remainder import remainder_pieces
+from fp8conf.graph.remainder import remainder_pieces, repeated_block
 from fp8conf.graph.roles import is_fp8_dtype
 from fp8conf.graph.trace import flat_graph_module
 from fp8conf.tools.example_models import build_stack
@@ -83,15 +85,52 @@ def test_the_compiled_remainder_matches_eager_over_two_steps(stack):
         _assert_matches_eager(gm, model, x, compiled.fn, seed=step)
 
 
-def test_each_distinct_piece_compiles_once_whatever_the_depth(inductor_calls):
+def test_each_distinct_unit_compiles_once_whatever_the_depth(inductor_calls):
     counts = {}
-    for blocks in (2, 3):
+    for blocks in (3, 4):  # first, middle and last blocks differ; the middle ones are alike
         inductor_calls.clear()
         _, _, gm = _traced(blocks)
         compiled = fp8conf.compile_joint(gm, mode="regional")
         assert len(inductor_calls) == compiled.inductor_compiles
         counts[blocks] = compiled.inductor_compiles
-    assert counts[2] == counts[3] > DISTINCT_REGIONS_PER_STACK, counts
+    assert counts[3] == counts[4], counts
+
+
+def _call_sites(compiled) -> int:
+    return sum(1 for graph in compiled.artifact for n in graph.graph.nodes if hasattr(n.target, "__wrapped__"))
+
+
+def test_units_hold_whole_regions_of_one_block():
+    _, _, gm = _traced(3)
+    parts = partition_joint(flat_graph_module(gm), keep_fp8_regions=True)
+    for graph in (parts.forward, parts.backward):
+        regions = [r for r in tag_fp8_regions(graph) if r.complete]
+        units = remainder_pieces(graph, regions=[r.nodes for r in regions], blocks=[repeated_block(r.module_fqn) for r in regions])
+        unit_of = {n: i for i, unit in enumerate(units) for n in unit}
+        assert len(unit_of) == sum(map(len, units)), "a node in two units"
+        for region in regions:
+            homes = {unit_of.get(n) for n in region.nodes}
+            assert len(homes) == 1 and None not in homes, f"region {region.id} split over units {homes}"
+        for i in range(len(units)):
+            blocks = {repeated_block(r.module_fqn) for r in regions if unit_of[r.nodes[0]] == i}
+            assert len(blocks) <= 1, f"unit {i} spans blocks {sorted(blocks)}"
+        assert len(units) < len(regions), "units hold several regions each"
+
+
+def test_pieces_compile_each_region_alone_and_match_eager(stack, inductor_calls):
+    model, x, gm, default = stack
+    compiled = fp8conf.compile_joint(gm, mode="regional", remainder="pieces")
+    complete = [r for r in compiled.regions if r.complete]
+    assert _call_sites(compiled) > len(complete) > _call_sites(default)
+    assert _tagged(gm) < set(compiled.compiled_nodes) <= set(default.compiled_nodes)
+    _assert_matches_eager(gm, model, x, compiled.fn, seed=0)
+
+
+def test_repeated_blocks_are_named_up_to_the_first_index():
+    assert repeated_block("layers.3.attention.wq") == "layers.3"
+    assert repeated_block("blocks.0") == "blocks.0"
+    assert repeated_block("output") == "output"
+    assert repeated_block("encoder.proj") == "encoder.proj"
 
 
 def test_an_eager_remainder_compiles_exactly_the_tagged_regions(inductor_calls):

@@ -2,9 +2,9 @@
 
 Regional compilation (:func:`fp8conf.compile_joint`, ``mode="regional"``) is the mode whose
 point is a short cold start, so its result can be saved too. What it returns (unpartitioned)
-is a flat graph in which every compiled FP8 region is one call of an
-``AOTCompiledArtifact`` (Inductor's generated code for that region), and so is every compiled
-piece of the remainder between the regions (``remainder="inductor"``); the rest runs eagerly. Structurally equal regions share one compiled object, so a deep model calls few
+is a flat graph that calls ``AOTCompiledArtifact`` objects (Inductor's generated code): one
+per unit of regions and the remainder around them (``remainder="inductor"``), or per region and
+per piece of the remainder between them (``"pieces"``, ``"eager"``); the rest runs eagerly. Structurally equal regions share one compiled object, so a deep model calls few
 compiled pieces from many call sites: the artifact stores each distinct piece once (keyed by the
 object, then by the sha256 of its serialized bytes), in a table after the graphs, and each call
 site of the pickled graph (``torch.fx._graph_pickler.GraphPickler``) calls a stand-in submodule

@@ -10,10 +10,12 @@ decompositions and partition function), for ``regional`` one that keeps every FP
 ``full`` then compiles each graph with ``torch._inductor.standalone_compile`` and calls the
 compiled backward with its inputs boxed, so that saved values are freed as the backward
 consumes them; ``regional`` tags the complete FP8 regions of each
-(:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct region once
-(:mod:`fp8conf.graph.region_compile`), then, with ``remainder="inductor"`` (the default), the
-pieces of the rest between them (:mod:`fp8conf.graph.remainder`) the same way; with
-``remainder="eager"`` everything outside the regions runs eagerly. On CUDA, ``cudagraph=True``
+(:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct unit once
+(:mod:`fp8conf.graph.region_compile`): with ``remainder="inductor"`` (the default) each region
+together with the rest of the graph around it, in units that stop at the ops that must stay
+eager and at the edge of a repeated block (:mod:`fp8conf.graph.remainder`); with
+``remainder="pieces"`` each region alone, then the pieces of the rest between them; with
+``remainder="eager"`` the regions alone and everything else eagerly. On CUDA, ``cudagraph=True``
 captures the compiled callable in a CUDA graph and replays it, parameters and buffers being
 static inputs.
 
@@ -26,6 +28,7 @@ nothing is compiled or left eager silently.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -39,14 +42,14 @@ from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import get_provenance
 from fp8conf.graph.region_compile import compile_pieces, compile_regions
 from fp8conf.graph.regions import Region, tag_fp8_regions
-from fp8conf.graph.remainder import remainder_pieces
+from fp8conf.graph.remainder import remainder_pieces, repeated_block
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
 
 __all__ = ["MODES", "REMAINDERS", "CompiledJoint", "compile_joint"]
 
 MODES = ("full", "regional")
 #: What ``regional`` does with the nodes outside the FP8 regions.
-REMAINDERS = ("inductor", "eager")
+REMAINDERS = ("inductor", "pieces", "eager")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +66,8 @@ class CompiledJoint:
             its regions' compiled code; a ``(forward, backward)`` pair when the joint graph was
             partitioned first; ``None`` when nothing was compiled.
         inductor_compiles: how many graphs Inductor compiled: 1 or 2 (forward, backward) for
-            ``full``; for ``regional``, one per structurally distinct region or remainder piece,
-            however often it recurs.
+            ``full``; for ``regional``, one per structurally distinct unit, region or remainder
+            piece, however often it recurs.
     """
 
     fn: Callable
@@ -94,12 +97,15 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     without tangents are compiled whole either way.
 
     ``remainder`` (``regional`` only) is what becomes of the nodes outside the FP8 regions:
-    ``"inductor"`` (the default, the fast one) compiles them too, cut into pieces between the
-    regions, each structurally distinct piece once, so that Inductor fuses the norms,
-    activations and residual adds as ``torch.compile`` does; ``"eager"`` runs them eagerly, so
-    that exactly the tagged regions are compiled. Ops Inductor would change or cannot take alone
-    (random, in-place, non-tensor values, FP8 values outside a region) stay eager either way and
-    are named in ``eager_nodes``.
+    ``"inductor"`` (the default, the fast one) compiles each region together with the nodes
+    around it, in units that never split a region, stop at the ops that must stay eager and never
+    span two repeated blocks (the part of a module FQN up to its first index, ``layers.3``), so
+    that identical blocks compile once and Inductor fuses each FP8 cast with the norm or
+    activation making its input, as ``torch.compile`` does; ``"pieces"`` compiles each region as
+    an Inductor graph of its own and the rest in pieces between them; ``"eager"`` runs the rest
+    eagerly, so that exactly the tagged regions are compiled. Ops Inductor would change or
+    cannot take alone (random, in-place, non-tensor values, FP8 values outside a region) stay
+    eager either way and are named in ``eager_nodes``.
 
     With ``cudagraph=True`` every call replays one captured graph and returns the same output
     tensors, which the next call overwrites: clone what a step must keep (its gradients, say)
@@ -209,19 +215,27 @@ def _with_convention(gm, flat_fn) -> Callable:
 
 def _regional(gm, graphs, names, strict, remainder) -> CompiledJoint:
     """Tag the complete FP8 regions of each of ``graphs`` (the flat joint graph, or its forward
-    and backward) and compile them, each structurally distinct region once, then the pieces of
-    the remainder (``remainder="inductor"``); ``fn`` is one flat callable, or a list of them
-    when several graphs are given."""
+    and backward) and compile them as ``remainder`` says, each structurally distinct unit once;
+    ``fn`` is one flat callable, or a list of them when several graphs are given."""
     regions, fns, compiled_names, cache = [], [], set(), {}
     for graph in graphs:
         found = tag_fp8_regions(graph, strict=strict)
         regions += found
-        fn, fused = compile_regions(graph, [r for r in found if r.complete], cache, error=_region_error)
-        compiled_names |= fused
+        complete = [r for r in found if r.complete]
+        # Those left uncompiled (incomplete, strict=False) stay eager whole.
+        uncompiled = {n.name for r in found if not r.complete for n in r.nodes}
         if remainder == "inductor":
-            # Regions are single calls by now, so no piece can reach into one; those left
-            # uncompiled (incomplete, strict=False) stay eager whole.
-            uncompiled = {n.name for r in found if not r.complete for n in r.nodes}
+            # Each region compiled together with the remainder around it, up to the ops that
+            # must stay eager: one Inductor graph fuses a cast with the op making its input.
+            units = remainder_pieces(graph, keep_eager=uncompiled, regions=[r.nodes for r in complete],
+                                     blocks=[repeated_block(r.module_fqn) for r in complete])
+            fn, fused = compile_pieces(graph, units, cache, error=functools.partial(_unit_error, complete))
+            compiled_names |= fused
+        else:
+            fn, fused = compile_regions(graph, complete, cache, error=_region_error)
+            compiled_names |= fused
+        if remainder == "pieces":
+            # Regions are single calls by now, so no piece can reach into one.
             fn, fused = compile_pieces(graph, remainder_pieces(graph, keep_eager=uncompiled), cache, error=_piece_error)
             compiled_names |= fused
         # One dynamo-disable frame for the whole graph: the regions called straight through
@@ -250,6 +264,22 @@ def _region_error(region: Region, exc: Exception) -> errors.RegionCompileError:
         f"({region.pass_name} pass): {type(exc).__name__}: {exc}",
         module_fqn=region.module_fqn,
         pass_name=region.pass_name,
+    )
+
+
+def _unit_error(regions: list[Region], unit, exc: Exception) -> errors.RegionCompileError:
+    inside = {n for n in unit}
+    held = [r for r in regions if r.nodes[0] in inside]
+    if not held:
+        return _piece_error(unit, exc)
+    region = held[0]
+    return errors.RegionCompileError(
+        f"Inductor rejected FP8 region {region.id} of module '{region.module_fqn}' ({region.pass_name} pass), compiled "
+        f"with {len(held) - 1} other region(s) and {len(unit) - sum(len(r.nodes) for r in held)} remainder node(s) around it: "
+        f"{type(exc).__name__}: {exc}. compile_joint(..., remainder='pieces') compiles each region alone",
+        module_fqn=region.module_fqn,
+        pass_name=region.pass_name,
+        node_name=unit[0].name,
     )
 
 

@@ -1,65 +1,174 @@
-"""The eager remainder of a regionally compiled graph, grouped into pieces Inductor can compile.
+"""The rest of a regionally compiled graph, grouped into pieces Inductor can compile.
 
-Once its FP8 regions are cut out (:mod:`fp8conf.graph.region_compile`), what is left of a graph
-(norms, activations, residual adds, attention layout copies) would run one eager kernel per
-op, where ``torch.compile`` fuses them. :func:`remainder_pieces` groups those nodes into
-acyclic pieces, so that each can be cut out with ``fuse_by_partitions`` and compiled like a
-region, each structurally distinct piece once.
+Outside its FP8 regions a graph has norms, activations, residual adds and attention layout
+copies, which would run one eager kernel per op where ``torch.compile`` fuses them.
+:func:`remainder_pieces` groups those nodes into acyclic pieces, so that each can be cut out with
+``fuse_by_partitions`` and compiled like a region, each structurally distinct piece once. Given
+the regions themselves (still in the graph), it groups each region with the nodes around it,
+taking the region whole as if it were one node: one Inductor graph then fuses an FP8 cast with
+the norm or SiLU product that makes its input, and a block is a few compiled calls instead of
+one per region and one per piece between them.
 
-A piece never holds a node of an FP8 region, a value of an FP8 dtype, or the tuple a compiled
-region returns (its ``getitem`` stays eager), so it can neither swallow nor split a region; nor
-an op that draws random numbers, mutates an input, is not an ATen op, or makes a value that is
-not a tensor (or a tuple of tensors), since Inductor would change what those do or cannot
-take them as a graph of their own. A piece with fewer than two ops that compute (views do not)
-gains nothing from Inductor and stays eager.
+A piece never holds part of a region, nor, outside a region, a value of an FP8 dtype or the
+tuple a compiled region returns (its ``getitem`` stays eager); nor an op that draws random
+numbers, mutates an input, is not an ATen op, or makes a value that is not a tensor (or a tuple
+of tensors), since Inductor would change what those do or cannot take them as a graph of their
+own. A piece without a region and with fewer than two ops that compute (views do not) gains
+nothing from Inductor and stays eager.
 
-Pieces are grouped by **barrier level**: a node's level is the largest number of eager nodes
-(those that have inputs) on a path to it, and a piece is a set of compilable nodes of one level
-joined by direct edges. A path that leaves a piece through an eager node reaches only higher
-levels, and one that leaves it through a compilable node of the same level would be an edge of
-the piece, so no path leaves a piece and comes back: every piece can be cut out alone. On these
-graphs it finds the pieces ``CapabilityBasedPartitioner`` (without horizontal fusion) finds, up to
-where a few views and recomputed values fall, in one pass over the graph; the partitioner's
-reachability sets grow with the square of the graph (2.3 s for the backward of a 16-block Llama
-on CPU, against 0.02 s).
+Pieces are grouped by **barrier level**: a node's level is the largest number of barriers on a
+path to it, a barrier being an eager node with inputs, or an edge from one repeated block into
+another (a piece never spans two blocks, so the pieces of identical blocks are identical). A
+piece is a set of compilable nodes of one level joined by direct edges. A path that leaves a
+piece through a barrier reaches only higher levels, and one that leaves it through a compilable
+node of the same level would be an edge of the piece, so no path leaves a piece and comes back:
+every piece can be cut out alone. A region taken whole is convex, so the graph with each region
+drawn as one node is still acyclic and the argument holds there. On these graphs it finds the
+pieces ``CapabilityBasedPartitioner`` (without horizontal fusion) finds, up to where a few views
+and recomputed values fall, in one pass over the graph; the partitioner's reachability sets grow
+with the square of the graph (2.3 s for the backward of a 16-block Llama on CPU, against 0.02 s).
 """
 
 from __future__ import annotations
 
+import heapq
 import operator
-from collections.abc import Collection
+from collections.abc import Collection, Hashable, Sequence
 
 import torch
 import torch.fx
 
 from fp8conf.graph.roles import is_fp8_dtype
 
-__all__ = ["remainder_pieces"]
+__all__ = ["remainder_pieces", "repeated_block"]
 
 
-def remainder_pieces(gm: torch.fx.GraphModule, keep_eager: Collection[str] = ()) -> list[list[torch.fx.Node]]:
+def remainder_pieces(gm: torch.fx.GraphModule, keep_eager: Collection[str] = (),
+                     regions: Sequence[Collection[torch.fx.Node]] = (), blocks: Sequence[Hashable] | None = None) -> list[list[torch.fx.Node]]:
     """The pieces of ``gm``'s eager nodes to compile, each a list of connected nodes in graph
     order, the pieces in graph order. Reads the graph only. ``keep_eager`` names nodes that must
-    stay eager (those of FP8 regions left uncompiled)."""
+    stay eager (those of FP8 regions left uncompiled).
+
+    ``regions`` are node groups still in ``gm`` (complete FP8 regions, each convex) to be
+    compiled together with the remainder around them: each is taken whole, as if it were one
+    node, and lands in exactly one piece, which is then returned however little else it holds.
+    Without them, FP8 values keep a node out of every piece (the regions were cut out before).
+    ``blocks`` names, per region, the repeated block it belongs to (``"layers.3"``): a piece
+    never spans two blocks, so that the pieces of identical blocks are identical and compile
+    once. A node outside the regions belongs to the block of the next region in graph order
+    (the residual add and the norm before a block's first projection belong to that block), a
+    node after the last region to the block of its input of the highest level."""
     keep_eager = frozenset(keep_eager)
-    level: dict[torch.fx.Node, int] = {}
-    parent: dict[torch.fx.Node, torch.fx.Node] = {}  # union-find over the compilable nodes
-    order = {}
-    for i, node in enumerate(gm.graph.nodes):
-        order[node] = i
-        # Crossing an eager node with inputs raises the level: a path may leave a piece there.
-        level[node] = max((level[n] + (n not in parent and bool(n.all_input_nodes)) for n in node.all_input_nodes), default=0)
-        if not _may_compile(node, keep_eager, parent):
+    nodes = list(gm.graph.nodes)
+    order = {node: i for i, node in enumerate(nodes)}
+    atom_of: dict[torch.fx.Node, Hashable] = {}  # a region's nodes share one atom; others are their own
+    for index, region in enumerate(regions):
+        atom_of.update(dict.fromkeys(region, ("region", index)))
+    members: dict[Hashable, list[torch.fx.Node]] = {}
+    for node in nodes:
+        members.setdefault(atom_of.get(node, node), []).append(node)
+    preds: dict[Hashable, set] = {atom: set() for atom in members}
+    for node in nodes:
+        atom = atom_of.get(node, node)
+        preds[atom].update(atom_of.get(i, i) for i in node.all_input_nodes if atom_of.get(i, i) != atom)
+
+    region_atoms = set(atom_of.values())
+    block = _blocks(nodes, atom_of, blocks)
+    level: dict[Hashable, int] = {}
+    parent: dict[Hashable, Hashable] = {}  # union-find over the compilable atoms
+    compilable: set[torch.fx.Node] = set()
+    for atom in _topological(members, preds, order):
+        # Crossing an eager atom with inputs raises the level: a path may leave a piece there;
+        # so does passing from one block into another.
+        here = block[members[atom][0]]
+        if here is _ANY:  # after the last region: the block of the input reached last
+            here = max(((level[b], block[members[b][0]]) for b in preds[atom] if b in parent), default=(0, _ANY), key=lambda t: t[0])[1]
+            block.update(dict.fromkeys(members[atom], here))
+        level[atom] = max((level[b] + (_has_inputs(members[b]) if b not in parent else block[members[b][0]] != here)
+                           for b in preds[atom]), default=0)
+        if atom not in region_atoms and not _may_compile(atom, keep_eager, compilable):
             continue
-        parent[node] = node
-        for n in node.all_input_nodes:
-            if n in parent and level[n] == level[node]:
-                parent[_root(parent, n)] = _root(parent, node)
-    groups: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    for node in parent:  # in graph order
-        groups.setdefault(_root(parent, node), []).append(node)
-    pieces = [group for group in groups.values() if sum(map(_computes, group)) >= 2]
-    return sorted(pieces, key=lambda piece: order[piece[0]])
+        compilable.update(members[atom])
+        parent[atom] = atom
+        for b in preds[atom]:
+            if b in parent and level[b] == level[atom]:
+                parent[_root(parent, b)] = _root(parent, atom)
+    groups: dict[Hashable, list[torch.fx.Node]] = {}
+    for atom in parent:
+        groups.setdefault(_root(parent, atom), []).extend(members[atom])
+    pieces = [group for group in groups.values()
+              if any(n in atom_of for n in group) or sum(_computes(n) for n in group if n not in atom_of) >= 2]
+    _attach_input_views(pieces, compilable, atom_of, nodes)
+    return sorted((sorted(piece, key=order.__getitem__) for piece in pieces), key=lambda piece: order[piece[0]])
+
+
+def repeated_block(module_fqn: str) -> str:
+    """The repeated block a module belongs to: its FQN up to the first index
+    (``layers.3.attention.wq`` -> ``layers.3``), or the whole FQN where there is none."""
+    parts = module_fqn.split(".")
+    index = next((i for i, part in enumerate(parts) if part.isdigit()), len(parts) - 1)
+    return ".".join(parts[: index + 1])
+
+
+def _topological(members, preds, order):
+    """The atoms in an order where each follows its predecessors, ties broken by graph order."""
+    waiting = {atom: len(p) for atom, p in preds.items()}
+    succs: dict[Hashable, list] = {atom: [] for atom in preds}
+    for atom, p in preds.items():
+        for b in p:
+            succs[b].append(atom)
+    first = {atom: order[m[0]] for atom, m in members.items()}
+    ready = [(first[a], i, a) for i, a in enumerate(preds) if not waiting[a]]
+    heapq.heapify(ready)
+    counter = len(ready)
+    while ready:
+        _, _, atom = heapq.heappop(ready)
+        yield atom
+        for s in succs[atom]:
+            waiting[s] -= 1
+            if not waiting[s]:
+                counter += 1
+                heapq.heappush(ready, (first[s], counter, s))
+
+
+#: The block of nodes after the last region: that of the input they are reached through.
+_ANY = object()
+
+
+def _blocks(nodes, atom_of, blocks) -> dict[torch.fx.Node, Hashable]:
+    """Each node's block: its region's, or that of the next region node in graph order."""
+    if blocks is None:
+        return dict.fromkeys(nodes)
+    out, following = {}, _ANY
+    for node in reversed(nodes):
+        if node in atom_of:
+            following = blocks[atom_of[node][1]]
+        out[node] = following
+    return out
+
+
+def _has_inputs(nodes) -> bool:
+    return any(n.all_input_nodes for n in nodes)
+
+
+def _attach_input_views(pieces, compilable, atom_of, nodes) -> None:
+    """Put each compilable node made from graph inputs alone (a weight's transpose, a saved
+    value's power), where all its users are in one piece, into that piece: no path from a piece
+    can reach such a node, so the piece stays one that can be cut out alone."""
+    piece_of = {n: i for i, piece in enumerate(pieces) for n in piece}
+    sources: set[torch.fx.Node] = set()  # made from graph inputs alone, through compilable nodes outside every piece
+    for node in nodes:
+        if node in compilable and node not in piece_of and node not in atom_of and all(
+                i.op in ("placeholder", "get_attr") or i in sources for i in node.all_input_nodes):
+            sources.add(node)
+    for node in reversed(nodes):  # users first, so that a chain of them moves in whole
+        if node not in sources or not node.users:
+            continue
+        homes = {piece_of.get(u) for u in node.users}
+        if len(homes) == 1 and None not in homes:
+            (home,) = homes
+            pieces[home].append(node)
+            piece_of[node] = home
 
 
 def _root(parent, node):
@@ -70,7 +179,7 @@ def _root(parent, node):
 
 
 def _may_compile(node: torch.fx.Node, keep_eager: frozenset[str], compilable) -> bool:
-    """Whether a piece may hold ``node``; ``compilable`` holds the earlier nodes that may."""
+    """Whether a piece may hold ``node`` outside a region; ``compilable`` holds the earlier nodes that may."""
     if node.op != "call_function" or node.name in keep_eager:
         return False
     if node.target is operator.getitem:
