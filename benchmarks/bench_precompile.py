@@ -96,13 +96,16 @@ def measure(args) -> list[dict]:
     artifact = f"{scratch}/step.fp8"
     _spawn(args, "save", f"{scratch}/cache-save", artifact, env)
     warm = {what: f"{scratch}/cache-warm-{what}" for what in ("compile", "artifact")}
-    for what, cache in warm.items():  # fill each warm cache once, the way the same machine would
-        _spawn(args, what, cache, artifact, env)
+    if "warm" in args.caches:
+        for what, cache in warm.items():  # fill each warm cache once, the way the same machine would
+            _spawn(args, what, cache, artifact, env)
     samples: dict[tuple[str, str], list[dict]] = {}
     for i in range(args.repeats):
         for what in ("compile", "artifact"):  # interleaved, so that drift hits both alike
-            samples.setdefault((what, "empty"), []).append(_spawn(args, what, f"{scratch}/cache-{what}-{i}", artifact, env))
-            samples.setdefault((what, "warm"), []).append(_spawn(args, what, warm[what], artifact, env))
+            if "empty" in args.caches:
+                samples.setdefault((what, "empty"), []).append(_spawn(args, what, f"{scratch}/cache-{what}-{i}", artifact, env))
+            if "warm" in args.caches:
+                samples.setdefault((what, "warm"), []).append(_spawn(args, what, warm[what], artifact, env))
     rows = []
     for (what, cache), runs in samples.items():
         rows.append({
@@ -133,6 +136,7 @@ def main():
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--recipe", default="tensorwise")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--caches", nargs="+", choices=("empty", "warm"), default=["empty", "warm"], help="Inductor cache states to measure")
     parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
     parser.add_argument("--child", choices=("save", "compile", "artifact"), help=argparse.SUPPRESS)
     parser.add_argument("--artifact", help=argparse.SUPPRESS)

@@ -7,7 +7,9 @@ on the block stack (LayerNorm, GELU, residual add)."""
 
 from __future__ import annotations
 
+import functools
 import operator
+import weakref
 
 import pytest
 import torch
@@ -16,7 +18,8 @@ import fp8conf
 from fp8conf.graph.partition import partition_joint
 from fp8conf.graph.region_compile import compile_regions
 from fp8conf.graph.regions import tag_fp8_regions
-from fp8conf.graph.remainder import remainder_pieces, repeated_block
+from fp8conf.graph.provenance import get_block
+from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces, repeated_block
 from fp8conf.graph.roles import is_fp8_dtype
 from fp8conf.graph.trace import flat_graph_module
 from fp8conf.tools.example_models import build_stack
@@ -105,16 +108,31 @@ def test_units_hold_whole_regions_of_one_block():
     parts = partition_joint(flat_graph_module(gm), keep_fp8_regions=True)
     for graph in (parts.forward, parts.backward):
         regions = [r for r in tag_fp8_regions(graph) if r.complete]
-        units = remainder_pieces(graph, regions=[r.nodes for r in regions], blocks=[repeated_block(r.module_fqn) for r in regions])
+        blocks = {n: get_block(n) for n in graph.graph.nodes}
+        assert {b for b in blocks.values() if b} == {"blocks.0", "blocks.1", "blocks.2"}, "trace_joint records each node's block"
+        units = remainder_pieces(graph, regions=[r.nodes for r in regions], blocks=blocks)
         unit_of = {n: i for i, unit in enumerate(units) for n in unit}
         assert len(unit_of) == sum(map(len, units)), "a node in two units"
         for region in regions:
             homes = {unit_of.get(n) for n in region.nodes}
             assert len(homes) == 1 and None not in homes, f"region {region.id} split over units {homes}"
-        for i in range(len(units)):
-            blocks = {repeated_block(r.module_fqn) for r in regions if unit_of[r.nodes[0]] == i}
-            assert len(blocks) <= 1, f"unit {i} spans blocks {sorted(blocks)}"
+        for unit in units:
+            known = {blocks[n] for n in unit if blocks[n] is not None}
+            assert len(known) <= 1, f"a unit from {unit[0].name} spans blocks {sorted(known)}"
         assert len(units) < len(regions), "units hold several regions each"
+
+
+def test_a_graph_without_blocks_takes_them_from_its_regions():
+    _, _, gm = _traced(3)
+    parts = partition_joint(flat_graph_module(gm), keep_fp8_regions=True)
+    graph = parts.forward
+    regions = [r for r in tag_fp8_regions(graph) if r.complete]
+    guessed = blocks_from_regions(graph, [r.nodes for r in regions], [repeated_block(r.module_fqn) for r in regions])
+    recorded = {n: get_block(n) for n in graph.graph.nodes}
+    for region in regions:
+        assert {guessed[n] for n in region.nodes} == {recorded[region.compute_nodes[0]]}
+    norms = [n for n in graph.graph.nodes if n.target == torch.ops.aten.native_layer_norm.default]
+    assert [guessed[n] for n in norms] == [recorded[n] for n in norms] == ["blocks.0", "blocks.1", "blocks.2"]
 
 
 def test_pieces_compile_each_region_alone_and_match_eager(stack, inductor_calls):
@@ -122,7 +140,7 @@ def test_pieces_compile_each_region_alone_and_match_eager(stack, inductor_calls)
     compiled = fp8conf.compile_joint(gm, mode="regional", remainder="pieces")
     complete = [r for r in compiled.regions if r.complete]
     assert _call_sites(compiled) > len(complete) > _call_sites(default)
-    assert _tagged(gm) < set(compiled.compiled_nodes) <= set(default.compiled_nodes)
+    assert _tagged(gm) < set(compiled.compiled_nodes)
     _assert_matches_eager(gm, model, x, compiled.fn, seed=0)
 
 
@@ -172,3 +190,48 @@ def test_nodes_kept_eager_stay_out_of_every_piece():
     kept = {n.name for n in everything if n.target == torch.ops.aten.gelu.default}
     assert kept
     assert not kept & {n.name for piece in remainder_pieces(flat, keep_eager=kept) for n in piece}
+
+
+def test_the_regional_backward_frees_saved_values_as_it_goes(monkeypatch):
+    """The backward graph takes its inputs boxed and hands each compiled call its inputs as one
+    list, which the call empties: a saved value that only the first call reads is freed by the
+    time that call returns, not held by the caller, the graph or the list until the whole
+    backward returns."""
+    from fp8conf.graph import region_compile
+
+    roles, refs, dead_after_first, held = {}, [], [], set()
+    make_call = region_compile.region_call
+
+    def spying_region_call(compiled, fast=None):
+        region = make_call(compiled, fast)
+        boxed = region.boxed
+
+        @functools.wraps(boxed)
+        def spy(args):
+            role = roles.get(spy)
+            if role is not None:
+                refs[:] = [weakref.ref(args[k]) for k in role if id(args[k]) not in held]
+            out = boxed(args)
+            if role is not None:
+                dead_after_first.append((len(refs), sum(r() is None for r in refs)))
+            return out
+
+        region.boxed = spy
+        return region
+
+    monkeypatch.setattr(region_compile, "region_call", spying_region_call)
+    model, x, gm = _traced(3)
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    backward = compiled.artifact[1]
+    first = next(n for n in backward.graph.nodes if n.op == "call_function" and hasattr(n.target, "__wrapped__"))
+    (packed,) = first.args
+    read_later = {i for n in backward.graph.nodes if n not in (first, packed) for i in n.all_input_nodes}
+    only_first = [k for k, i in enumerate(packed.args) if i.op == "placeholder" and i not in read_later]
+    assert only_first, "the first backward call reads saved values no later node reads"
+    roles[first.target] = only_first
+    primals, tangents = fp8conf.joint_signature(gm).feed(model, (x,), (torch.randn(TOKENS, DIM),))
+    held.update(map(id, [*primals, *tangents]))  # the caller's own: parameters, batch, output gradient
+    for _ in range(2):  # the first step calls through the artifact, the second through Inductor's code
+        compiled.fn(primals, tangents)
+    assert len(dead_after_first) == 2 and all(n and dead == n for n, dead in dead_after_first), \
+        f"(saved values, freed when the first call returned) per step: {dead_after_first}"

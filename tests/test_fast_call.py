@@ -16,10 +16,6 @@ from fp8conf.tools.example_models import build_stack
 DIM, TOKENS = 32, 16
 
 
-def _closure(fn) -> dict:
-    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
-
-
 def _call_sites(compiled):
     return [n for g in compiled.artifact for n in g.graph.nodes if n.op == "call_function" and hasattr(n.target, "__wrapped__")]
 
@@ -39,12 +35,12 @@ def test_ordinary_regions_take_the_fast_path_with_equal_results(monkeypatch):
     slow = fp8conf.compile_joint(gm, mode="regional")
     monkeypatch.setattr(region_compile, "FAST_CALLS", True)
     fast = fp8conf.compile_joint(gm, mode="regional")
-    assert all(_closure(n.target)["fast"] is None for n in _call_sites(slow))
+    assert all(n.target.fast is None for n in _call_sites(slow))
     regions = [n for n in _call_sites(fast) if n.name.startswith("region")]
-    assert regions and all(_closure(n.target)["fast"] is not None for n in regions)
+    assert regions and all(n.target.fast is not None for n in regions)
     expected, got = _steps(slow, gm, model, x, grad), _steps(fast, gm, model, x, grad)
     # After the first call, each region calls its fast entry, not the artifact.
-    assert all(_closure(n.target)["call"] is _closure(n.target)["fast"] for n in regions)
+    assert all(n.target.current() is n.target.fast for n in regions)
     assert len(expected) == len(got) and all(torch.equal(a, b) for a, b in zip(expected, got))
 
 

@@ -15,7 +15,9 @@ consumes them; ``regional`` tags the complete FP8 regions of each
 together with the rest of the graph around it, in units that stop at the ops that must stay
 eager and at the edge of a repeated block (:mod:`fp8conf.graph.remainder`); with
 ``remainder="pieces"`` each region alone, then the pieces of the rest between them; with
-``remainder="eager"`` the regions alone and everything else eagerly. On CUDA, ``cudagraph=True``
+``remainder="eager"`` the regions alone and everything else eagerly; its backward graph too
+takes its inputs boxed, so that each saved value is freed once the last compiled call using it
+returns. On CUDA, ``cudagraph=True``
 captures the compiled callable in a CUDA graph and replays it, parameters and buffers being
 static inputs.
 
@@ -39,10 +41,10 @@ import torch.utils._pytree as pytree
 
 from fp8conf import errors
 from fp8conf.graph.partition import partition_joint, run_partitioned
-from fp8conf.graph.provenance import get_provenance
-from fp8conf.graph.region_compile import compile_pieces, compile_regions
+from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance
+from fp8conf.graph.region_compile import compile_pieces, compile_regions, pack_inputs
 from fp8conf.graph.regions import Region, tag_fp8_regions
-from fp8conf.graph.remainder import remainder_pieces, repeated_block
+from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces, repeated_block
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
 
 __all__ = ["MODES", "REMAINDERS", "CompiledJoint", "compile_joint"]
@@ -130,7 +132,9 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     else:
         compiled = _regional(gm, [parts.forward, parts.backward], names, strict, remainder)
         forward_fn, backward_fn = compiled.fn
-        compiled = dataclasses.replace(compiled, fn=run_partitioned(parts, forward_fn, backward_fn))
+        boxed = _boxed_graph(parts.backward)
+        fn = run_partitioned(parts, forward_fn, boxed or backward_fn, boxed_backward=boxed is not None)
+        compiled = dataclasses.replace(compiled, fn=fn)
     fn = compiled.fn
     if cudagraph:
         fn = _cuda_graphed(fn, _static_inputs(gm))
@@ -169,6 +173,26 @@ def _boxed_entry(artifact) -> Callable | None:
             return fn
         fn = getattr(fn, "__wrapped__", None)
     return None
+
+
+def _boxed_graph(gm: torch.fx.GraphModule) -> Callable | None:
+    """``gm`` (a regionally compiled backward) regenerated to take its inputs as one list and
+    empty it, as ``torch.compile``'s backward does, and to hand each compiled call its inputs
+    as one list too (:func:`~fp8conf.graph.region_compile.pack_inputs`, the graph dropping its
+    own references to the values it no longer needs before the call), so that Inductor's code
+    frees each saved value after its last use inside the call; ``None`` (and ``gm`` unchanged)
+    on a torch without FX's boxed code generator."""
+    boxed_codegen = getattr(torch.fx.graph, "_BoxedCodeGen", None)
+    if boxed_codegen is None or type(gm.graph._codegen) is not torch.fx.graph.CodeGen:
+        return None
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and getattr(node.target, "boxed", None) is not None and not node.kwargs:
+            with gm.graph.inserting_before(node):
+                packed = gm.graph.call_function(pack_inputs, tuple(node.args))
+            node.args, node.target = (packed,), node.target.boxed
+    gm.graph.set_codegen(boxed_codegen())
+    gm.recompile()
+    return torch._dynamo.disable(gm.forward)
 
 
 def _standalone_compile(flat: torch.fx.GraphModule, example_inputs) -> Callable:
@@ -227,8 +251,7 @@ def _regional(gm, graphs, names, strict, remainder) -> CompiledJoint:
         if remainder == "inductor":
             # Each region compiled together with the remainder around it, up to the ops that
             # must stay eager: one Inductor graph fuses a cast with the op making its input.
-            units = remainder_pieces(graph, keep_eager=uncompiled, regions=[r.nodes for r in complete],
-                                     blocks=[repeated_block(r.module_fqn) for r in complete])
+            units = remainder_pieces(graph, keep_eager=uncompiled, regions=[r.nodes for r in complete], blocks=_blocks(graph, complete))
             fn, fused = compile_pieces(graph, units, cache, error=functools.partial(_unit_error, complete))
             compiled_names |= fused
         else:
@@ -265,6 +288,14 @@ def _region_error(region: Region, exc: Exception) -> errors.RegionCompileError:
         module_fqn=region.module_fqn,
         pass_name=region.pass_name,
     )
+
+
+def _blocks(graph, regions) -> dict:
+    """The repeated block of each node: recorded while tracing (:func:`fp8conf.trace_joint`), or,
+    in a graph that records none, guessed from the regions' module FQNs."""
+    if any(BLOCK_META_KEY in n.meta for n in graph.graph.nodes):
+        return {n: get_block(n) for n in graph.graph.nodes}
+    return blocks_from_regions(graph, [r.nodes for r in regions], [repeated_block(r.module_fqn) for r in regions])
 
 
 def _unit_error(regions: list[Region], unit, exc: Exception) -> errors.RegionCompileError:

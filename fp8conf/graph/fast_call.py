@@ -37,7 +37,9 @@ _NEXT_CELLS = ("fn", "compiled_fn", "_inner_compiled_fn")
 
 def fast_entry(artifact) -> Callable | None:
     """A function called like ``artifact`` (positional tensors in, a sequence of tensors out) that
-    calls Inductor's generated code directly, or ``None`` when a layer in between might do work."""
+    calls Inductor's generated code directly, or ``None`` when a layer in between might do work.
+    Its ``boxed`` attribute takes the inputs as one list instead and empties it, so that a caller
+    holding no other reference lets Inductor's code free each input after its last use."""
     try:
         from torch._inductor.output_code import CompiledFxGraph
     except ImportError:
@@ -64,6 +66,11 @@ def _direct_call(graph) -> Callable | None:
         # call since torch may replace the callable after the first run (CUDA graph trees).
         return graph.current_callable(list(args))
 
+    def boxed(args: list):
+        # The caller's own list, emptied here: each input is freed after its last use inside.
+        return graph.current_callable(args)
+
+    region.boxed = boxed
     return region
 
 

@@ -13,6 +13,12 @@ Rules:
 * a module called twice: both calls carry its FQN, with distinct ``call`` indices;
 * gradient accumulation across uses of a tensor has a sequence number of its own, issued by no
   forward op, so it carries no provenance.
+
+Every node also records which **repeated block** issued it, in ``node.meta["fp8conf_block"]``:
+the FQN of the outermost module held at an index of a container (``layers.3``), ``""`` for an
+op of the model outside every block (embedding, head), paired to backward nodes alike; a
+backward node paired to no forward op has none (:func:`get_block` returns ``None``). Regional
+compilation keeps each compiled unit inside one block, so that identical blocks compile once.
 """
 
 from __future__ import annotations
@@ -31,18 +37,23 @@ from fp8conf.quantized.float8 import QuantizationConfig
 
 __all__ = [
     "PROVENANCE_META_KEY",
+    "BLOCK_META_KEY",
     "Provenance",
     "CallRecord",
     "get_provenance",
+    "get_block",
+    "repeated_blocks",
     "record_forward_provenance",
     "propagate_provenance",
     "node_passes",
 ]
 
 PROVENANCE_META_KEY = "fp8conf_provenance"
+BLOCK_META_KEY = "fp8conf_block"
 # Keys fp8conf writes into node.meta["custom"] while tracing; removed again by propagation.
 _MODULE_KEY = "fp8conf.module"
 _CALL_KEY = "fp8conf.call"
+_BLOCK_KEY = "fp8conf.block"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +78,22 @@ def get_provenance(node: torch.fx.Node) -> Provenance | None:
     return node.meta.get(PROVENANCE_META_KEY)
 
 
+def get_block(node: torch.fx.Node) -> str | None:
+    """The repeated block that issued ``node`` (``"layers.3"``), ``""`` for the model outside
+    every block, ``None`` where unknown (a graph not traced by fp8conf, gradient accumulation)."""
+    return node.meta.get(BLOCK_META_KEY)
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[str]:
+    """FQNs of the outermost modules held at an index of a container (``layers.3``)."""
+    blocks = []
+    for fqn, _ in model.named_modules():
+        parts = fqn.split(".")
+        if fqn and parts[-1].isdigit() and not any(p.isdigit() for p in parts[:-1]):
+            blocks.append(fqn)
+    return blocks
+
+
 @contextlib.contextmanager
 def record_forward_provenance(
     model: torch.nn.Module, modules: dict[str, QuantizationConfig], calls: list[CallRecord]
@@ -78,6 +105,10 @@ def record_forward_provenance(
     """
     patched = []
     counters = dict.fromkeys(modules, 0)
+    for fqn in repeated_blocks(model):
+        module = model.get_submodule(fqn)
+        patched.append((module, module.__dict__.get("forward")))
+        module.forward = _block_forward(module.forward, fqn)
     for fqn in modules:
         module = model.get_submodule(fqn)
         patched.append((module, module.__dict__.get("forward")))
@@ -90,11 +121,19 @@ def record_forward_provenance(
     try:
         yield
     finally:
-        for module, original in patched:
+        for module, original in reversed(patched):
             if original is None:
                 del module.forward
             else:
                 module.forward = original
+
+
+def _block_forward(inner, fqn):
+    def forward(*args, **kwargs):
+        with fx_traceback.annotate({_BLOCK_KEY: fqn}):
+            return inner(*args, **kwargs)
+
+    return forward
 
 
 def _restarting_forward(inner, counters, calls):
@@ -162,17 +201,26 @@ def propagate_provenance(gm: torch.fx.GraphModule, modules: dict[str, Quantizati
     """
     passes = node_passes(gm.graph)
     by_seq_nr: dict[int, set] = {}
+    blocks_by_seq_nr: dict[int, set] = {}
     for node in gm.graph.nodes:
+        block = _take_block(node)
         provenance = _take_annotation(node, modules)
         if passes[node] != "forward" or node.op != "call_function":
             continue
         _set(node, provenance)
+        node.meta[BLOCK_META_KEY] = block
         seq_nr = node.meta.get("seq_nr")
         if seq_nr is not None:
             by_seq_nr.setdefault(seq_nr, set()).add(provenance)
+            blocks_by_seq_nr.setdefault(seq_nr, set()).add(block)
     for node in gm.graph.nodes:
         if passes[node] == "backward" and node.op == "call_function":
-            _set(node, _differentiated(by_seq_nr.get(node.meta.get("seq_nr"), ())))
+            seq_nr = node.meta.get("seq_nr")
+            _set(node, _differentiated(by_seq_nr.get(seq_nr, ())))
+            blocks = blocks_by_seq_nr.get(seq_nr, ())
+            node.meta.pop(BLOCK_META_KEY, None)
+            if len(blocks) == 1:
+                node.meta[BLOCK_META_KEY] = next(iter(blocks))
     return gm
 
 
@@ -181,6 +229,19 @@ def _differentiated(candidates) -> Provenance | None:
     # provenance is safer than a wrong one (validation then reports the gap).
     issued = {c for c in candidates if c is not None}
     return next(iter(issued)) if len(issued) == 1 else None
+
+
+def _take_block(node: torch.fx.Node) -> str:
+    """The block annotation of ``node`` (``""`` if none), taken out of ``meta["custom"]``."""
+    custom = node.meta.get("custom")
+    if not custom or _BLOCK_KEY not in custom:
+        return ""
+    rest = {k: v for k, v in custom.items() if k != _BLOCK_KEY}
+    if rest:
+        node.meta["custom"] = rest
+    else:
+        del node.meta["custom"]
+    return custom[_BLOCK_KEY]
 
 
 def _take_annotation(node: torch.fx.Node, modules) -> Provenance | None:

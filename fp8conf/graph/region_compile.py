@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.graph.regions import Region
 
-__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions", "compile_pieces", "region_call"]
+__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions", "compile_pieces", "region_call", "pack_inputs"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"
@@ -146,18 +146,40 @@ def region_call(compiled, fast: Callable | None = None) -> Callable:
     whose ``__wrapped__`` is the artifact (what a regional artifact saves). With ``fast``
     (:func:`fp8conf.graph.fast_call.fast_entry`), calls after the first skip the artifact's
     wrappers; the first goes through them, for whatever torch does on a graph's first run
-    (writing its autotuning cache, say)."""
-    call = compiled
+    (writing its autotuning cache, say). Its ``boxed`` attribute takes the inputs as one list
+    and empties it (through the fast entry's own, after the first call); ``fast`` is the fast
+    entry, or ``None``, and ``current()`` what the next call runs."""
+    state = {"first": True}
 
     @functools.wraps(compiled)
     def region(*args):
-        nonlocal call
-        if fast is None or call is fast:
-            return call(*args)
-        call = fast
-        return compiled(*args)
+        if fast is None:
+            return compiled(*args)
+        if state.pop("first", False):
+            return compiled(*args)
+        return fast(*args)
 
+    def boxed(args: list):
+        if fast is None or state.pop("first", False):
+            inputs = tuple(args)
+            args.clear()
+            return compiled(*inputs)
+        return fast.boxed(args)
+
+    def current() -> Callable:
+        """What the next call runs: the artifact, or the fast entry."""
+        return compiled if fast is None or "first" in state else fast
+
+    boxed.__wrapped__ = compiled
+    region.boxed = boxed
+    for fn in (region, boxed):
+        fn.fast, fn.current = fast, current
     return region
+
+
+def pack_inputs(*values) -> list:
+    """The inputs of a boxed call as one list (see :func:`region_call`)."""
+    return list(values)
 
 
 def _flat_callable(gm: torch.fx.GraphModule) -> Callable:

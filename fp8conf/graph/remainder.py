@@ -33,18 +33,19 @@ from __future__ import annotations
 
 import heapq
 import operator
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 
 import torch
 import torch.fx
 
 from fp8conf.graph.roles import is_fp8_dtype
 
-__all__ = ["remainder_pieces", "repeated_block"]
+__all__ = ["remainder_pieces", "repeated_block", "blocks_from_regions"]
 
 
 def remainder_pieces(gm: torch.fx.GraphModule, keep_eager: Collection[str] = (),
-                     regions: Sequence[Collection[torch.fx.Node]] = (), blocks: Sequence[Hashable] | None = None) -> list[list[torch.fx.Node]]:
+                     regions: Sequence[Collection[torch.fx.Node]] = (),
+                     blocks: Mapping[torch.fx.Node, Hashable | None] | None = None) -> list[list[torch.fx.Node]]:
     """The pieces of ``gm``'s eager nodes to compile, each a list of connected nodes in graph
     order, the pieces in graph order. Reads the graph only. ``keep_eager`` names nodes that must
     stay eager (those of FP8 regions left uncompiled).
@@ -53,11 +54,11 @@ def remainder_pieces(gm: torch.fx.GraphModule, keep_eager: Collection[str] = (),
     compiled together with the remainder around them: each is taken whole, as if it were one
     node, and lands in exactly one piece, which is then returned however little else it holds.
     Without them, FP8 values keep a node out of every piece (the regions were cut out before).
-    ``blocks`` names, per region, the repeated block it belongs to (``"layers.3"``): a piece
-    never spans two blocks, so that the pieces of identical blocks are identical and compile
-    once. A node outside the regions belongs to the block of the next region in graph order
-    (the residual add and the norm before a block's first projection belong to that block), a
-    node after the last region to the block of its input of the highest level."""
+    ``blocks`` names the repeated block of each node (``"layers.3"``, see
+    :func:`fp8conf.graph.provenance.get_block`; a region's is that of its nodes): a piece never
+    spans two blocks, so that the pieces of identical blocks are identical and compile once. A
+    node of unknown block (``None``, or missing) goes with its input of the highest level.
+    :func:`blocks_from_regions` makes such a map for a graph that records none."""
     keep_eager = frozenset(keep_eager)
     nodes = list(gm.graph.nodes)
     order = {node: i for i, node in enumerate(nodes)}
@@ -73,18 +74,18 @@ def remainder_pieces(gm: torch.fx.GraphModule, keep_eager: Collection[str] = (),
         preds[atom].update(atom_of.get(i, i) for i in node.all_input_nodes if atom_of.get(i, i) != atom)
 
     region_atoms = set(atom_of.values())
-    block = _blocks(nodes, atom_of, blocks)
+    block = _atom_blocks(members, blocks)
     level: dict[Hashable, int] = {}
     parent: dict[Hashable, Hashable] = {}  # union-find over the compilable atoms
     compilable: set[torch.fx.Node] = set()
     for atom in _topological(members, preds, order):
         # Crossing an eager atom with inputs raises the level: a path may leave a piece there;
         # so does passing from one block into another.
-        here = block[members[atom][0]]
-        if here is _ANY:  # after the last region: the block of the input reached last
-            here = max(((level[b], block[members[b][0]]) for b in preds[atom] if b in parent), default=(0, _ANY), key=lambda t: t[0])[1]
-            block.update(dict.fromkeys(members[atom], here))
-        level[atom] = max((level[b] + (_has_inputs(members[b]) if b not in parent else block[members[b][0]] != here)
+        here = block[atom]
+        if here is None:  # unknown: the block of the input reached last
+            here = max(((level[b], block[b]) for b in preds[atom] if b in parent), default=(0, None), key=lambda t: t[0])[1]
+            block[atom] = here
+        level[atom] = max((level[b] + (_has_inputs(members[b]) if b not in parent else block[b] != here)
                            for b in preds[atom]), default=0)
         if atom not in region_atoms and not _may_compile(atom, keep_eager, compilable):
             continue
@@ -98,7 +99,7 @@ def remainder_pieces(gm: torch.fx.GraphModule, keep_eager: Collection[str] = (),
         groups.setdefault(_root(parent, atom), []).extend(members[atom])
     pieces = [group for group in groups.values()
               if any(n in atom_of for n in group) or sum(_computes(n) for n in group if n not in atom_of) >= 2]
-    _attach_input_views(pieces, compilable, atom_of, nodes)
+    _attach_input_views(pieces, compilable, atom_of, nodes, blocks)
     return sorted((sorted(piece, key=order.__getitem__) for piece in pieces), key=lambda piece: order[piece[0]])
 
 
@@ -131,18 +132,24 @@ def _topological(members, preds, order):
                 heapq.heappush(ready, (first[s], counter, s))
 
 
-#: The block of nodes after the last region: that of the input they are reached through.
-_ANY = object()
-
-
-def _blocks(nodes, atom_of, blocks) -> dict[torch.fx.Node, Hashable]:
-    """Each node's block: its region's, or that of the next region node in graph order."""
+def _atom_blocks(members, blocks) -> dict[Hashable, Hashable | None]:
+    """Each atom's block: a node's own, a region's that of its first node that has one."""
     if blocks is None:
-        return dict.fromkeys(nodes)
-    out, following = {}, _ANY
-    for node in reversed(nodes):
-        if node in atom_of:
-            following = blocks[atom_of[node][1]]
+        return dict.fromkeys(members, "")
+    return {atom: next((blocks[n] for n in nodes if blocks.get(n) is not None), None) for atom, nodes in members.items()}
+
+
+def blocks_from_regions(gm: torch.fx.GraphModule, regions: Sequence[Collection[torch.fx.Node]],
+                        region_blocks: Sequence[Hashable]) -> dict[torch.fx.Node, Hashable | None]:
+    """A block for each node of a graph that records none, from its regions' blocks
+    (``region_blocks``, say :func:`repeated_block` of each region's module): a region's nodes
+    are in its block, every other node in that of the next region in graph order (the residual
+    add and the norm before a block's first projection belong to that block); nodes after the
+    last region are of unknown block."""
+    owner = {n: block for region, block in zip(regions, region_blocks, strict=True) for n in region}
+    out, following = {}, None
+    for node in reversed(gm.graph.nodes):
+        following = owner.get(node, following)
         out[node] = following
     return out
 
@@ -151,11 +158,13 @@ def _has_inputs(nodes) -> bool:
     return any(n.all_input_nodes for n in nodes)
 
 
-def _attach_input_views(pieces, compilable, atom_of, nodes) -> None:
+def _attach_input_views(pieces, compilable, atom_of, nodes, blocks) -> None:
     """Put each compilable node made from graph inputs alone (a weight's transpose, a saved
-    value's power), where all its users are in one piece, into that piece: no path from a piece
-    can reach such a node, so the piece stays one that can be cut out alone."""
+    value's power), where all its users are in one piece of its own block, into that piece: no
+    path from a piece can reach such a node, so the piece stays one that can be cut out alone."""
     piece_of = {n: i for i, piece in enumerate(pieces) for n in piece}
+    blocks = blocks or {}
+    piece_block = [next((blocks[n] for n in piece if blocks.get(n) is not None), None) for piece in pieces]
     sources: set[torch.fx.Node] = set()  # made from graph inputs alone, through compilable nodes outside every piece
     for node in nodes:
         if node in compilable and node not in piece_of and node not in atom_of and all(
@@ -167,6 +176,8 @@ def _attach_input_views(pieces, compilable, atom_of, nodes) -> None:
         homes = {piece_of.get(u) for u in node.users}
         if len(homes) == 1 and None not in homes:
             (home,) = homes
+            if blocks.get(node) not in (None, piece_block[home]):
+                continue
             pieces[home].append(node)
             piece_of[node] = home
 
