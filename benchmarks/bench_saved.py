@@ -57,7 +57,9 @@ def _boxed(compiled) -> str:
     """Whether the compiled backward is called boxed, freeing saved values as it consumes them
     (found inside torch's CompiledArtifact, which other torch versions may lay out otherwise)."""
     if compiled.mode != "full":
-        return "no (eager remainder)"
+        # The regional backward graph takes its inputs as one list and hands each compiled call one.
+        boxed = type(compiled.artifact[1].graph._codegen).__name__ == "_BoxedCodeGen"
+        return "yes (per compiled call)" if boxed else "no: this torch has no boxed FX code generator"
     from fp8conf.graph.compile import _boxed_entry
 
     return "yes" if _boxed_entry(compiled.artifact[1]) is not None else "NO: not found in this torch"
