@@ -18,8 +18,8 @@ import fp8conf
 from fp8conf.graph.partition import partition_joint
 from fp8conf.graph.region_compile import compile_regions
 from fp8conf.graph.regions import tag_fp8_regions
-from fp8conf.graph.provenance import get_block
-from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces, repeated_block
+from fp8conf.graph.provenance import get_block, repeated_block
+from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.roles import is_fp8_dtype
 from fp8conf.graph.trace import flat_graph_module
 from fp8conf.tools.example_models import build_stack

@@ -15,9 +15,9 @@ consumes them; ``regional`` tags the complete FP8 regions of each
 together with the rest of the graph around it, in units that stop at the ops that must stay
 eager and at the edge of a repeated block (:mod:`fp8conf.graph.remainder`); with
 ``remainder="pieces"`` each region alone, then the pieces of the rest between them; with
-``remainder="eager"`` the regions alone and everything else eagerly; its backward graph too
-takes its inputs boxed, so that each saved value is freed once the last compiled call using it
-returns. On CUDA, ``cudagraph=True``
+``remainder="eager"`` the regions alone and everything else eagerly. The regional backward
+graph too takes its inputs boxed, so that each saved value is freed once the last compiled call
+using it returns. On CUDA, ``cudagraph=True``
 captures the compiled callable in a CUDA graph and replays it, parameters and buffers being
 static inputs.
 
@@ -41,10 +41,10 @@ import torch.utils._pytree as pytree
 
 from fp8conf import errors
 from fp8conf.graph.partition import partition_joint, run_partitioned
-from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance
+from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
 from fp8conf.graph.region_compile import compile_pieces, compile_regions, pack_inputs
 from fp8conf.graph.regions import Region, tag_fp8_regions
-from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces, repeated_block
+from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
 
 __all__ = ["MODES", "REMAINDERS", "CompiledJoint", "compile_joint"]
@@ -101,7 +101,8 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     ``remainder`` (``regional`` only) is what becomes of the nodes outside the FP8 regions:
     ``"inductor"`` (the default, the fast one) compiles each region together with the nodes
     around it, in units that never split a region, stop at the ops that must stay eager and never
-    span two repeated blocks (the part of a module FQN up to its first index, ``layers.3``), so
+    span two repeated blocks (the outermost modules at an index of a container, ``layers.3``, as
+    :func:`fp8conf.trace_joint` records them per node), so
     that identical blocks compile once and Inductor fuses each FP8 cast with the norm or
     activation making its input, as ``torch.compile`` does; ``"pieces"`` compiles each region as
     an Inductor graph of its own and the rest in pieces between them; ``"eager"`` runs the rest

@@ -42,6 +42,7 @@ __all__ = [
     "CallRecord",
     "get_provenance",
     "get_block",
+    "repeated_block",
     "repeated_blocks",
     "record_forward_provenance",
     "propagate_provenance",
@@ -86,12 +87,15 @@ def get_block(node: torch.fx.Node) -> str | None:
 
 def repeated_blocks(model: torch.nn.Module) -> list[str]:
     """FQNs of the outermost modules held at an index of a container (``layers.3``)."""
-    blocks = []
-    for fqn, _ in model.named_modules():
-        parts = fqn.split(".")
-        if fqn and parts[-1].isdigit() and not any(p.isdigit() for p in parts[:-1]):
-            blocks.append(fqn)
-    return blocks
+    return [fqn for fqn, _ in model.named_modules() if fqn and fqn.split(".")[-1].isdigit() and repeated_block(fqn) == fqn]
+
+
+def repeated_block(module_fqn: str) -> str:
+    """The repeated block a module belongs to: its FQN up to the first index
+    (``layers.3.attention.wq`` -> ``layers.3``), or the whole FQN where there is none."""
+    parts = module_fqn.split(".")
+    index = next((i for i, part in enumerate(parts) if part.isdigit()), len(parts) - 1)
+    return ".".join(parts[: index + 1])
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ import torch.fx
 
 from fp8conf.graph.roles import is_fp8_dtype
 
-__all__ = ["remainder_pieces", "repeated_block", "blocks_from_regions"]
+__all__ = ["remainder_pieces", "blocks_from_regions"]
 
 
 def remainder_pieces(gm: torch.fx.GraphModule, keep_eager: Collection[str] = (),
@@ -103,14 +103,6 @@ def remainder_pieces(gm: torch.fx.GraphModule, keep_eager: Collection[str] = (),
     return sorted((sorted(piece, key=order.__getitem__) for piece in pieces), key=lambda piece: order[piece[0]])
 
 
-def repeated_block(module_fqn: str) -> str:
-    """The repeated block a module belongs to: its FQN up to the first index
-    (``layers.3.attention.wq`` -> ``layers.3``), or the whole FQN where there is none."""
-    parts = module_fqn.split(".")
-    index = next((i for i, part in enumerate(parts) if part.isdigit()), len(parts) - 1)
-    return ".".join(parts[: index + 1])
-
-
 def _topological(members, preds, order):
     """The atoms in an order where each follows its predecessors, ties broken by graph order."""
     waiting = {atom: len(p) for atom, p in preds.items()}
@@ -142,10 +134,10 @@ def _atom_blocks(members, blocks) -> dict[Hashable, Hashable | None]:
 def blocks_from_regions(gm: torch.fx.GraphModule, regions: Sequence[Collection[torch.fx.Node]],
                         region_blocks: Sequence[Hashable]) -> dict[torch.fx.Node, Hashable | None]:
     """A block for each node of a graph that records none, from its regions' blocks
-    (``region_blocks``, say :func:`repeated_block` of each region's module): a region's nodes
-    are in its block, every other node in that of the next region in graph order (the residual
-    add and the norm before a block's first projection belong to that block); nodes after the
-    last region are of unknown block."""
+    (``region_blocks``, say :func:`~fp8conf.graph.provenance.repeated_block` of each region's
+    module): a region's nodes are in its block, every other node in that of the next region in
+    graph order (the residual add and the norm before a block's first projection belong to that
+    block); nodes after the last region are of unknown block."""
     owner = {n: block for region, block in zip(regions, region_blocks, strict=True) for n in region}
     out, following = {}, None
     for node in reversed(gm.graph.nodes):
