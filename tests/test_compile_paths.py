@@ -13,39 +13,22 @@ from fp8conf.graph.partition import partition_joint
 from fp8conf.graph.regions import identify_fp8_regions
 from fp8conf.graph.trace import flat_graph_module
 from fp8conf.tools.example_models import build_stack
+from stack_steps import DIM, TOKENS, assert_matches_eager, traced
 
-DIM, TOKENS = 32, 16
 # Per MLP block, four structurally distinct regions: up and down projection (different shapes),
 # forward and backward. Block 0's input needs a gradient like every other block's.
 DISTINCT_REGIONS_PER_STACK = 4
 
 
-def _traced(blocks, seed=0):
-    model = build_stack(DIM, blocks, seed=seed)
-    x = torch.randn(TOKENS, DIM, requires_grad=True)
-    return model, x, fp8conf.trace_joint(model, (x,))
-
-
-def _assert_matches_eager(gm, model, x, fn, *, seed):
-    torch.manual_seed(seed)
-    args, grad = (torch.randn_like(x).requires_grad_(),), (torch.randn(TOKENS, DIM),)
-    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, grad)
-    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, grad, fn=fn)
-    torch.testing.assert_close(out_c, out_e, rtol=1e-3, atol=1e-5)
-    assert grads_c.keys() == grads_e.keys()
-    for name in grads_e:
-        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=lambda m: f"grad of {name}: {m}")
-
-
 @pytest.mark.parametrize("blocks", [2, 4])
 def test_identical_regions_compile_once_whatever_the_depth(blocks, inductor_calls):
-    model, x, gm = _traced(blocks)
+    model, x, gm = traced(blocks)
     compiled = fp8conf.compile_joint(gm, mode="regional", remainder="eager")
     complete = [r for r in compiled.regions if r.complete]
     assert len(complete) == 4 * blocks  # two linears per block, forward and backward
     assert len(inductor_calls) == compiled.inductor_compiles == DISTINCT_REGIONS_PER_STACK
     for step in range(2):  # a shared compiled region must not keep one call site's values
-        _assert_matches_eager(gm, model, x, compiled.fn, seed=step)
+        assert_matches_eager(gm, model, x, compiled.fn, seed=step)
 
 
 def test_regions_of_other_shapes_are_not_shared(inductor_calls):
@@ -61,7 +44,7 @@ def test_regions_of_other_shapes_are_not_shared(inductor_calls):
 
 
 def test_partitioned_graphs_hold_the_joint_graphs_regions_whole():
-    _, _, gm = _traced(2)
+    _, _, gm = traced(2)
     joint = {r.id: {n.name for n in r.nodes} for r in identify_fp8_regions(flat_graph_module(gm))}
     parts = partition_joint(flat_graph_module(gm))
     assert parts is not None
@@ -73,17 +56,17 @@ def test_partitioned_graphs_hold_the_joint_graphs_regions_whole():
 
 
 def test_partitioned_regional_compiles_exactly_the_tagged_regions():
-    model, x, gm = _traced(2)
+    model, x, gm = traced(2)
     probe = flat_graph_module(gm)
     tagged = {n.name for r in fp8conf.tag_fp8_regions(probe) if r.complete for n in r.nodes}
     compiled = fp8conf.compile_joint(gm, mode="regional", remainder="eager")
     assert set(compiled.compiled_nodes) == tagged
     assert compiled.compiled_nodes | compiled.eager_nodes == {n.name for n in gm.graph.nodes if n.op == "call_function"}
-    _assert_matches_eager(gm, model, x, compiled.fn, seed=0)
+    assert_matches_eager(gm, model, x, compiled.fn, seed=0)
 
 
 def test_partitioned_regional_equals_the_unpartitioned_one():
-    model, x, gm = _traced(2)
+    model, x, gm = traced(2)
     torch.manual_seed(3)
     args, grad = (torch.randn_like(x).requires_grad_(),), (torch.randn(TOKENS, DIM),)
     one = fp8conf.run_joint(gm, model, args, grad, fn=fp8conf.compile_joint(gm, mode="regional", partition=False, remainder="eager").fn)
@@ -94,19 +77,19 @@ def test_partitioned_regional_equals_the_unpartitioned_one():
 
 
 def test_full_compiles_forward_and_backward_through_the_partitioner(inductor_calls):
-    model, x, gm = _traced(2)
+    model, x, gm = traced(2)
     compiled = fp8conf.compile_joint(gm, mode="full")
     assert len(inductor_calls) == compiled.inductor_compiles == 2
     forward, backward = compiled.artifact
     assert inductor_calls[0].graph.find_nodes(op="placeholder")[0].name.startswith("primals")
     assert any(p.name.startswith("tangents") for p in inductor_calls[1].graph.find_nodes(op="placeholder"))
     for step in range(2):
-        _assert_matches_eager(gm, model, x, compiled.fn, seed=step)
+        assert_matches_eager(gm, model, x, compiled.fn, seed=step)
 
 
 def test_graphs_without_tangents_are_compiled_whole(inductor_calls):
     # A GraphPP forward callable has no tangents: there is no backward to cut off.
-    _, _, gm = _traced(1)
+    _, _, gm = traced(1)
     forward = fp8conf.split_stage(gm).parts["forward"]
     assert partition_joint(flat_graph_module(forward)) is None
     compiled = fp8conf.compile_joint(forward, mode="full")

@@ -22,17 +22,10 @@ from fp8conf.graph.provenance import get_block, repeated_block
 from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.roles import is_fp8_dtype
 from fp8conf.graph.trace import flat_graph_module
-from fp8conf.tools.example_models import build_stack
+from stack_steps import DIM, TOKENS, assert_matches_eager, traced
 
-DIM, TOKENS = 32, 16
 # Per stack, four structurally distinct regions (up and down projection, forward and backward).
 DISTINCT_REGIONS_PER_STACK = 4
-
-
-def _traced(blocks, seed=0):
-    model = build_stack(DIM, blocks, seed=seed)
-    x = torch.randn(TOKENS, DIM, requires_grad=True)
-    return model, x, fp8conf.trace_joint(model, (x,))
 
 
 def _tagged(gm) -> set[str]:
@@ -43,21 +36,10 @@ def _call_functions(gm) -> dict[str, torch.fx.Node]:
     return {n.name: n for n in gm.graph.nodes if n.op == "call_function"}
 
 
-def _assert_matches_eager(gm, model, x, fn, *, seed):
-    torch.manual_seed(seed)
-    args, grad = (torch.randn_like(x).requires_grad_(),), (torch.randn(TOKENS, DIM),)
-    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, grad)
-    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, grad, fn=fn)
-    torch.testing.assert_close(out_c, out_e, rtol=1e-3, atol=1e-5)
-    assert grads_c.keys() == grads_e.keys()
-    for name in grads_e:
-        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=lambda m: f"grad of {name}: {m}")
-
-
 @pytest.fixture(scope="module")
 def stack():
     """A two-block stack, its joint graph and that graph compiled regionally with its remainder."""
-    model, x, gm = _traced(2)
+    model, x, gm = traced(2)
     return model, x, gm, fp8conf.compile_joint(gm, mode="regional")
 
 
@@ -85,14 +67,14 @@ def _computes(node) -> bool:
 def test_the_compiled_remainder_matches_eager_over_two_steps(stack):
     model, x, gm, compiled = stack
     for step in range(2):  # a shared compiled piece must not keep one call site's values
-        _assert_matches_eager(gm, model, x, compiled.fn, seed=step)
+        assert_matches_eager(gm, model, x, compiled.fn, seed=step)
 
 
 def test_each_distinct_unit_compiles_once_whatever_the_depth(inductor_calls):
     counts = {}
     for blocks in (3, 4):  # first, middle and last blocks differ; the middle ones are alike
         inductor_calls.clear()
-        _, _, gm = _traced(blocks)
+        _, _, gm = traced(blocks)
         compiled = fp8conf.compile_joint(gm, mode="regional")
         assert len(inductor_calls) == compiled.inductor_compiles
         counts[blocks] = compiled.inductor_compiles
@@ -104,7 +86,7 @@ def _call_sites(compiled) -> int:
 
 
 def test_units_hold_whole_regions_of_one_block():
-    _, _, gm = _traced(3)
+    _, _, gm = traced(3)
     parts = partition_joint(flat_graph_module(gm), keep_fp8_regions=True)
     for graph in (parts.forward, parts.backward):
         regions = [r for r in tag_fp8_regions(graph) if r.complete]
@@ -123,7 +105,7 @@ def test_units_hold_whole_regions_of_one_block():
 
 
 def test_a_graph_without_blocks_takes_them_from_its_regions():
-    _, _, gm = _traced(3)
+    _, _, gm = traced(3)
     parts = partition_joint(flat_graph_module(gm), keep_fp8_regions=True)
     graph = parts.forward
     regions = [r for r in tag_fp8_regions(graph) if r.complete]
@@ -141,7 +123,7 @@ def test_pieces_compile_each_region_alone_and_match_eager(stack, inductor_calls)
     complete = [r for r in compiled.regions if r.complete]
     assert _call_sites(compiled) > len(complete) > _call_sites(default)
     assert _tagged(gm) < set(compiled.compiled_nodes)
-    _assert_matches_eager(gm, model, x, compiled.fn, seed=0)
+    assert_matches_eager(gm, model, x, compiled.fn, seed=0)
 
 
 def test_repeated_blocks_are_named_up_to_the_first_index():
@@ -152,21 +134,21 @@ def test_repeated_blocks_are_named_up_to_the_first_index():
 
 
 def test_an_eager_remainder_compiles_exactly_the_tagged_regions(inductor_calls):
-    model, x, gm = _traced(2)
+    model, x, gm = traced(2)
     compiled = fp8conf.compile_joint(gm, mode="regional", remainder="eager")
     assert set(compiled.compiled_nodes) == _tagged(gm)
     assert len(inductor_calls) == compiled.inductor_compiles == DISTINCT_REGIONS_PER_STACK
-    _assert_matches_eager(gm, model, x, compiled.fn, seed=0)
+    assert_matches_eager(gm, model, x, compiled.fn, seed=0)
 
 
 def test_unknown_remainders_are_refused():
-    _, _, gm = _traced(1)
+    _, _, gm = traced(1)
     with pytest.raises(fp8conf.FP8ConfigError, match="remainder='fused'"):
         fp8conf.compile_joint(gm, mode="regional", remainder="fused")
 
 
 def test_pieces_hold_no_fp8_value_and_no_region_output_tuple():
-    _, _, gm = _traced(2)
+    _, _, gm = traced(2)
     parts = partition_joint(flat_graph_module(gm))
     for graph in (parts.forward, parts.backward):
         found = tag_fp8_regions(graph)
@@ -184,7 +166,7 @@ def test_pieces_hold_no_fp8_value_and_no_region_output_tuple():
 
 
 def test_nodes_kept_eager_stay_out_of_every_piece():
-    _, _, gm = _traced(2)
+    _, _, gm = traced(2)
     flat = flat_graph_module(gm)
     everything = {n for piece in remainder_pieces(flat) for n in piece}
     kept = {n.name for n in everything if n.target == torch.ops.aten.gelu.default}
@@ -220,7 +202,7 @@ def test_the_regional_backward_frees_saved_values_as_it_goes(monkeypatch):
         return region
 
     monkeypatch.setattr(region_compile, "region_call", spying_region_call)
-    model, x, gm = _traced(3)
+    model, x, gm = traced(3)
     compiled = fp8conf.compile_joint(gm, mode="regional")
     backward = compiled.artifact[1]
     first = next(n for n in backward.graph.nodes if n.op == "call_function" and hasattr(n.target, "__wrapped__"))

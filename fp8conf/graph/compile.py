@@ -300,7 +300,7 @@ def _blocks(graph, regions) -> dict:
 
 
 def _unit_error(regions: list[Region], unit, exc: Exception) -> errors.RegionCompileError:
-    inside = {n for n in unit}
+    inside = set(unit)
     held = [r for r in regions if r.nodes[0] in inside]
     if not held:
         return _piece_error(unit, exc)

@@ -237,30 +237,30 @@ def _differentiated(candidates) -> Provenance | None:
 
 def _take_block(node: torch.fx.Node) -> str:
     """The block annotation of ``node`` (``""`` if none), taken out of ``meta["custom"]``."""
-    custom = node.meta.get("custom")
-    if not custom or _BLOCK_KEY not in custom:
-        return ""
-    rest = {k: v for k, v in custom.items() if k != _BLOCK_KEY}
-    if rest:
-        node.meta["custom"] = rest
-    else:
-        del node.meta["custom"]
-    return custom[_BLOCK_KEY]
+    return _take_custom(node, _BLOCK_KEY).get(_BLOCK_KEY, "")
 
 
 def _take_annotation(node: torch.fx.Node, modules) -> Provenance | None:
-    custom = node.meta.get("custom")
-    if not custom or _MODULE_KEY not in custom:
+    taken = _take_custom(node, _MODULE_KEY, _CALL_KEY)
+    if _MODULE_KEY not in taken:
         return None
-    fqn, call = custom[_MODULE_KEY], custom.get(_CALL_KEY, 0)
+    fqn, call = taken[_MODULE_KEY], taken.get(_CALL_KEY, 0)
+    config = modules[fqn]
+    return Provenance(fqn, config.kind, config.recipe, config.emulate, call)
+
+
+def _take_custom(node: torch.fx.Node, *keys: str) -> dict:
+    """The values of ``keys`` in ``node.meta["custom"]``, removed from it."""
+    custom = node.meta.get("custom")
+    if not custom or not any(k in custom for k in keys):
+        return {}
     # Tracing may share one dict between many nodes: replace it, never edit it in place.
-    rest = {k: v for k, v in custom.items() if k not in (_MODULE_KEY, _CALL_KEY)}
+    rest = {k: v for k, v in custom.items() if k not in keys}
     if rest:
         node.meta["custom"] = rest
     else:
         del node.meta["custom"]
-    config = modules[fqn]
-    return Provenance(fqn, config.kind, config.recipe, config.emulate, call)
+    return {k: custom[k] for k in keys if k in custom}
 
 
 def _set(node: torch.fx.Node, provenance: Provenance | None) -> None:
