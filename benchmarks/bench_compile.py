@@ -37,8 +37,10 @@ rows that would start after it are reported as not run. Rows are printed (and ap
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -141,7 +143,9 @@ def make_variant(label, work: Workload):
 
 
 def cold_build(label, work, device):
-    """Build a variant and run its first step: ``(step, model, info, seconds, own peak GiB)``."""
+    """Build a variant and run its first step: ``(step, model, info, seconds, own peak GiB)``.
+    ``info["step_peak_gib"]`` is the peak of the two steps after the first alone (compilation
+    left out), above the same baseline."""
     _sync(device)
     before = torch.cuda.memory_allocated() if device == "cuda" else 0
     if device == "cuda":
@@ -151,10 +155,18 @@ def cold_build(label, work, device):
     step()  # the first step compiles
     _sync(device)
     seconds = time.perf_counter() - start
+    build_peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     for _ in range(2):  # CUDA-graph variants capture on a later step: count their pools too
         step()
     _sync(device)
-    peak = (torch.cuda.max_memory_allocated() - before) / 2**30 if device == "cuda" else float("nan")
+    if device == "cuda":
+        steps_peak = torch.cuda.max_memory_allocated()
+        peak = (max(build_peak, steps_peak) - before) / 2**30
+        info["step_peak_gib"] = (steps_peak - before) / 2**30
+    else:
+        peak = float("nan")
     return step, model, info, seconds, peak
 
 
@@ -181,7 +193,17 @@ def gpu_profile(step, steps=3):
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     busy_us = sum(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) for e in kernels)
-    return len(kernels) / steps, busy_us / steps / 1e3
+    names = collections.Counter(re.sub(r"_\d+$", "", e.name) for e in kernels)
+    return len(kernels) / steps, busy_us / steps / 1e3, {name: count / steps for name, count in names.items()}
+
+
+def kernel_difference(row, peer, top=12) -> str:
+    """The kernel names (Triton's numbering dropped) ``row`` launches more or less often per
+    step than ``peer``, the largest differences first."""
+    names, theirs = row.get("kernel_names", {}), peer.get("kernel_names", {})
+    diff = {n: names.get(n, 0) - theirs.get(n, 0) for n in set(names) | set(theirs)}
+    worst = sorted((n for n in diff if diff[n]), key=lambda n: (-abs(diff[n]), n))[:top]
+    return "; ".join(f"{diff[n]:+.0f} {n[:70]}" for n in worst) or "same kernels"
 
 
 def _labels(args):
@@ -210,10 +232,18 @@ def run_config(args, name, dim, blocks, recipe, sink):
                 rows[label]["seconds"].append(timed(step, args.device, args.warmup, args.iters))
     for label, step in live.items():
         row = rows[label]
-        row["kernels"], row["gpu_busy_ms"] = gpu_profile(step) if args.device == "cuda" else (float("nan"), float("nan"))
+        if args.device == "cuda":
+            row["kernels"], row["gpu_busy_ms"], row["kernel_names"] = gpu_profile(step)
+        else:
+            row["kernels"], row["gpu_busy_ms"] = float("nan"), float("nan")
         median = statistics.median(row["seconds"])
         print(f"{name} {label:32s} {args.tokens / median / 1e6:8.3f} Mtok/s (median of {len(row['seconds'])})  "
-              f"kernels/step {row['kernels']:6.0f}  GPU busy {row['gpu_busy_ms']:7.2f} of {median * 1e3:7.2f} ms", flush=True)
+              f"kernels/step {row['kernels']:6.0f}  GPU busy {row['gpu_busy_ms']:7.2f} of {median * 1e3:7.2f} ms  "
+              f"step peak {row.get('step_peak_gib', float('nan')):.2f} GiB", flush=True)
+    peer = rows.get("torch.compile", {})
+    for label in live:
+        if label != "torch.compile" and peer.get("kernel_names"):
+            print(f"{name} {label:32s} kernels vs torch.compile per step: {kernel_difference(rows[label], peer)}", flush=True)
     for row in rows.values():
         sink(row)
     live.clear()

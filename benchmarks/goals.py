@@ -7,7 +7,7 @@ import statistics
 
 CONDITIONS = (
     "Throughput: median of interleaved rounds (min-max in brackets), ratios between medians of the same run. "
-    "Peak: what the variant allocates itself. First step: build, trace, compile and one step, with one empty "
+    "Peak: what the variant allocates itself, compilation included; step peak: the same over two steps after the first. First step: build, trace, compile and one step, with one empty "
     "Inductor cache per configuration shared by its variants in table order (each depth row: an empty cache of its own). "
     "Kernels/step and GPU busy from torch.profiler over 3 steps."
 )
@@ -32,15 +32,15 @@ def _key(row):
 def throughput_table(rows) -> str:
     lines = [
         "| model | recipe | variant | Mtok/s (min-max) | vs eager Float8Linear | vs torch.compile | peak GiB | peak vs torch.compile "
-        "| first step s | kernels/step | GPU busy % |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| step peak GiB | first step s | kernels/step | GPU busy % |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by = {(*_key(r), r["variant"]): r for r in rows if r.get("seconds")}
     for r in rows:
         if r.get("depth"):
             continue
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['recipe']} | {r['variant']} | failed: {r['error'][:120]} | | | | | | | |")
+            lines.append(f"| {r['model']} | {r['recipe']} | {r['variant']} | failed: {r['error'][:120]} | | | | | | | | |")
             continue
         base, peer = by.get((*_key(r), "eager Float8Linear")), by.get((*_key(r), "torch.compile"))
         low, high = (r["tokens"] / max(r["seconds"]) / 1e6, r["tokens"] / min(r["seconds"]) / 1e6)
@@ -48,9 +48,10 @@ def throughput_table(rows) -> str:
         peak = f"{r['peak_gib'] / peer['peak_gib']:.2f}x" if peer and peer["peak_gib"] == peer["peak_gib"] else "n/a"
         busy = f"{100 * r['gpu_busy_ms'] / (_median(r) * 1e3):.0f}" if r["gpu_busy_ms"] == r["gpu_busy_ms"] else "n/a"
         kernels = f"{r['kernels']:.0f}" if r["kernels"] == r["kernels"] else "n/a"
+        step_peak = f"{r['step_peak_gib']:.2f}" if "step_peak_gib" in r else "n/a"
         lines.append(
             f"| {r['model']} | {r['recipe']} | {r['variant']} | {_rate(r) / 1e6:.3f} ({low:.3f}-{high:.3f}) | {speed(base)} | "
-            f"{speed(peer)} | {r['peak_gib']:.2f} | {peak} | {r['first_step_s']:.1f} | {kernels} | {busy} |"
+            f"{speed(peer)} | {r['peak_gib']:.2f} | {peak} | {step_peak} | {r['first_step_s']:.1f} | {kernels} | {busy} |"
         )
     return "\n".join(lines)
 

@@ -42,7 +42,7 @@ import torch.utils._pytree as pytree
 from fp8conf import errors
 from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
-from fp8conf.graph.region_compile import compile_pieces, compile_regions, pack_inputs
+from fp8conf.graph.region_compile import compile_pieces, compile_regions, pack_inputs, tracing_fake_mode
 from fp8conf.graph.regions import Region, tag_fp8_regions
 from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
@@ -144,12 +144,10 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
 
 def _full(flat, parts, names, example_inputs) -> CompiledJoint:
     if parts is None:
-        artifact = _standalone_compile(flat, _examples(flat, example_inputs))
+        artifact = _standalone_compile(flat, example_inputs)
         return CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
-    # Example inputs are real tensors, as large as the parameters (forward) and the saved values
-    # (backward): each graph's live only while that graph compiles, so they never add up.
-    forward = _standalone_compile(parts.forward, _examples(flat, example_inputs)[: parts.num_primals])
-    backward = _standalone_compile(parts.backward, _examples(parts.backward, None))
+    forward = _standalone_compile(parts.forward, None if example_inputs is None else _examples(flat, example_inputs)[: parts.num_primals])
+    backward = _standalone_compile(parts.backward, None)
     # The wrappers above the boxed function put a module's parameters and buffers in front of the
     # inputs; only a graph with none (a joint graph's halves take them as inputs) can skip them.
     stateless = not any(True for _ in parts.backward.parameters()) and not any(True for _ in parts.backward.buffers())
@@ -196,8 +194,17 @@ def _boxed_graph(gm: torch.fx.GraphModule) -> Callable | None:
     return torch._dynamo.disable(gm.forward)
 
 
-def _standalone_compile(flat: torch.fx.GraphModule, example_inputs) -> Callable:
-    return torch._inductor.standalone_compile(flat, list(example_inputs), dynamic_shapes="from_example_inputs")
+def _standalone_compile(graph: torch.fx.GraphModule, example_inputs) -> Callable:
+    """``graph`` compiled by Inductor for ``example_inputs``, or, without them, for the fake
+    values its placeholders record (as ``torch.compile`` compiles: nothing is allocated for the
+    inputs, whose real counterparts, as large as the parameters or the saved activations, would
+    otherwise sit beside the model's own while the graph compiles)."""
+    if example_inputs is None:
+        fakes = [p.meta.get("val") for p in graph.graph.find_nodes(op="placeholder")]
+        if fakes and all(isinstance(v, torch._subclasses.FakeTensor) for v in fakes):
+            with tracing_fake_mode(graph):
+                return torch._inductor.standalone_compile(graph, fakes, dynamic_shapes="from_tracing_context")
+    return torch._inductor.standalone_compile(graph, list(_examples(graph, example_inputs)), dynamic_shapes="from_example_inputs")
 
 
 def _examples(flat, example_inputs) -> list:

@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.graph.regions import Region
 
-__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions", "compile_pieces", "region_call", "pack_inputs"]
+__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions", "compile_pieces", "region_call", "pack_inputs", "tracing_fake_mode"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"
@@ -102,7 +102,7 @@ def _fuse_and_compile(gm, groups, prefix: str, cache: dict, error: Callable[[int
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     partitions = [dict.fromkeys(sorted(group, key=order.__getitem__)) for group in groups]
     fuse_by_partitions(gm, partitions, prefix=prefix, always_return_tuple=True)
-    with _tracing(gm):
+    with tracing_fake_mode(gm):
         for node in list(gm.graph.find_nodes(op="call_module")):
             if not node.target.startswith(prefix):
                 continue
@@ -186,7 +186,9 @@ def _flat_callable(gm: torch.fx.GraphModule) -> Callable:
     return gm.forward
 
 
-def _tracing(gm):
+def tracing_fake_mode(gm):
+    """A tracing context holding the fake mode of ``gm``'s placeholders (with a ShapeEnv), for
+    ``standalone_compile(..., dynamic_shapes="from_tracing_context")``."""
     fake_mode = next(
         (n.meta["val"].fake_mode for n in gm.graph.find_nodes(op="placeholder") if isinstance(n.meta.get("val"), torch._subclasses.FakeTensor)),
         None,
