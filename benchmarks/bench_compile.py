@@ -194,7 +194,20 @@ def gpu_profile(step, steps=3):
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     busy_us = sum(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) for e in kernels)
     names = collections.Counter(re.sub(r"_\d+$", "", e.name) for e in kernels)
-    return len(kernels) / steps, busy_us / steps / 1e3, {name: count / steps for name, count in names.items()}
+    return len(kernels) / steps, busy_us / steps / 1e3, {name: count / steps for name, count in names.items()}, _idle(kernels, steps)
+
+
+def _idle(kernels, steps, top=4) -> dict:
+    """Where the GPU waits between kernels: the idle microseconds per step, those in gaps of 20 us
+    or more, and the longest gaps with the kernels on either side."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in kernels)
+    gaps = [(start - prev_end, prev, name) for (_, prev_end, prev), (start, _, name) in zip(spans, spans[1:]) if start > prev_end]
+    long = sorted((g for g in gaps if g[0] >= 20), reverse=True)
+    return {
+        "idle_us": sum(g[0] for g in gaps) / steps,
+        "idle_long_us": sum(g[0] for g in long) / steps,
+        "longest": [f"{g:.0f} us after {a[:40]} before {b[:40]}" for g, a, b in long[:top]],
+    }
 
 
 def kernel_difference(row, peer, top=12) -> str:
@@ -233,13 +246,17 @@ def run_config(args, name, dim, blocks, recipe, sink):
     for label, step in live.items():
         row = rows[label]
         if args.device == "cuda":
-            row["kernels"], row["gpu_busy_ms"], row["kernel_names"] = gpu_profile(step)
+            row["kernels"], row["gpu_busy_ms"], row["kernel_names"], row["idle"] = gpu_profile(step)
         else:
             row["kernels"], row["gpu_busy_ms"] = float("nan"), float("nan")
         median = statistics.median(row["seconds"])
         print(f"{name} {label:32s} {args.tokens / median / 1e6:8.3f} Mtok/s (median of {len(row['seconds'])})  "
               f"kernels/step {row['kernels']:6.0f}  GPU busy {row['gpu_busy_ms']:7.2f} of {median * 1e3:7.2f} ms  "
               f"step peak {row.get('step_peak_gib', float('nan')):.2f} GiB", flush=True)
+        if "idle" in row:
+            idle = row["idle"]
+            print(f"{name} {label:32s} GPU idle {idle['idle_us']:.0f} us/step, {idle['idle_long_us']:.0f} in gaps >= 20 us; "
+                  f"longest: {'; '.join(idle['longest'])}", flush=True)
     peer = rows.get("torch.compile", {})
     for label in live:
         if label != "torch.compile" and peer.get("kernel_names"):

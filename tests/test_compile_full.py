@@ -117,3 +117,28 @@ def test_full_backward_frees_saved_values_as_it_consumes_them(monkeypatch):
         f"only {freed_inside} of {saved} saved values were freed while the backward ran; "
         f"the rest lived until it returned (events: {events})"
     )
+
+
+def test_full_compiles_each_half_for_fake_values_without_allocating_inputs(monkeypatch):
+    """Without example inputs, both halves compile for the fake values their placeholders record,
+    as ``torch.compile`` compiles: no real tensor as large as the parameters or the saved values
+    sits beside the model's own while a graph compiles (on a GPU, the first step's peak)."""
+    seen = []
+    real = torch._inductor.standalone_compile
+
+    def recording(gm, example_inputs, **kwargs):
+        seen.append([type(v).__name__ for v in example_inputs if isinstance(v, torch.Tensor)])
+        return real(gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", recording)
+    model, x = _model_and_inputs("tensorwise")
+    gm = fp8conf.trace_joint(model, (x,))
+    compiled = fp8conf.compile_joint(gm, mode="full")
+    assert len(seen) == 2, f"full compiled {len(seen)} graphs, expected its forward and backward"
+    for half, kinds in zip(("forward", "backward"), seen):
+        real_inputs = [k for k in kinds if k != "FakeTensor"]
+        assert kinds and not real_inputs, f"full's {half} compiled for {len(real_inputs)} real example tensors of {len(kinds)}"
+    (out_e,), grads_e = fp8conf.run_joint(gm, model, (x,), (torch.ones(TOKENS, DIM),))
+    (out_c,), grads_c = fp8conf.run_joint(gm, model, (x,), (torch.ones(TOKENS, DIM),), fn=compiled.fn)
+    torch.testing.assert_close(out_c, out_e, rtol=1e-3, atol=1e-5)
+    assert grads_c.keys() == grads_e.keys()
