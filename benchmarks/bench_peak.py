@@ -30,8 +30,9 @@ def _frame(frames) -> str:
     return "?"
 
 
-def live_at_peak(step) -> tuple[int, list]:
-    """``(peak bytes above the step's start, [(size, count, frame)])`` for one run of ``step``."""
+def live_at_peak(step) -> tuple[int, list, str]:
+    """``(peak bytes above the step's start, [(size, count, frame)], where)`` for one run of
+    ``step``: what was live when the most was, and which allocation (its rank, its frame) made it."""
     torch.cuda.synchronize()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     try:
@@ -41,18 +42,22 @@ def live_at_peak(step) -> tuple[int, list]:
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     events = [e for trace in snapshot["device_traces"] for e in trace]
-    live, best, at_peak = {}, 0, {}
+    live, best, at_peak, where = {}, 0, {}, ""
     total = 0
+    allocs = sum(e["action"] == "alloc" for e in events)
+    seen = 0
     for event in events:
         if event["action"] == "alloc":
+            seen += 1
             live[event["addr"]] = event
             total += event["size"]
             if total > best:
                 best, at_peak = total, dict(live)
+                where = f"allocation {seen} of {allocs}, by {_frame(event.get('frames', []))}"
         elif event["action"] in ("free_requested",) and event["addr"] in live:
             total -= live.pop(event["addr"])["size"]
     groups = collections.Counter((e["size"], _frame(e.get("frames", []))) for e in at_peak.values())
-    return best, sorted(((size, count, frame) for (size, frame), count in groups.items()), key=lambda g: -g[0] * g[1])
+    return best, sorted(((size, count, frame) for (size, frame), count in groups.items()), key=lambda g: -g[0] * g[1]), where
 
 
 def main():
@@ -72,12 +77,16 @@ def main():
             step()
             params = sum(p.numel() * p.element_size() for p in model.parameters())
             before = torch.cuda.memory_allocated()
-            peak, groups = live_at_peak(step)
+            peak, groups, where = live_at_peak(step)
             print(f"\n{name} {label}: {before / 2**30:.2f} GiB allocated before the step (parameters {params / 2**30:.2f}); "
-                  f"at its peak the step held {peak / 2**30:.2f} GiB more")
+                  f"at its peak the step held {peak / 2**30:.2f} GiB more ({where})")
             print("| size MiB | count | MiB | allocated at |\n|---:|---:|---:|---|")
             for size, count, frame in groups[: args.top]:
                 print(f"| {size / 2**20:.1f} | {count} | {size * count / 2**20:.0f} | {frame} |")
+            by_size = collections.Counter()
+            for size, count, _ in groups:
+                by_size[size] += count
+            print("by size (MiB x count): " + ", ".join(f"{size / 2**20:.1f} x {n}" for size, n in sorted(by_size.items(), reverse=True) if size >= 2**20))
             del step, model
             torch.cuda.empty_cache()
 

@@ -36,20 +36,23 @@ def _keep_hypothesis_profile():
 
 @pytest.fixture
 def inductor_calls(monkeypatch):
-    """The graphs given to the real ``standalone_compile`` (each one an Inductor compilation)."""
+    """The graphs given to the real ``standalone_compile`` or ``compile_fx_inner`` (full mode's
+    two halves), each one an Inductor compilation."""
     import functools
 
     import torch
+    import torch._inductor.compile_fx
 
     calls = []
-    real = torch._inductor.standalone_compile
+    for owner, name in ((torch._inductor, "standalone_compile"), (torch._inductor.compile_fx, "compile_fx_inner")):
+        real = getattr(owner, name)
 
-    @functools.wraps(real)  # keeps its signature, which compile_joint inspects
-    def counting(*args, **kwargs):
-        calls.append(args[0])
-        return real(*args, **kwargs)
+        @functools.wraps(real)  # keeps its signature, which compile_joint inspects
+        def counting(*args, _real=real, **kwargs):
+            calls.append(args[0])
+            return _real(*args, **kwargs)
 
-    monkeypatch.setattr(torch._inductor, "standalone_compile", counting)
+        monkeypatch.setattr(owner, name, counting)
     return calls
 
 

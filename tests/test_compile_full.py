@@ -124,13 +124,12 @@ def test_full_compiles_each_half_for_fake_values_without_allocating_inputs(monke
     as ``torch.compile`` compiles: no real tensor as large as the parameters or the saved values
     sits beside the model's own while a graph compiles (on a GPU, the first step's peak)."""
     seen = []
-    real = torch._inductor.standalone_compile
+    for owner, name in ((torch._inductor, "standalone_compile"), (torch._inductor.compile_fx, "compile_fx_inner")):
+        def recording(gm, example_inputs, _real=getattr(owner, name), **kwargs):
+            seen.append([type(v).__name__ for v in example_inputs if isinstance(v, torch.Tensor)])
+            return _real(gm, example_inputs, **kwargs)
 
-    def recording(gm, example_inputs, **kwargs):
-        seen.append([type(v).__name__ for v in example_inputs if isinstance(v, torch.Tensor)])
-        return real(gm, example_inputs, **kwargs)
-
-    monkeypatch.setattr(torch._inductor, "standalone_compile", recording)
+        monkeypatch.setattr(owner, name, recording)
     model, x = _model_and_inputs("tensorwise")
     gm = fp8conf.trace_joint(model, (x,))
     compiled = fp8conf.compile_joint(gm, mode="full")
@@ -142,3 +141,50 @@ def test_full_compiles_each_half_for_fake_values_without_allocating_inputs(monke
     (out_c,), grads_c = fp8conf.run_joint(gm, model, (x,), (torch.ones(TOKENS, DIM),), fn=compiled.fn)
     torch.testing.assert_close(out_c, out_e, rtol=1e-3, atol=1e-5)
     assert grads_c.keys() == grads_e.keys()
+
+
+def _kernels_of_backward(code: list[str]) -> list[str]:
+    """The kernel calls, in order, of the last generated module logged (a step's backward is
+    compiled after its forward), Inductor's numbering dropped."""
+    import re
+
+    modules = [text[text.find("def call("):] for text in code if "def call(" in text]
+    return [re.sub(r"_\d+$", "", k) for k in re.findall(r"(cpp_fused_\w+|extern_kernels\.\w+|triton_\w+)\(", modules[-1])] if modules else []
+
+
+def test_full_backward_runs_the_kernels_torch_compile_runs(monkeypatch):
+    """Full compiles the two halves of torch.compile's cut as torch.compile compiles them, not
+    traced and decomposed a second time: its backward is made of the same kernels, in the same
+    order (a second trace regroups them; on a GPU the backward then made every layer's FP8 casts
+    up front and held them at its peak)."""
+    import logging
+
+    import torch._logging
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.code = []
+
+        def emit(self, record):
+            self.code.append(record.getMessage())
+
+    keep = Keep()
+    from torch._inductor.codecache import output_code_log as logger
+    logger.addHandler(keep)
+    torch._logging.set_logs(output_code=True)
+    try:
+        # A fresh Inductor cache: a graph loaded from the cache logs no code.
+        with torch._inductor.utils.fresh_cache():
+            model, x = _model_and_inputs("tensorwise")
+            torch._dynamo.reset()
+            torch.compile(model)(x).backward(torch.randn(TOKENS, DIM))
+            theirs, keep.code = _kernels_of_backward(keep.code), []
+            gm = fp8conf.trace_joint(model, (x,))
+            fp8conf.compile_joint(gm, mode="full")
+            ours = _kernels_of_backward(keep.code)
+    finally:
+        torch._logging.set_logs()
+        logger.removeHandler(keep)
+    assert theirs, "torch.compile's backward code was not seen"
+    assert ours == theirs, f"full's backward kernels differ from torch.compile's:\nfull:  {ours}\ntorch: {theirs}"

@@ -146,6 +146,28 @@ def _full(flat, parts, names, example_inputs) -> CompiledJoint:
     if parts is None:
         artifact = _standalone_compile(flat, example_inputs)
         return CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
+    if example_inputs is None and _records_fakes(parts.forward) and _records_fakes(parts.backward):
+        # As torch.compile compiles the two halves of its cut: Inductor's inner compiler on each
+        # graph as it stands. standalone_compile would trace each again through AOTAutograd,
+        # decomposing it a second time and running the joint-graph passes on it once more, after
+        # which Inductor groups its kernels differently (on an H200, the backward then made every
+        # layer's FP8 weight and activation casts up front and held them all at its peak).
+        params = [i for i, spec in enumerate(joint_signature(flat).inputs) if spec.kind in ("param", "buffer")]
+        forward_code = _inner_compile(parts.forward, static=params, backward=False)
+        tangents = sum(1 for p in parts.backward.graph.find_nodes(op="placeholder") if p.name.startswith("tangents"))
+        saved = len(parts.backward.graph.find_nodes(op="placeholder")) - tangents
+        backward_code = _inner_compile(parts.backward, static=range(saved), backward=True)
+
+        def forward(*primals):
+            return forward_code(list(primals))
+
+        def backward(*inputs):
+            return backward_code(list(inputs))
+
+        # Inductor's code takes its inputs as one list and empties it: each saved value is freed
+        # after its last use.
+        fn = run_partitioned(parts, forward, backward_code, boxed_backward=True)
+        return CompiledJoint(fn, "full", (), names, frozenset(), (forward, backward), 2)
     forward = _standalone_compile(parts.forward, None if example_inputs is None else _examples(flat, example_inputs)[: parts.num_primals])
     backward = _standalone_compile(parts.backward, None)
     # The wrappers above the boxed function put a module's parameters and buffers in front of the
@@ -154,6 +176,23 @@ def _full(flat, parts, names, example_inputs) -> CompiledJoint:
     boxed = _boxed_entry(backward) if stateless else None
     fn = run_partitioned(parts, forward, boxed or backward, boxed_backward=boxed is not None)
     return CompiledJoint(fn, "full", (), names, frozenset(), (forward, backward), 2)
+
+
+def _records_fakes(graph: torch.fx.GraphModule) -> bool:
+    values = [p.meta.get("val") for p in graph.graph.find_nodes(op="placeholder")]
+    return bool(values) and all(isinstance(v, torch._subclasses.FakeTensor) for v in values)
+
+
+def _inner_compile(graph: torch.fx.GraphModule, *, static, backward: bool) -> Callable:
+    """``graph`` compiled by Inductor's inner compiler for the fake values its placeholders
+    record; the result takes its inputs as one list. ``static``: the inputs that outlive a call
+    (parameters, or the saved values of a backward), as torch.compile marks them."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.utils import BoxedBool
+
+    fakes = [p.meta["val"] for p in graph.graph.find_nodes(op="placeholder")]
+    with tracing_fake_mode(graph):
+        return compile_fx_inner(graph, fakes, static_input_idxs=list(static), cudagraphs=BoxedBool(False), is_backward=backward)
 
 
 def _boxed_entry(artifact) -> Callable | None:
