@@ -7,9 +7,10 @@ what its unpartitioned ``full`` mode made. Both modes work on a flat copy of the
 into forward and backward by the min-cut partitioner, as ``torch.compile`` does
 (:mod:`fp8conf.graph.partition`): for ``full`` the very cut ``torch.compile`` makes (Inductor's
 decompositions and partition function), for ``regional`` one that keeps every FP8 region whole.
-``full`` then compiles each graph with ``torch._inductor.standalone_compile`` and calls the
-compiled backward with its inputs boxed, so that saved values are freed as the backward
-consumes them; ``regional`` tags the complete FP8 regions of each
+``full`` then compiles each half as ``torch.compile`` does, with Inductor's inner compiler
+on the graph as cut (for the fake values it records; ``torch._inductor.standalone_compile``
+when ``example_inputs`` are given, or for a graph that cannot be cut), and calls the compiled
+backward with its inputs boxed, so that saved values are freed as the backward consumes them; ``regional`` tags the complete FP8 regions of each
 (:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct unit once
 (:mod:`fp8conf.graph.region_compile`): with ``remainder="inductor"`` (the default) each region
 together with the rest of the graph around it, in units that stop at the ops that must stay
@@ -66,7 +67,8 @@ class CompiledJoint:
         artifact: what a precompiled artifact (:mod:`fp8conf.artifacts`) saves: torch's
             ``CompiledArtifact`` of a ``full`` compile, or for ``regional`` the flat graph that calls
             its regions' compiled code; a ``(forward, backward)`` pair when the joint graph was
-            partitioned first; ``None`` when nothing was compiled.
+            partitioned first (for ``full``, the two compiled halves, each called with the
+            half's inputs as arguments); ``None`` when nothing was compiled.
         inductor_compiles: how many graphs Inductor compiled: 1 or 2 (forward, backward) for
             ``full``; for ``regional``, one per structurally distinct unit, region or remainder
             piece, however often it recurs.
