@@ -152,7 +152,7 @@ def _kernels_of_backward(code: list[str]) -> list[str]:
     return [re.sub(r"_\d+$", "", k) for k in re.findall(r"(cpp_fused_\w+|extern_kernels\.\w+|triton_\w+)\(", modules[-1])] if modules else []
 
 
-def test_full_backward_runs_the_kernels_torch_compile_runs(monkeypatch):
+def test_full_backward_runs_the_kernels_torch_compile_runs():
     """Full compiles the two halves of torch.compile's cut as torch.compile compiles them, not
     traced and decomposed a second time: its backward is made of the same kernels, in the same
     order (a second trace regroups them; on a GPU the backward then made every layer's FP8 casts

@@ -10,7 +10,8 @@ decompositions and partition function), for ``regional`` one that keeps every FP
 ``full`` then compiles each half as ``torch.compile`` does, with Inductor's inner compiler
 on the graph as cut (for the fake values it records; ``torch._inductor.standalone_compile``
 when ``example_inputs`` are given, or for a graph that cannot be cut), and calls the compiled
-backward with its inputs boxed, so that saved values are freed as the backward consumes them; ``regional`` tags the complete FP8 regions of each
+backward with its inputs boxed, so that saved values are freed as the backward consumes them;
+``regional`` tags the complete FP8 regions of each
 (:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct unit once
 (:mod:`fp8conf.graph.region_compile`): with ``remainder="inductor"`` (the default) each region
 together with the rest of the graph around it, in units that stop at the ops that must stay
@@ -240,11 +241,10 @@ def _standalone_compile(graph: torch.fx.GraphModule, example_inputs) -> Callable
     values its placeholders record (as ``torch.compile`` compiles: nothing is allocated for the
     inputs, whose real counterparts, as large as the parameters or the saved activations, would
     otherwise sit beside the model's own while the graph compiles)."""
-    if example_inputs is None:
-        fakes = [p.meta.get("val") for p in graph.graph.find_nodes(op="placeholder")]
-        if fakes and all(isinstance(v, torch._subclasses.FakeTensor) for v in fakes):
-            with tracing_fake_mode(graph):
-                return torch._inductor.standalone_compile(graph, fakes, dynamic_shapes="from_tracing_context")
+    if example_inputs is None and _records_fakes(graph):
+        fakes = [p.meta["val"] for p in graph.graph.find_nodes(op="placeholder")]
+        with tracing_fake_mode(graph):
+            return torch._inductor.standalone_compile(graph, fakes, dynamic_shapes="from_tracing_context")
     return torch._inductor.standalone_compile(graph, list(_examples(graph, example_inputs)), dynamic_shapes="from_example_inputs")
 
 
