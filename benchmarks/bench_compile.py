@@ -18,7 +18,10 @@ cache per configuration, shared by its variants in the order above); then ``--re
 time each variant in turn, so that drift hits all of them alike; a figure is the median over the
 rounds, with min–max, and every ratio is taken within the run. Peak memory is what a variant
 allocates itself (parameters, gradients, activations, CUDA-graph pools) above what was allocated
-before it was built.
+before it was built, compilation included; "step peak" the same over two steps after the first.
+On CUDA each variant is also profiled over 3 steps: kernels and GPU-busy time per step, the GPU's
+idle gaps between kernels (and the longest, with the kernels around them), and the kernel names
+it launches more or less often than torch.compile.
 
 ``--depth 2 8 32`` measures instead the first step (trace, compile and run, an empty Inductor
 cache each) of fp8conf regional, torch.compile and fp8conf full at each depth of the Llama
