@@ -6,6 +6,7 @@ runs, as its runtime frees them."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import weakref
 
 import pytest
@@ -50,7 +51,48 @@ def _ops(graph) -> collections.Counter:
     return collections.Counter(str(n.target) for n in graph.graph.nodes if n.op == "call_function")
 
 
+def _kernels_of_backward(code: list[str]) -> list[str]:
+    """The kernel calls, in order, of the last generated module logged (a step's backward is
+    compiled after its forward), Inductor's numbering dropped."""
+    import re
+
+    modules = [text[text.find("def call("):] for text in code if "def call(" in text]
+    return [re.sub(r"_\d+$", "", k) for k in re.findall(r"(cpp_fused_\w+|extern_kernels\.\w+|triton_\w+)\(", modules[-1])] if modules else []
+
+
+@contextlib.contextmanager
+def _generated_code():
+    """The modules Inductor generates meanwhile (its output-code log), under a fresh cache: a
+    graph loaded from the cache logs no code."""
+    import logging
+
+    import torch._logging
+    from torch._inductor.codecache import output_code_log
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.code = []
+
+        def emit(self, record):
+            self.code.append(record.getMessage())
+
+    keep = Keep()
+    output_code_log.addHandler(keep)
+    torch._logging.set_logs(output_code=True)
+    try:
+        with torch._inductor.utils.fresh_cache():
+            yield keep.code
+    finally:
+        torch._logging.set_logs()
+        output_code_log.removeHandler(keep)
+
+
 def test_full_cuts_the_joint_graph_as_torch_compile_does_and_saves_no_more(monkeypatch):
+    """Full makes torch.compile's cut, saves no more for the backward, and compiles the two
+    halves as torch.compile compiles them, not traced and decomposed a second time: its backward
+    is made of the same kernels in the same order (a second trace regroups them; on a GPU the
+    backward then made every layer's FP8 casts up front and held them at its peak)."""
     cuts = []
     real = torch._inductor.compile_fx.partition_fn
 
@@ -59,21 +101,29 @@ def test_full_cuts_the_joint_graph_as_torch_compile_does_and_saves_no_more(monke
         return cuts[-1]
 
     model, x = _model_and_inputs("tensorwise")
-    with monkeypatch.context() as patch:
-        patch.setattr(torch._inductor.compile_fx, "partition_fn", recording)
-        compiled_model = torch.compile(model)
-        compiled_model(x).backward(torch.randn(TOKENS, DIM))  # compiles forward and backward
+    with _generated_code() as code:
+        with monkeypatch.context() as patch:
+            patch.setattr(torch._inductor.compile_fx, "partition_fn", recording)
+            torch._dynamo.reset()
+            compiled_model = torch.compile(model)
+            compiled_model(x).backward(torch.randn(TOKENS, DIM))  # compiles forward and backward
+        their_kernels = _kernels_of_backward(code)
+        code.clear()
+        gm = fp8conf.trace_joint(model, (x,))
+        compiled = fp8conf.compile_joint(gm, mode="full")
+        our_kernels = _kernels_of_backward(code)
     assert len(cuts) == 1, f"torch.compile partitioned {len(cuts)} joint graphs of the model, expected one"
     theirs = saved_by_torch_compile(compiled_model, model, (x,))
 
-    gm = fp8conf.trace_joint(model, (x,))
     ours_cut = partition_joint(flat_graph_module(gm), keep_fp8_regions=False)
     for name, mine, torchs in (("forward", ours_cut.forward, cuts[0][0]), ("backward", ours_cut.backward, cuts[0][1])):
         assert _ops(mine) == _ops(torchs), (
             f"full's {name} graph differs from torch.compile's: ops only in full's {dict(_ops(mine) - _ops(torchs))}, "
             f"only in torch.compile's {dict(_ops(torchs) - _ops(mine))}"
         )
-    ours = saved_by_compiled_joint(gm, fp8conf.compile_joint(gm, mode="full"), model, (x,))
+    assert their_kernels, "torch.compile's backward code was not seen"
+    assert our_kernels == their_kernels, f"full's backward kernels differ from torch.compile's:\nfull:  {our_kernels}\ntorch: {their_kernels}"
+    ours = saved_by_compiled_joint(gm, compiled, model, (x,))
     assert theirs.nbytes > 0 and ours.tensors > 0
     assert ours.nbytes <= theirs.nbytes, (
         f"fp8conf full saves {ours.nbytes} bytes in {ours.storages} storages for the backward, "
@@ -141,50 +191,3 @@ def test_full_compiles_each_half_for_fake_values_without_allocating_inputs(monke
     (out_c,), grads_c = fp8conf.run_joint(gm, model, (x,), (torch.ones(TOKENS, DIM),), fn=compiled.fn)
     torch.testing.assert_close(out_c, out_e, rtol=1e-3, atol=1e-5)
     assert grads_c.keys() == grads_e.keys()
-
-
-def _kernels_of_backward(code: list[str]) -> list[str]:
-    """The kernel calls, in order, of the last generated module logged (a step's backward is
-    compiled after its forward), Inductor's numbering dropped."""
-    import re
-
-    modules = [text[text.find("def call("):] for text in code if "def call(" in text]
-    return [re.sub(r"_\d+$", "", k) for k in re.findall(r"(cpp_fused_\w+|extern_kernels\.\w+|triton_\w+)\(", modules[-1])] if modules else []
-
-
-def test_full_backward_runs_the_kernels_torch_compile_runs():
-    """Full compiles the two halves of torch.compile's cut as torch.compile compiles them, not
-    traced and decomposed a second time: its backward is made of the same kernels, in the same
-    order (a second trace regroups them; on a GPU the backward then made every layer's FP8 casts
-    up front and held them at its peak)."""
-    import logging
-
-    import torch._logging
-
-    class Keep(logging.Handler):
-        def __init__(self):
-            super().__init__()
-            self.code = []
-
-        def emit(self, record):
-            self.code.append(record.getMessage())
-
-    keep = Keep()
-    from torch._inductor.codecache import output_code_log as logger
-    logger.addHandler(keep)
-    torch._logging.set_logs(output_code=True)
-    try:
-        # A fresh Inductor cache: a graph loaded from the cache logs no code.
-        with torch._inductor.utils.fresh_cache():
-            model, x = _model_and_inputs("tensorwise")
-            torch._dynamo.reset()
-            torch.compile(model)(x).backward(torch.randn(TOKENS, DIM))
-            theirs, keep.code = _kernels_of_backward(keep.code), []
-            gm = fp8conf.trace_joint(model, (x,))
-            fp8conf.compile_joint(gm, mode="full")
-            ours = _kernels_of_backward(keep.code)
-    finally:
-        torch._logging.set_logs()
-        logger.removeHandler(keep)
-    assert theirs, "torch.compile's backward code was not seen"
-    assert ours == theirs, f"full's backward kernels differ from torch.compile's:\nfull:  {ours}\ntorch: {theirs}"
