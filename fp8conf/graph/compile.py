@@ -44,7 +44,8 @@ import torch.utils._pytree as pytree
 from fp8conf import errors
 from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
-from fp8conf.graph.region_compile import compile_pieces, compile_regions, pack_inputs, tracing_fake_mode
+from fp8conf.graph.compile_workers import unit_compiler
+from fp8conf.graph.region_compile import compile_regions, cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
 from fp8conf.graph.regions import Region, tag_fp8_regions
 from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
@@ -89,7 +90,7 @@ class CompiledJoint:
 
 @with_collector_paused  # see fp8conf.graph.trace.collector_paused
 def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: bool = True, cudagraph: bool = False,
-                  example_inputs=None, partition: bool = True, remainder: str = "inductor") -> CompiledJoint:
+                  example_inputs=None, partition: bool = True, remainder: str = "inductor", workers: int = 0) -> CompiledJoint:
     """Compile ``gm``, a joint graph made by :func:`fp8conf.trace_joint` or a graph cut from one
     (a GraphPP callable); ``gm`` itself is not changed.
 
@@ -113,6 +114,11 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     cannot take alone (random, in-place, non-tensor values, FP8 values outside a region) stay
     eager either way and are named in ``eager_nodes``.
 
+    ``workers`` (``regional`` only) is how many processes compile the distinct units side by side
+    (:mod:`fp8conf.graph.compile_workers`); ``0`` (the default) compiles them one after the other
+    in this process. Either way the same units are compiled the same way; workers pay off on a
+    deep model on a many-core host, not on a shallow one (their start costs seconds).
+
     With ``cudagraph=True`` every call replays one captured graph and returns the same output
     tensors, which the next call overwrites: clone what a step must keep (its gradients, say)
     before calling again.
@@ -121,6 +127,8 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
         raise errors.FP8ConfigError(f"compile_joint(mode={mode!r}): choose one of {MODES}")
     if remainder not in REMAINDERS:
         raise errors.FP8ConfigError(f"compile_joint(remainder={remainder!r}): choose one of {REMAINDERS}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise errors.FP8ConfigError(f"compile_joint(workers={workers!r}): give a number of processes, 0 (this process, the default) or more")
     if cudagraph and not torch.cuda.is_available():
         raise errors.FP8ConfigError("compile_joint(cudagraph=True) needs a CUDA device; this torch sees none")
     names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
@@ -132,9 +140,9 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     if mode == "full":
         compiled = _full(flat, parts, names, example_inputs)
     elif parts is None:
-        compiled = _regional(gm, [flat], names, strict, remainder)
+        compiled = _regional(gm, [flat], names, strict, remainder, workers)
     else:
-        compiled = _regional(gm, [parts.forward, parts.backward], names, strict, remainder)
+        compiled = _regional(gm, [parts.forward, parts.backward], names, strict, remainder, workers)
         forward_fn, backward_fn = compiled.fn
         boxed = _boxed_graph(parts.backward)
         fn = run_partitioned(parts, forward_fn, boxed or backward_fn, boxed_backward=boxed is not None)
@@ -286,33 +294,16 @@ def _with_convention(gm, flat_fn) -> Callable:
     return run
 
 
-def _regional(gm, graphs, names, strict, remainder) -> CompiledJoint:
+def _regional(gm, graphs, names, strict, remainder, workers) -> CompiledJoint:
     """Tag the complete FP8 regions of each of ``graphs`` (the flat joint graph, or its forward
-    and backward) and compile them as ``remainder`` says, each structurally distinct unit once;
-    ``fn`` is one flat callable, or a list of them when several graphs are given."""
-    regions, fns, compiled_names, cache = [], [], set(), {}
-    for graph in graphs:
-        found = tag_fp8_regions(graph, strict=strict)
-        regions += found
-        complete = [r for r in found if r.complete]
-        # Those left uncompiled (incomplete, strict=False) stay eager whole.
-        uncompiled = {n.name for r in found if not r.complete for n in r.nodes}
-        if remainder == "inductor":
-            # Each region compiled together with the remainder around it, up to the ops that
-            # must stay eager: one Inductor graph fuses a cast with the op making its input.
-            units = remainder_pieces(graph, keep_eager=uncompiled, regions=[r.nodes for r in complete], blocks=_blocks(graph, complete))
-            fn, fused = compile_pieces(graph, units, cache, error=functools.partial(_unit_error, complete))
-            compiled_names |= fused
-        else:
-            fn, fused = compile_regions(graph, complete, cache, error=_region_error)
-            compiled_names |= fused
-        if remainder == "pieces":
-            # Regions are single calls by now, so no piece can reach into one.
-            fn, fused = compile_pieces(graph, remainder_pieces(graph, keep_eager=uncompiled), cache, error=_piece_error)
-            compiled_names |= fused
-        # One dynamo-disable frame for the whole graph: the regions called straight through
-        # Inductor's code (fp8conf.graph.fast_call) no longer pass through the artifact's own.
-        fns.append(torch._dynamo.disable(fn))
+    and backward) and compile them as ``remainder`` says, each structurally distinct unit once
+    (in ``workers`` processes side by side: :mod:`fp8conf.graph.compile_workers`); ``fn`` is one
+    flat callable, or a list of them when several graphs are given."""
+    compiler = unit_compiler(workers)
+    try:
+        regions, fns, compiled_names, distinct = _compile_units(graphs, strict, remainder, compiler)
+    finally:
+        compiler.close()
     tagged = {n.name for r in regions if r.complete for n in r.nodes}
     left_eager = tagged - compiled_names
     if left_eager and strict:
@@ -327,7 +318,37 @@ def _regional(gm, graphs, names, strict, remainder) -> CompiledJoint:
     fn = fns[0] if len(fns) == 1 else fns
     # The graphs now call their regions' compiled code: what a regional artifact saves.
     artifact = graphs[0] if len(graphs) == 1 else tuple(graphs)
-    return CompiledJoint(fn, "regional", tuple(regions), compiled, names - compiled, artifact, len(cache))
+    return CompiledJoint(fn, "regional", tuple(regions), compiled, names - compiled, artifact, distinct)
+
+
+def _compile_units(graphs, strict, remainder, compiler):
+    """:func:`_regional`'s tagging and compiling; every graph's units are cut and submitted
+    before any is bound, so that a pool compiles the forward's and the backward's together."""
+    regions, cuts, compiled_names, cache = [], [], set(), {}
+    for graph in graphs:
+        found = tag_fp8_regions(graph, strict=strict)
+        regions += found
+        complete = [r for r in found if r.complete]
+        # Those left uncompiled (incomplete, strict=False) stay eager whole.
+        uncompiled = {n.name for r in found if not r.complete for n in r.nodes}
+        if remainder == "inductor":
+            # Each region compiled together with the remainder around it, up to the ops that
+            # must stay eager: one Inductor graph fuses a cast with the op making its input.
+            units = remainder_pieces(graph, keep_eager=uncompiled, regions=[r.nodes for r in complete], blocks=_blocks(graph, complete))
+            cut = cut_pieces(graph, units, cache, functools.partial(_unit_error, complete), compiler)
+        elif remainder == "eager":
+            cut = cut_regions(graph, complete, cache, _region_error, compiler)
+        else:
+            compile_regions(graph, complete, cache, error=_region_error, compiler=compiler)
+            compiled_names |= {n.name for r in complete for n in r.nodes}
+            # Regions are single calls by now, so no piece can reach into one.
+            cut = cut_pieces(graph, remainder_pieces(graph, keep_eager=uncompiled), cache, _piece_error, compiler)
+        compiled_names |= cut.names
+        cuts.append(cut)
+    # One dynamo-disable frame per graph: the regions called straight through Inductor's code
+    # (fp8conf.graph.fast_call) no longer pass through the artifact's own.
+    fns = [torch._dynamo.disable(cut.bind()) for cut in cuts]
+    return regions, fns, compiled_names, len(cache)
 
 
 def _region_error(region: Region, exc: Exception) -> errors.RegionCompileError:

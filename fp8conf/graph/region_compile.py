@@ -17,6 +17,7 @@ and sharing their cache.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -28,7 +29,8 @@ import torch.utils._pytree as pytree
 from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.graph.regions import Region
 
-__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions", "compile_pieces", "region_call", "pack_inputs", "tracing_fake_mode"]
+__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions", "compile_pieces",
+           "cut_regions", "cut_pieces", "CutUnits", "compile_unit", "region_call", "pack_inputs", "tracing_fake_mode"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"
@@ -68,40 +70,96 @@ def _describe(value):
 
 
 def compile_regions(gm: torch.fx.GraphModule, regions: list[Region], cache: dict,
-                    error: Callable[[Region, Exception], Exception]) -> tuple[Callable, set[str]]:
+                    error: Callable[[Region, Exception], Exception], compiler=None) -> tuple[Callable, set[str]]:
     """Cut ``regions`` (complete, tagged, nodes of ``gm``) out of ``gm`` in place and compile
     them; ``cache`` maps structural keys to compiled regions and may be shared between graphs
     (a joint graph's forward and backward). Returns a flat callable of ``gm`` and the names of
     the nodes that now run compiled. ``error(region, exc)`` builds the exception raised when
-    Inductor rejects a region."""
-    if not regions:
-        return _flat_callable(gm), set()
-    fused_names = {n.name for r in regions for n in r.nodes}
-    _fuse_and_compile(gm, [r.nodes for r in regions], REGION_SUBMODULE_PREFIX, cache, lambda i, exc: error(regions[i], exc))
-    return _flat_callable(gm), fused_names
+    Inductor rejects a region. ``compiler`` (:mod:`fp8conf.graph.compile_workers`; by default
+    this process) compiles each distinct region."""
+    cut = cut_regions(gm, regions, cache, error, compiler)
+    return cut.bind(), cut.names
 
 
 def compile_pieces(gm: torch.fx.GraphModule, pieces: list[list[torch.fx.Node]], cache: dict,
-                   error: Callable[[list[torch.fx.Node], Exception], Exception]) -> tuple[Callable, set[str]]:
+                   error: Callable[[list[torch.fx.Node], Exception], Exception], compiler=None) -> tuple[Callable, set[str]]:
     """As :func:`compile_regions`, for pieces of the eager remainder
     (:func:`fp8conf.graph.remainder.remainder_pieces` of ``gm`` after its regions were compiled);
     ``error(piece, exc)`` builds the exception raised when Inductor rejects a piece."""
-    if not pieces:
-        return _flat_callable(gm), set()
-    fused_names = {n.name for piece in pieces for n in piece}
-    _fuse_and_compile(gm, pieces, PIECE_SUBMODULE_PREFIX, cache, lambda i, exc: error(pieces[i], exc))
-    return _flat_callable(gm), fused_names
+    cut = cut_pieces(gm, pieces, cache, error, compiler)
+    return cut.bind(), cut.names
 
 
-def _fuse_and_compile(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception], Exception]) -> None:
-    """Cut each group of nodes (convex, disjoint) out of ``gm`` into one submodule and replace it
-    by a call of its compiled code, compiling each structurally distinct submodule once.
-    ``error(index, exc)`` builds the exception raised when Inductor rejects ``groups[index]``."""
+def cut_regions(gm, regions: list[Region], cache: dict, error, compiler=None) -> CutUnits:
+    """The first half of :func:`compile_regions`: the regions cut out and each distinct one
+    submitted to ``compiler``; :meth:`CutUnits.bind` waits for them and makes ``gm`` call them.
+    Several graphs cut before any is bound have their units compiled side by side."""
+    return _cut(gm, [r.nodes for r in regions], REGION_SUBMODULE_PREFIX, cache, lambda i, exc: error(regions[i], exc), compiler)
+
+
+def cut_pieces(gm, pieces: list[list[torch.fx.Node]], cache: dict, error, compiler=None) -> CutUnits:
+    """:func:`cut_regions` for the pieces of :func:`compile_pieces`."""
+    return _cut(gm, pieces, PIECE_SUBMODULE_PREFIX, cache, lambda i, exc: error(pieces[i], exc), compiler)
+
+
+@dataclasses.dataclass
+class _Submitted:
+    """A unit handed to a compiler and not yet bound: what the compiler returned, and the error
+    to raise should it fail."""
+
+    pending: object
+    error: Callable[[Exception], Exception]
+
+
+class CutUnits:
+    """Groups of a graph cut out into submodules and submitted for compilation (see
+    :func:`cut_regions`)."""
+
+    def __init__(self, gm, calls: list, cache: dict, compiler, names: set[str]):
+        self._gm, self._calls, self._cache, self._compiler, self.names = gm, calls, cache, compiler, names
+
+    def bind(self) -> Callable:
+        """Wait for the units' compiled code and replace each submodule call by a call of it;
+        returns a flat callable of the graph."""
+        gm = self._gm
+        if not self._calls:
+            return _flat_callable(gm)
+        for node, key, fake_inputs in self._calls:
+            submodule = getattr(gm, node.target)
+            compiled = self._cache[key]
+            if isinstance(compiled, _Submitted):
+                try:
+                    compiled = self._compiler.result(compiled.pending)
+                except Exception as exc:
+                    raise compiled.error(exc) from exc
+                self._cache[key] = compiled
+            fast = fast_entry(compiled) if FAST_CALLS and graph_allows_fast_call(submodule, fake_inputs) else None
+            with gm.graph.inserting_after(node):
+                call = gm.graph.call_function(region_call(compiled, fast), args=node.args, kwargs=node.kwargs)
+            call.meta = node.meta
+            node.replace_all_uses_with(call)
+            gm.graph.erase_node(node)
+            delattr(gm, node.target)
+        gm.recompile()
+        return _flat_callable(gm)
+
+
+def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception], Exception], compiler) -> CutUnits:
+    """Cut each group of nodes (convex, disjoint) out of ``gm`` into one submodule and submit each
+    structurally distinct submodule to ``compiler`` once. ``error(index, exc)`` builds the
+    exception raised when Inductor rejects ``groups[index]``."""
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
+    from fp8conf.graph.compile_workers import InProcessCompiler
+
+    compiler = compiler or InProcessCompiler()
+    names = {n.name for group in groups for n in group}
+    if not groups:
+        return CutUnits(gm, [], cache, compiler, names)
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     partitions = [dict.fromkeys(sorted(group, key=order.__getitem__)) for group in groups]
     fuse_by_partitions(gm, partitions, prefix=prefix, always_return_tuple=True)
+    calls = []
     with tracing_fake_mode(gm):
         for node in list(gm.graph.find_nodes(op="call_module")):
             if not node.target.startswith(prefix):
@@ -110,21 +168,18 @@ def _fuse_and_compile(gm, groups, prefix: str, cache: dict, error: Callable[[int
             key = structural_key(submodule)
             fake_inputs = [i.meta["val"] for i in node.all_input_nodes]
             if key not in cache:
+                index = int(node.target[len(prefix):])
                 try:
-                    cache[key] = _compile_region(submodule, fake_inputs)
+                    cache[key] = _Submitted(compiler.submit(submodule, fake_inputs), functools.partial(error, index))
                 except Exception as exc:
-                    raise error(int(node.target[len(prefix):]), exc) from exc
-            fast = fast_entry(cache[key]) if FAST_CALLS and graph_allows_fast_call(submodule, fake_inputs) else None
-            with gm.graph.inserting_after(node):
-                call = gm.graph.call_function(region_call(cache[key], fast), args=node.args, kwargs=node.kwargs)
-            call.meta = node.meta
-            node.replace_all_uses_with(call)
-            gm.graph.erase_node(node)
-            delattr(gm, node.target)
-    gm.recompile()
+                    raise error(index, exc) from exc
+            calls.append((node, key, fake_inputs))
+    return CutUnits(gm, calls, cache, compiler, names)
 
 
-def _compile_region(submodule, fake_inputs) -> Callable:
+def compile_unit(submodule, fake_inputs) -> Callable:
+    """Compile one cut-out unit for ``fake_inputs`` (in this process; see
+    :mod:`fp8conf.graph.compile_workers` for the same in a worker)."""
     # As regional_inductor does: shapes from the tracing context (the joint graph's fake mode),
     # and no second rematerialisation pass inside an already partitioned graph.
     # aot=True bundles the region's AOTAutograd state in the artifact, as regional_inductor

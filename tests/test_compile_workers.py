@@ -1,0 +1,63 @@
+"""Regional units compiled in worker processes (``compile_joint(..., workers=N)``): the same
+units as in this process, compiled there and not here, giving the same numbers; a worker's
+failure named; a bad ``workers`` refused before anything is compiled. On CPU, on the block stack."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fp8conf
+from fp8conf.graph import compile_workers, region_compile
+from stack_steps import DIM, TOKENS, traced
+
+
+@pytest.fixture
+def units_compiled_here(monkeypatch):
+    """How many units this process compiles (a worker's compiles are not counted)."""
+    calls = []
+    compile_unit = region_compile.compile_unit
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return compile_unit(*args, **kwargs)
+
+    monkeypatch.setattr(region_compile, "compile_unit", counted)
+    return calls
+
+
+def test_units_compiled_in_workers_are_the_units_compiled_here_and_give_the_same_step(units_compiled_here):
+    model, x, gm = traced(2)
+    here = fp8conf.compile_joint(gm, mode="regional")
+    compiled_here = len(units_compiled_here)
+    assert compiled_here == here.inductor_compiles > 0
+    workers = fp8conf.compile_joint(gm, mode="regional", workers=2)
+    assert len(units_compiled_here) == compiled_here, "with workers, no unit is compiled in this process"
+    assert workers.inductor_compiles == here.inductor_compiles
+    assert workers.compiled_nodes == here.compiled_nodes and workers.eager_nodes == here.eager_nodes
+    torch.manual_seed(3)
+    args, grad = (torch.randn(TOKENS, DIM, requires_grad=True),), (torch.randn(TOKENS, DIM),)
+    (out_here,), grads_here = fp8conf.run_joint(gm, model, args, grad, fn=here)
+    (out_workers,), grads_workers = fp8conf.run_joint(gm, model, args, grad, fn=workers)
+    # The same graphs compiled by the same Inductor: the same kernels, bit for bit.
+    assert torch.equal(out_workers, out_here)
+    assert grads_workers.keys() == grads_here.keys()
+    for name, value in grads_here.items():
+        assert torch.equal(grads_workers[name], value), f"grad of {name} differs between in-process and worker compiles"
+
+
+def test_a_failing_worker_is_reported_with_what_it_raised():
+    pool = compile_workers.WorkerPool(1)
+    try:
+        future = pool._threads.submit(pool._run, b"not a pickled graph", [])
+        with pytest.raises(compile_workers.WorkerError, match="Unpickling|pickle|load"):
+            pool.result(future)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("workers", [-1, 1.5, True, "4"])
+def test_a_bad_number_of_workers_is_refused_before_compiling(workers):
+    _, _, gm = traced(1)
+    with pytest.raises(fp8conf.FP8ConfigError, match="workers"):
+        fp8conf.compile_joint(gm, mode="regional", workers=workers)
