@@ -46,8 +46,6 @@ def _cores() -> int:
 class InProcessCompiler:
     """Compiles each unit here, when it is submitted."""
 
-    workers = 0
-
     def submit(self, submodule: torch.fx.GraphModule, fake_inputs) -> Callable:
         from fp8conf.graph.region_compile import compile_unit
 
@@ -70,7 +68,6 @@ class WorkerPool:
     without a ``__main__`` guard again), fed pickled requests on its stdin."""
 
     def __init__(self, workers: int):
-        self.workers = workers
         settings = (torch._inductor.config.save_config_portable(), torch._functorch.config.save_config_portable())
         # Inductor's own compile workers (Triton, C++) shared out between the pool's processes.
         threads = max(1, min(torch._inductor.config.compile_threads, _cores()) // workers)

@@ -29,7 +29,7 @@ import torch.utils._pytree as pytree
 from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.graph.regions import Region
 
-__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions", "compile_pieces",
+__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions",
            "cut_regions", "cut_pieces", "CutUnits", "compile_unit", "region_call", "pack_inputs", "tracing_fake_mode"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
@@ -81,15 +81,6 @@ def compile_regions(gm: torch.fx.GraphModule, regions: list[Region], cache: dict
     return cut.bind(), cut.names
 
 
-def compile_pieces(gm: torch.fx.GraphModule, pieces: list[list[torch.fx.Node]], cache: dict,
-                   error: Callable[[list[torch.fx.Node], Exception], Exception], compiler=None) -> tuple[Callable, set[str]]:
-    """As :func:`compile_regions`, for pieces of the eager remainder
-    (:func:`fp8conf.graph.remainder.remainder_pieces` of ``gm`` after its regions were compiled);
-    ``error(piece, exc)`` builds the exception raised when Inductor rejects a piece."""
-    cut = cut_pieces(gm, pieces, cache, error, compiler)
-    return cut.bind(), cut.names
-
-
 def cut_regions(gm, regions: list[Region], cache: dict, error, compiler=None) -> CutUnits:
     """The first half of :func:`compile_regions`: the regions cut out and each distinct one
     submitted to ``compiler``; :meth:`CutUnits.bind` waits for them and makes ``gm`` call them.
@@ -98,7 +89,9 @@ def cut_regions(gm, regions: list[Region], cache: dict, error, compiler=None) ->
 
 
 def cut_pieces(gm, pieces: list[list[torch.fx.Node]], cache: dict, error, compiler=None) -> CutUnits:
-    """:func:`cut_regions` for the pieces of :func:`compile_pieces`."""
+    """:func:`cut_regions` for pieces of the eager remainder or units around the regions
+    (:func:`fp8conf.graph.remainder.remainder_pieces`); ``error(piece, exc)`` builds the exception
+    raised when Inductor rejects a piece."""
     return _cut(gm, pieces, PIECE_SUBMODULE_PREFIX, cache, lambda i, exc: error(pieces[i], exc), compiler)
 
 
