@@ -1,14 +1,17 @@
 """Regional units compiled in worker processes (``compile_joint(..., workers=N)``): the same
-units as in this process, compiled there and not here, giving the same numbers; a worker's
-failure named; a bad ``workers`` refused before anything is compiled. On CPU, on the block stack."""
+units as in this process, compiled there and not here, giving the same numbers; a failed
+worker reported as the region's compile error; a bad ``workers`` refused before anything is compiled. On CPU, on the block stack."""
 
 from __future__ import annotations
+
+import shutil
+import sys
 
 import pytest
 import torch
 
 import fp8conf
-from fp8conf.graph import compile_workers, region_compile
+from fp8conf.graph import region_compile
 from stack_steps import DIM, TOKENS, traced
 
 
@@ -46,14 +49,13 @@ def test_units_compiled_in_workers_are_the_units_compiled_here_and_give_the_same
         assert torch.equal(grads_workers[name], value), f"grad of {name} differs between in-process and worker compiles"
 
 
-def test_a_failing_worker_is_reported_with_what_it_raised():
-    pool = compile_workers.WorkerPool(1)
-    try:
-        future = pool._threads.submit(pool._run, b"not a pickled graph", [])
-        with pytest.raises(compile_workers.WorkerError, match="Unpickling|pickle|load"):
-            pool.result(future)
-    finally:
-        pool.close()
+def test_a_worker_that_cannot_compile_is_a_region_compile_error_naming_the_region(monkeypatch):
+    _, _, gm = traced(1)
+    # Workers started with a program that exits at once instead of serving.
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))
+    with pytest.raises(fp8conf.RegionCompileError, match=r"compile worker \(pid \d+\) exited \(1\)") as caught:
+        fp8conf.compile_joint(gm, mode="regional", workers=1)
+    assert caught.value.module_fqn, "the error names the module of the region the unit holds"
 
 
 @pytest.mark.parametrize("workers", [-1, 1.5, True, "4"])

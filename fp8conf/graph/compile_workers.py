@@ -113,7 +113,7 @@ class WorkerPool:
             worker.stop()
 
 
-class WorkerError(RuntimeError):
+class _WorkerError(RuntimeError):
     """A compile worker failed: its exception, or its exit and the end of what it printed."""
 
 
@@ -124,7 +124,10 @@ class _Worker:
         self._log = tempfile.TemporaryFile()
         self._proc = subprocess.Popen([sys.executable, "-m", "fp8conf.graph.compile_workers"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, env=env)
-        self._send(("settings", settings))
+        try:
+            self._send(("settings", settings))
+        except OSError:
+            pass  # it exited at once: its first compile reports how, with what it printed
 
     def _send(self, message) -> None:
         pickle.dump(message, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
@@ -135,9 +138,9 @@ class _Worker:
             self._send(("compile", data, inputs))
             ok, value = pickle.load(self._proc.stdout)
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
-            raise WorkerError(f"the compile worker (pid {self._proc.pid}) exited ({self._proc.poll()}): {self._tail()}") from exc
+            raise _WorkerError(f"the compile worker (pid {self._proc.pid}) exited ({self._proc.poll()}): {self._tail()}") from exc
         if not ok:
-            raise WorkerError(value)
+            raise _WorkerError(value)
         return value
 
     def _tail(self, size: int = 2000) -> str:
@@ -158,17 +161,11 @@ def unit_compiler(workers: int = 0):
     """The compiler for a regional compile: ``workers`` processes, or (``0``) this process. A
     torch whose ``standalone_compile`` cannot bundle a unit into one serializable artifact
     compiles here."""
-    if workers <= 0 or not _serializable_units():
+    from fp8conf.graph.region_compile import bundles_units
+
+    if workers <= 0 or not bundles_units():
         return InProcessCompiler()
     return WorkerPool(workers)
-
-
-def _serializable_units() -> bool:
-    import inspect
-
-    from torch._inductor import standalone_compile
-
-    return "aot" in inspect.signature(standalone_compile).parameters
 
 
 def _describe(value) -> tuple:

@@ -30,7 +30,7 @@ from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.graph.regions import Region
 
 __all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions",
-           "cut_regions", "cut_pieces", "CutUnits", "compile_unit", "region_call", "pack_inputs", "tracing_fake_mode"]
+           "cut_regions", "cut_pieces", "CutUnits", "compile_unit", "bundles_units", "region_call", "pack_inputs", "tracing_fake_mode"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"
@@ -170,6 +170,12 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
     return CutUnits(gm, calls, cache, compiler, names)
 
 
+def bundles_units() -> bool:
+    """Whether this torch's ``standalone_compile`` can bundle a unit into one serializable
+    artifact (``aot=True``): what a regional artifact and a compile worker send on."""
+    return "aot" in inspect.signature(torch._inductor.standalone_compile).parameters
+
+
 def compile_unit(submodule, fake_inputs) -> Callable:
     """Compile one cut-out unit for ``fake_inputs`` (in this process; see
     :mod:`fp8conf.graph.compile_workers` for the same in a worker)."""
@@ -177,7 +183,7 @@ def compile_unit(submodule, fake_inputs) -> Callable:
     # and no second rematerialisation pass inside an already partitioned graph.
     # aot=True bundles the region's AOTAutograd state in the artifact, as regional_inductor
     # asks for; a torch whose standalone_compile lacks it compiles the same graph without.
-    options = {"aot": True} if "aot" in inspect.signature(torch._inductor.standalone_compile).parameters else {}
+    options = {"aot": True} if bundles_units() else {}
     with _no_nested_remat():
         return torch._inductor.standalone_compile(submodule, fake_inputs, dynamic_shapes="from_tracing_context", **options)
 
