@@ -217,3 +217,34 @@ def test_the_regional_backward_frees_saved_values_as_it_goes(monkeypatch):
         compiled.fn(primals, tangents)
     assert len(dead_after_first) == 2 and all(n and dead == n for n, dead in dead_after_first), \
         f"(saved values, freed when the first call returned) per step: {dead_after_first}"
+
+
+def test_units_that_differ_only_in_the_values_leaving_them_compile_once(inductor_calls):
+    """The partitioner may save other values of one block than of the others; two units that
+    compute the same nodes and export different ones share one compile, and each call site still
+    gets its own values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fp8conf.graph.region_compile import cut_pieces
+
+    def step(x, y):
+        a1 = torch.sin(x) * 2 + 1  # the first unit's sum leaves it
+        m2 = torch.sin(y) * 2
+        a2 = m2 + 1  # the second's product leaves it too
+        return torch.cos(a1), torch.cos(m2) * a2
+
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    gm = make_fx(step, tracing_mode="fake")(x, y)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    by_name = {n.name: n for n in nodes}
+    units = [[by_name["sin"], by_name["mul"], by_name["add"]], [by_name["sin_1"], by_name["mul_1"], by_name["add_1"]]]
+    expected = step(x, y)
+
+    def error(piece, exc):
+        raise AssertionError(f"unit {piece} failed to compile") from exc
+
+    fn = cut_pieces(gm, units, {}, error).bind()
+    assert len(inductor_calls) == 1, f"{len(inductor_calls)} compiles for two units that differ only in their outputs"
+    got = fn(x, y)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import operator
 from collections.abc import Callable
 
 import torch
@@ -152,13 +153,14 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     partitions = [dict.fromkeys(sorted(group, key=order.__getitem__)) for group in groups]
     fuse_by_partitions(gm, partitions, prefix=prefix, always_return_tuple=True)
+    keys = _share_outputs(gm, prefix)
     calls = []
     with tracing_fake_mode(gm):
         for node in list(gm.graph.find_nodes(op="call_module")):
             if not node.target.startswith(prefix):
                 continue
             submodule = getattr(gm, node.target)
-            key = structural_key(submodule)
+            key = keys[node]
             fake_inputs = [i.meta["val"] for i in node.all_input_nodes]
             if key not in cache:
                 index = int(node.target[len(prefix):])
@@ -168,6 +170,43 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
                     raise error(index, exc) from exc
             calls.append((node, key, fake_inputs))
     return CutUnits(gm, calls, cache, compiler, names)
+
+
+def _share_outputs(gm, prefix: str) -> dict[torch.fx.Node, tuple]:
+    """Give the submodules that compute the same nodes, and differ only in which of them leave,
+    the same outputs: those any of them returns. The partitioner may keep other values of one
+    block for the backward than of the others (the first block's residual sum recomputed, say,
+    from the attention output it saved): without this such a block's unit would be compiled once
+    more for a different output list. Each call's users (``getitem``) are renumbered to match;
+    outputs a call site does not use are dropped as soon as the call returns. Returns each call's
+    :func:`structural_key`."""
+    calls = [n for n in gm.graph.find_nodes(op="call_module") if n.target.startswith(prefix)]
+    bodies: dict[tuple, list] = {}
+    keys = {}
+    for node in calls:
+        submodule = getattr(gm, node.target)
+        nodes = list(submodule.graph.nodes)
+        output = nodes[-1]
+        position = {n: i for i, n in enumerate(nodes)}
+        returned = tuple(position[v] for v in output.args[0])
+        keys[node] = structural_key(submodule)
+        bodies.setdefault(keys[node][:-1], []).append((node, submodule, nodes, returned))
+    for group in bodies.values():
+        union = sorted({p for *_, returned in group for p in returned})
+        for node, submodule, nodes, returned in group:
+            if list(returned) == union or any(u.target is not operator.getitem for u in node.users):
+                continue
+            output = nodes[-1]
+            output.args = (tuple(nodes[p] for p in union),)
+            submodule.recompile()
+            index = {old: union.index(p) for old, p in enumerate(returned)}
+            for user in list(node.users):
+                user.args = (node, index[user.args[1]])
+            value = node.meta.get("val")
+            if value is not None:
+                node.meta["val"] = tuple(nodes[p].meta.get("val") for p in union)
+            keys[node] = structural_key(submodule)
+    return keys
 
 
 def bundles_units() -> bool:
