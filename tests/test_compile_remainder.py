@@ -248,3 +248,70 @@ def test_units_that_differ_only_in_the_values_leaving_them_compile_once(inductor
     got = fn(x, y)
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e)
+
+
+class _RMSNorm(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class _SwiGLUBlock(torch.nn.Module):
+    """A Llama block's FFN half: its backward recomputes the norm and the SiLU product from
+    values the forward saved."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = _RMSNorm(dim)
+        self.w1, self.w2, self.w3 = (torch.nn.Linear(dim, 2 * dim, bias=False), torch.nn.Linear(2 * dim, dim, bias=False),
+                                     torch.nn.Linear(dim, 2 * dim, bias=False))
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + self.w2(torch.nn.functional.silu(self.w1(h)) * self.w3(h))
+
+
+def _swiglu_stack(blocks):
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_SwiGLUBlock(DIM) for _ in range(blocks)])
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    x = torch.randn(TOKENS, DIM, requires_grad=True)
+    return model, x, fp8conf.trace_joint(model, (x,))
+
+
+@pytest.mark.parametrize("build", [traced, _swiglu_stack], ids=["stack", "swiglu"])
+def test_no_unit_feeds_only_another_unit_of_its_block(build):
+    """What a block's backward recomputes from saved values (a norm's statistics, the SiLU
+    product) joins the unit that uses it: apart it would be a call, a compile and a buffer of its
+    own."""
+    _, _, gm = build(3)
+    parts = partition_joint(flat_graph_module(gm), keep_fp8_regions=True)
+    for graph in (parts.forward, parts.backward):
+        regions = [r for r in tag_fp8_regions(graph) if r.complete]
+        blocks = {n: get_block(n) for n in graph.graph.nodes}
+        units = remainder_pieces(graph, regions=[r.nodes for r in regions], blocks=blocks)
+        unit_of = {n: i for i, unit in enumerate(units) for n in unit}
+        for unit in units:
+            inside = set(unit)
+            homes = {unit_of.get(u) for n in unit for u in n.users if u not in inside}
+            if len(homes) == 1 and None not in homes:
+                (home,) = homes
+                block = {blocks[n] for n in unit if blocks[n] is not None}
+                assert block != {blocks[n] for n in units[home] if blocks[n] is not None}, (
+                    f"unit of {unit[0].name} ({len(unit)} nodes, block {block}) feeds only the unit of {units[home][0].name}")
+
+
+def test_a_swiglu_stack_compiles_as_many_units_at_any_depth_and_matches_eager(inductor_calls):
+    counts = {}
+    for blocks in (3, 4):
+        inductor_calls.clear()
+        model, x, gm = _swiglu_stack(blocks)
+        compiled = fp8conf.compile_joint(gm, mode="regional")
+        counts[blocks] = len(inductor_calls)
+        assert_matches_eager(gm, model, x, compiled.fn, seed=0)
+    assert counts[3] == counts[4], counts

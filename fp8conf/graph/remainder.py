@@ -23,7 +23,10 @@ piece is a set of compilable nodes of one level joined by direct edges. A path t
 piece through a barrier reaches only higher levels, and one that leaves it through a compilable
 node of the same level would be an edge of the piece, so no path leaves a piece and comes back:
 every piece can be cut out alone. A region taken whole is convex, so the graph with each region
-drawn as one node is still acyclic and the argument holds there. On these graphs it finds the
+drawn as one node is still acyclic and the argument holds there. Last, a piece whose values all
+go to one other piece of its block joins that piece (what a block's backward recomputes from the
+values its forward saved: one compile and one call fewer, and no buffer written out between
+them). Before that join, on these graphs it finds the
 pieces ``CapabilityBasedPartitioner`` (without horizontal fusion) finds, up to where a few views
 and recomputed values fall, in one pass over the graph; the partitioner's reachability sets grow
 with the square of the graph (2.3 s for the backward of a 16-block Llama on CPU, against 0.02 s).
@@ -99,6 +102,7 @@ def remainder_pieces(gm: torch.fx.GraphModule, keep_eager: Collection[str] = (),
         groups.setdefault(_root(parent, atom), []).extend(members[atom])
     pieces = [group for group in groups.values()
               if any(n in atom_of for n in group) or sum(_computes(n) for n in group if n not in atom_of) >= 2]
+    pieces = _merge_into_consumers(pieces, blocks)
     _attach_input_views(pieces, compilable, atom_of, nodes, blocks)
     return sorted((sorted(piece, key=order.__getitem__) for piece in pieces), key=lambda piece: order[piece[0]])
 
@@ -148,6 +152,44 @@ def blocks_from_regions(gm: torch.fx.GraphModule, regions: Sequence[Collection[t
 
 def _has_inputs(nodes) -> bool:
     return any(n.all_input_nodes for n in nodes)
+
+
+def _merge_into_consumers(pieces, blocks) -> list[list[torch.fx.Node]]:
+    """Each piece whose values are all used in one other piece of its block, joined to that piece.
+
+    In a backward such pieces are what a block recomputes from the values its forward saved (a
+    norm's statistics, the SiLU product a projection's weight gradient reads): they depend on
+    graph inputs only, so they sit below the barrier the gradient from the next block raises.
+    Apart, each is a compiled call and an Inductor compile of its own, and its output (as large
+    as the FFN's hidden activation) is written out, held and read back; joined, Inductor fuses it
+    into the consumer's kernels. Joining keeps every piece one that can be cut out alone: a
+    piece's consumer is of a higher level (a direct edge between pieces of one level and block
+    would have joined them), so no path leads from the consumer back to it; and a joined group's
+    values leave it only from its consumer, the member of the highest level, so the argument
+    holds again for a piece that feeds any of its members (a chain of pieces ends in one),
+    whatever order they are taken in.
+    """
+    blocks = blocks or {}
+    piece_of = {n: i for i, piece in enumerate(pieces) for n in piece}
+    block_of = [next((blocks[n] for n in piece if blocks.get(n) is not None), None) for piece in pieces]
+    into = list(range(len(pieces)))  # the piece each has joined (itself when none)
+    for i, piece in enumerate(pieces):
+        inside = set(piece)
+        homes = {piece_of.get(u) for n in piece for u in n.users if u not in inside}
+        if len(homes) == 1 and None not in homes:
+            (target,) = homes
+            if block_of[target] == block_of[i]:
+                into[i] = target
+
+    def home(i):
+        while into[i] != i:
+            i = into[i]
+        return i
+
+    joined: dict[int, list[torch.fx.Node]] = {}
+    for i, piece in enumerate(pieces):
+        joined.setdefault(home(i), []).extend(piece)
+    return list(joined.values())
 
 
 def _attach_input_views(pieces, compilable, atom_of, nodes, blocks) -> None:
