@@ -274,7 +274,9 @@ class _SwiGLUBlock(torch.nn.Module):
         return x + self.w2(torch.nn.functional.silu(self.w1(h)) * self.w3(h))
 
 
+@functools.lru_cache(maxsize=None)
 def _swiglu_stack(blocks):
+    """``(model, x, joint graph)`` of a ``blocks``-block FP8 SwiGLU stack, traced once per depth."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     torch.manual_seed(0)
