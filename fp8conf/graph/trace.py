@@ -22,6 +22,7 @@ import torch.utils._pytree as pytree
 
 from fp8conf.errors import FP8TraceError
 from fp8conf.graph.provenance import CallRecord, propagate_provenance, record_forward_provenance
+from fp8conf.graph.repeat import TRACED_BLOCKS, check_equal_blocks, repeat_blocks, repeat_calls, truncated
 from fp8conf.quantized.float8 import QuantizationConfig, find_quantized_modules
 
 __all__ = [
@@ -233,28 +234,63 @@ def collector_paused():
 
 
 def with_collector_paused(fn):
-    """``fn`` run under :func:`collector_paused`."""
+    """``fn`` run under :func:`collector_paused` and :func:`codegen_deferred`."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with collector_paused():
+        with collector_paused(), codegen_deferred():
             return fn(*args, **kwargs)
 
     return run
 
 
+def codegen_deferred():
+    """Graph modules made inside write their Python code when first called, not when made.
+
+    The passes make graph modules of the whole joint graph (the stitched trace, the flat copy, the
+    partitioner's forward and backward) that no one calls: their code, generated and compiled
+    at once otherwise, cost seconds per 10,000 nodes. Inductor defers it the same way.
+    """
+    try:
+        from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    except ImportError:  # a torch without lazy graph modules: code at once, as before
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
+
+
 @with_collector_paused
-def trace_joint(model: torch.nn.Module, args) -> torch.fx.GraphModule:
+def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None) -> torch.fx.GraphModule:
     """Trace ``model(*args)`` plus its backward into one joint graph with provenance on it.
 
     ``args`` is a tuple of example inputs (a single tensor is accepted too). The returned
     graph module takes, in placeholder order, the parameters and buffers, the inputs and one
     tangent per output; :func:`run_joint` calls it for you. Works for CPU and CUDA models alike:
     the graph runs on the device of the example inputs and parameters.
+
+    ``repeat`` names a container of equal blocks (``"layers"``): only its first four blocks are
+    traced and the graph of the others is copied from them (:mod:`fp8conf.graph.repeat`), so that
+    tracing a deep model costs what tracing four blocks does. The blocks must be one class with
+    equal attributes (checked; :class:`FP8TraceError` names what differs) and the forward must not
+    depend on how many there are.
     """
     args = _check_inputs(model, args)
-    modules = find_quantized_modules(model)
+    blocks = check_equal_blocks(model, repeat) if repeat is not None else []
+    repeated = len(blocks) > TRACED_BLOCKS
     calls: list[CallRecord] = []
+    with truncated(model, repeat) if repeated else contextlib.nullcontext():
+        traced_modules = find_quantized_modules(model)
+        gm = _aot_trace(model, args, traced_modules, calls)
+        gm = propagate_provenance(gm, traced_modules)
+    modules = find_quantized_modules(model) if repeated else traced_modules
+    if repeated:
+        gm = repeat_blocks(gm, blocks)
+        calls = list(repeat_calls(calls, blocks))
+    gm.meta[TRACE_META_KEY] = TraceInfo(type(model).__name__, modules, tuple(calls))
+    gm.meta[JOINT_SIGNATURE_META_KEY] = JointSignature.of_traced(gm)
+    return gm
+
+
+def _aot_trace(model, args, modules, calls) -> torch.fx.GraphModule:
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     try:
@@ -268,10 +304,7 @@ def trace_joint(model: torch.nn.Module, args) -> torch.fx.GraphModule:
             f"could not trace {type(model).__qualname__} on inputs of shapes [{shapes}]: "
             f"{type(exc).__name__}: {exc}. Check that the inputs fit the model by calling it eagerly first."
         ) from exc
-    gm = joint.graph_module
-    gm.meta[TRACE_META_KEY] = TraceInfo(type(model).__name__, modules, tuple(calls))
-    gm.meta[JOINT_SIGNATURE_META_KEY] = JointSignature.of_traced(gm)
-    return propagate_provenance(gm, modules)
+    return joint.graph_module
 
 
 def _check_inputs(model, args) -> tuple:

@@ -1,0 +1,543 @@
+"""Tracing a model of N equal blocks at the cost of four: the middle block's nodes copied N-2 times.
+
+Tracing the joint graph costs about the same per node wherever the node comes from (AOT export
+dispatches every op through functionalization, fake tensors and the autograd engine), so a deep
+model's cold start grows with its depth although its blocks are all alike. When the caller names
+the container of its blocks (``trace_joint(model, args, repeat="layers")``), only blocks 0 to 3
+are traced; the graph of the whole model is then built from that one:
+
+* block 0 (fed by the embedding) and block 3 (feeding the head) are kept, block 3 standing for
+  block N-1;
+* block 1, fed by a block and feeding one, is the *template*: its forward nodes are emitted once
+  per middle block 1..N-2 in forward order, its backward span once per middle block in reverse;
+* block 2 is traced only to learn how a middle block is wired to its neighbours: node for node it
+  must equal block 1, and where block 1 reads a value of block 0 (or of block 2's backward), block
+  2 reads the same node of block 1 (of block 3's backward). That is the rule each copy follows.
+  Block 2's nodes are then dropped.
+
+Every copy gets its block's parameters as placeholders (descriptors, provenance, ``fp8conf_block``
+and module stacks renamed), and autograd sequence numbers of its own, consistent between its
+forward ops and the backward nodes paired with them. The result is the graph tracing all N blocks
+would give, up to node names.
+
+The caller vouches that the blocks compute the same function of their parameters: the blocks
+must be of one class with equal attributes (checked here, module by module), and a forward that
+depended on the depth itself (``len(self.layers)``) would be traced at depth four. ``repeat`` is
+therefore opt-in; without it the model is traced whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from fp8conf.errors import FP8TraceError
+from fp8conf.graph.provenance import BLOCK_META_KEY, PROVENANCE_META_KEY, CallRecord
+
+__all__ = ["TRACED_BLOCKS", "check_equal_blocks", "truncated", "repeat_blocks", "repeat_calls"]
+
+#: Blocks traced when a container is repeated: first, template, reference, last.
+TRACED_BLOCKS = 4
+_MODULE_STACK_KEYS = ("nn_module_stack", "fwd_nn_module_stack")
+#: A node name's base and number, as torch.fx splits them (``mm_3`` -> ``mm``, ``3``).
+_NAME = re.compile(r"^([a-zA-Z_][0-9a-zA-Z_]*?)(?:_(\d+))?$")
+
+
+def check_equal_blocks(model: torch.nn.Module, repeat: str) -> list[str]:
+    """The FQNs of the blocks in container ``repeat`` (``["layers.0", ...]``), after checking they
+    are one class with equal attributes, parameter and buffer layouts, module by module."""
+    try:
+        container = model.get_submodule(repeat)
+    except AttributeError as exc:
+        raise FP8TraceError(f"trace_joint(repeat={repeat!r}): {type(model).__qualname__} has no submodule {repeat!r}") from exc
+    if not isinstance(container, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)):
+        raise FP8TraceError(
+            f"trace_joint(repeat={repeat!r}): {repeat!r} is a {type(container).__qualname__}; name a ModuleList, "
+            "ModuleDict or Sequential of equal blocks"
+        )
+    names = list(container._modules)
+    first = container._modules[names[0]] if names else None
+    for name in names[1:]:
+        problem = _difference(first, container._modules[name], "", (f"{repeat}.{names[0]}", f"{repeat}.{name}"))
+        if problem:
+            raise FP8TraceError(
+                f"trace_joint(repeat={repeat!r}): block {repeat}.{name} differs from {repeat}.{names[0]} ({problem}); "
+                "only blocks equal up to their parameter values can be traced once and repeated: trace without repeat="
+            )
+    return [f"{repeat}.{name}" for name in names]
+
+
+def _difference(a: torch.nn.Module, b: torch.nn.Module, where: str, blocks: tuple[str, str]) -> str | None:
+    """What differs between blocks ``a`` and ``b`` (named ``blocks``) at submodule ``where``."""
+    first, other = blocks
+    if type(a) is not type(b):
+        return f"{where or 'the block'} is a {type(a).__qualname__} in {first}, a {type(b).__qualname__} in {other}"
+    for key in sorted(set(a.__dict__) | set(b.__dict__)):
+        va, vb = a.__dict__.get(key, _MISSING), b.__dict__.get(key, _MISSING)
+        if key in ("_parameters", "_buffers"):
+            problem = _tensor_difference(va, vb, where, blocks)
+        elif key == "_modules":
+            if list(va) != list(vb):
+                return f"{where or 'the block'} holds submodules {list(va)} in {first}, {list(vb)} in {other}"
+            problem = next((p for n in va if (p := _difference(va[n], vb[n], f"{where}.{n}" if where else n, blocks))), None)
+        elif isinstance(va, dict) and isinstance(vb, dict) and key.endswith("hooks"):
+            problem = None if len(va) == len(vb) == 0 else f"{where or 'the block'} has {key}"
+        else:
+            problem = None if _equal(va, vb) else f"attribute {where + '.' if where else ''}{key}: {va!r} in {first}, {vb!r} in {other}"
+        if problem:
+            return problem
+    return None
+
+
+_MISSING = object()
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and _layout(a) == _layout(b)
+    try:
+        return bool(a is b or a == b)
+    except Exception:
+        return False
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+def _tensor_difference(a: dict, b: dict, where: str, blocks: tuple[str, str]) -> str | None:
+    if list(a) != list(b):
+        return f"{where or 'the block'} holds tensors {list(a)} in {blocks[0]}, {list(b)} in {blocks[1]}"
+    for name in a:
+        if (a[name] is None) != (b[name] is None) or (a[name] is not None and _layout(a[name]) != _layout(b[name])):
+            return f"tensor {where + '.' if where else ''}{name} has another shape, stride, dtype, device or requires_grad"
+    return None
+
+
+class truncated:
+    """Context manager: container ``repeat`` holds only its first :data:`TRACED_BLOCKS` blocks."""
+
+    def __init__(self, model: torch.nn.Module, repeat: str):
+        self.container = model.get_submodule(repeat)
+
+    def __enter__(self):
+        self.modules = self.container._modules
+        self.container._modules = collections.OrderedDict(list(self.modules.items())[:TRACED_BLOCKS])
+        return self
+
+    def __exit__(self, *exc):
+        self.container._modules = self.modules
+
+
+@dataclasses.dataclass
+class _Block:
+    """One traced block: its forward nodes and backward span in graph order, its placeholders by
+    the FQN suffix of the parameter or buffer they hold."""
+
+    fqn: str
+    forward: list = dataclasses.field(default_factory=list)
+    backward: list = dataclasses.field(default_factory=list)
+    placeholders: dict = dataclasses.field(default_factory=dict)
+
+    def index(self):
+        return {n: i for i, n in enumerate(self.forward)}, {n: i for i, n in enumerate(self.backward)}
+
+
+def repeat_blocks(gm: torch.fx.GraphModule, blocks: list[str]) -> torch.fx.GraphModule:
+    """The joint graph of a model whose container holds ``blocks`` (all of them, in order), built
+    from ``gm``, its graph traced with only the first :data:`TRACED_BLOCKS` of them."""
+    traced = _segments(gm, blocks[:TRACED_BLOCKS])
+    return _Stitch(gm, traced, blocks).graph_module()
+
+
+def repeat_calls(calls, blocks: list[str]) -> tuple[CallRecord, ...]:
+    """The quantized-module calls of the whole model, from those of its traced first four blocks."""
+    first, template, reference, last = blocks[:TRACED_BLOCKS]
+    out, emitted = [], False
+    for call in calls:
+        owner = next((b for b in (template, reference, last) if _inside(call.module_fqn, b)), None)
+        if owner == template:
+            if not emitted:
+                run = [c for c in calls if _inside(c.module_fqn, template)]
+                out += [dataclasses.replace(c, module_fqn=_rename(c.module_fqn, template, b)) for b in blocks[1:-1] for c in run]
+                emitted = True
+        elif owner == last:
+            out.append(dataclasses.replace(call, module_fqn=_rename(call.module_fqn, last, blocks[-1])))
+        elif owner is None:
+            out.append(call)
+    return tuple(out)
+
+
+def _inside(fqn: str, block: str) -> bool:
+    return fqn == block or fqn.startswith(block + ".")
+
+
+def _rename(fqn: str, old: str, new: str) -> str:
+    return new + fqn[len(old):] if _inside(fqn, old) else fqn
+
+
+def _desc_target(desc) -> str | None:
+    """The parameter or buffer FQN an AOT descriptor names, looking through gradients of them."""
+    while dataclasses.is_dataclass(desc):
+        target = getattr(desc, "target", None)
+        if isinstance(target, str):
+            return target
+        desc = getattr(desc, "grad_of", None)
+    return None
+
+
+def _retarget(desc, old: str, new: str):
+    if not dataclasses.is_dataclass(desc):
+        return desc
+    changes = {}
+    for field in dataclasses.fields(desc):
+        value = getattr(desc, field.name)
+        if field.name == "target" and isinstance(value, str):
+            changes[field.name] = _rename(value, old, new)
+        elif dataclasses.is_dataclass(value):
+            changes[field.name] = _retarget(value, old, new)
+    return dataclasses.replace(desc, **changes)
+
+
+def _segments(gm, fqns: list[str]) -> list[_Block]:
+    """Each traced block's forward nodes, backward span and placeholders. A backward span runs from
+    the block's first backward node to the next node of another block or of the model outside
+    every block; gradient accumulation inside it (no block of its own) belongs to it."""
+    blocks = {fqn: _Block(fqn) for fqn in fqns}
+    done_forward, done_backward = set(), set()
+    forward_run = backward_run = None
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            target = _desc_target(node.meta.get("desc"))
+            owner = next((b for b in fqns if target and _inside(target, b)), None)
+            if owner:
+                blocks[owner].placeholders[node] = target[len(owner) + 1:]
+            continue
+        if node.op != "call_function":
+            continue
+        label = node.meta.get(BLOCK_META_KEY)
+        if node.meta.get("partitioner_tag") == "is_backward":
+            if label is not None and label != backward_run:
+                if backward_run in blocks:
+                    done_backward.add(backward_run)
+                if label in done_backward:
+                    raise _unsupported(f"the backward of {label} is not one span of the graph (node {node.name})")
+                backward_run = label
+            if backward_run in blocks:
+                blocks[backward_run].backward.append(node)
+        else:
+            if label != forward_run:
+                if forward_run in blocks:
+                    done_forward.add(forward_run)
+                if label in done_forward:
+                    raise _unsupported(f"the forward of {label} is not one run of the graph (node {node.name})")
+                forward_run = label
+            if label in blocks:
+                blocks[label].forward.append(node)
+    for block in blocks.values():
+        if not block.forward or not block.backward:
+            raise _unsupported(f"block {block.fqn} issued no {'forward' if not block.forward else 'backward'} node")
+    return [blocks[f] for f in fqns]
+
+
+def _unsupported(why: str) -> FP8TraceError:
+    return FP8TraceError(
+        f"trace_joint(repeat=...): the traced blocks cannot be repeated: {why}. A repeated block may read only its own "
+        "values, the previous block's, the next block's gradients and values every block shares; trace without repeat="
+    )
+
+
+class _Stitch:
+    """Emits the whole model's graph: block 0, the template once per middle block, block 3 as the
+    last block, everything outside the blocks as traced."""
+
+    def __init__(self, gm, traced: list[_Block], blocks: list[str]):
+        self.gm, self.blocks = gm, blocks
+        self.first, self.template, self.reference, self.last = traced
+        self.middle = len(blocks) - 2  # copies of the template: blocks[1] .. blocks[-2]
+        self.t_forward, self.t_backward = self.template.index()
+        self.r_forward, self.r_backward = self.reference.index()
+        self.t_nodes = set(self.template.forward) | set(self.template.backward)
+        self.r_nodes = set(self.reference.forward) | set(self.reference.backward)
+        self.first_forward, self.last_backward = set(self.first.forward), {n: i for i, n in enumerate(self.last.backward)}
+        self.prev_rule, self.next_rule = {}, {}
+        self._pair(self.template.forward, self.reference.forward, "forward")
+        self._pair(self.template.backward, self.reference.backward, "backward")
+        self._check_outside_users()
+        self._seq_plan()
+
+    # -- what a middle block reads from its neighbours, learnt from blocks 1 and 2 -----------------
+
+    def _category(self, arg, block: _Block, prev: _Block, nxt_backward: dict):
+        own_forward, own_backward = (self.t_forward, self.t_backward) if block is self.template else (self.r_forward, self.r_backward)
+        if arg in own_forward:
+            return ("forward", own_forward[arg])
+        if arg in own_backward:
+            return ("backward", own_backward[arg])
+        if arg in block.placeholders:
+            return ("param", block.placeholders[arg])
+        if arg in (self.first_forward if prev is self.first else self.t_forward):
+            return ("prev", arg)
+        if arg in nxt_backward:
+            return ("next", arg)
+        for other in (self.first, self.template, self.reference, self.last):
+            if other is not block and (arg in other.forward or arg in other.backward or arg in other.placeholders):
+                raise _unsupported(f"{block.fqn} reads {arg.name} of {other.fqn}, not its neighbour's value a repeated block may read")
+        return ("global", arg)
+
+    def _pair(self, t_nodes, r_nodes, what: str):
+        if len(t_nodes) != len(r_nodes):
+            raise _unsupported(f"the {what} of {self.template.fqn} has {len(t_nodes)} nodes, of {self.reference.fqn} {len(r_nodes)}")
+        for t, r in zip(t_nodes, r_nodes):
+            t_leaves, t_spec = pytree.tree_flatten((t.args, t.kwargs))
+            r_leaves, r_spec = pytree.tree_flatten((r.args, r.kwargs))
+            if t.target != r.target or t_spec != r_spec:
+                raise _unsupported(f"{what} node {t.name} ({t.target}) of {self.template.fqn} differs from {r.name} ({r.target}) of {self.reference.fqn}")
+            for a, b in zip(t_leaves, r_leaves):
+                if isinstance(a, torch.fx.Node) != isinstance(b, torch.fx.Node):
+                    raise _unsupported(f"{what} nodes {t.name} and {r.name} take different arguments")
+                if not isinstance(a, torch.fx.Node):
+                    if not _equal(a, b):
+                        raise _unsupported(f"{what} nodes {t.name} and {r.name} take {a!r} and {b!r}")
+                    continue
+                ca = self._category(a, self.template, self.first, self.r_backward)
+                cb = self._category(b, self.reference, self.template, self.last_backward)
+                if ca[0] != cb[0] or (ca[0] in ("forward", "backward", "param", "global") and ca[1] != cb[1]):
+                    raise _unsupported(f"{what} node {t.name} of {self.template.fqn} reads {a.name}, {r.name} of {self.reference.fqn} reads {b.name}")
+                if ca[0] == "prev":
+                    self._learn(self.prev_rule, a, self.t_forward[b], t)
+                elif ca[0] == "next":
+                    self._learn(self.next_rule, a, b, t)
+
+    @staticmethod
+    def _learn(rule: dict, key, value, node):
+        if rule.setdefault(key, value) is not value:
+            raise _unsupported(f"node {node.name} reads {key.name} of a neighbour in two ways")
+
+    def _check_outside_users(self):
+        allowed = {id(self.template): set(self.first.forward) | set(self.first.backward), id(self.reference): set(self.last.forward) | set(self.last.backward)}
+        for block, nodes in ((self.template, self.template.forward + self.template.backward), (self.reference, self.reference.forward + self.reference.backward)):
+            for node in nodes:
+                for user in node.users:
+                    if user in self.t_nodes or user in self.r_nodes or user in allowed[id(block)] or user.op == "output":
+                        continue
+                    raise _unsupported(f"{user.name}, outside the blocks, reads {node.name} of {block.fqn}")
+
+    # -- sequence numbers: each copy's own, forward ops and their backward nodes alike ------------
+
+    def _seq_plan(self):
+        nodes = self.gm.graph.nodes
+        forward = {n.meta["seq_nr"] for n in nodes if n.op == "call_function" and n.meta.get("partitioner_tag") != "is_backward" and "seq_nr" in n.meta}
+        t = [n.meta["seq_nr"] for n in self.template.forward if "seq_nr" in n.meta]
+        r = [n.meta["seq_nr"] for n in self.reference.forward if "seq_nr" in n.meta]
+        if not t or not r or max(t) >= min(r):
+            raise _unsupported("the sequence numbers of the middle blocks do not follow each other")
+        span = max(t) - min(t) + 1
+        self.t_range, self.r_max, self.width = (min(t), max(t)), max(r), span
+        if set(range(min(t), max(r) + 1)) & forward - set(t) - set(r):
+            raise _unsupported("an op outside the middle blocks has a sequence number between theirs")
+        self.forward_seq = forward
+        self.shift = (self.middle - 2) * span  # the copies take middle*span numbers where blocks 1 and 2 took 2*span
+        self.next_free = max(forward, default=0) + self.shift + 1
+        self.fresh = {}
+
+    def _seq(self, seq, copy: int | None):
+        if seq not in self.forward_seq:  # gradient accumulation: a number no forward op has
+            key = (copy, seq)
+            if key not in self.fresh:
+                self.fresh[key] = self.next_free
+                self.next_free += 1
+            return self.fresh[key]
+        low, high = self.t_range
+        if low <= seq <= high:
+            return seq + (copy - 1) * self.width if copy else seq
+        return seq + self.shift if seq > self.r_max else seq
+
+    # -- emission ----------------------------------------------------------------------------------
+
+    def graph_module(self) -> torch.fx.GraphModule:
+        graph = torch.fx.Graph()
+        self.graph, self.env, self.copies = graph, {}, [None] + [{} for _ in range(self.middle)]
+        self.numbers = {}  # per name base, the highest number a traced node's name has
+        for node in self.gm.graph.nodes:
+            base, number = _NAME.match(node.name).groups()
+            self.numbers[base] = max(self.numbers.get(base, 0), int(number or 0))
+        self.block_placeholders = [None] + [{} for _ in range(self.middle)]
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        t_runs = _runs(placeholders, self.template.placeholders)
+        self.primals = 0
+        for node in placeholders:
+            if node in self.template.placeholders:
+                if node in t_runs:
+                    for k in range(1, self.middle + 1):
+                        for p in t_runs[node]:
+                            self.block_placeholders[k][self.template.placeholders[p]] = self._placeholder(p, self.template.fqn, self.blocks[k], fresh=k > 1)
+            elif node in self.reference.placeholders:
+                continue
+            elif node in self.last.placeholders:
+                self.env[node] = self._placeholder(node, self.last.fqn, self.blocks[-1])
+            else:
+                self.env[node] = self._placeholder(node, None, None)
+        t_first_forward, t_first_backward = self.template.forward[0], self.template.backward[0]
+        for node in self.gm.graph.nodes:
+            if node.op in ("placeholder", "output") or node in self.r_nodes:
+                continue
+            if node is t_first_forward:
+                for k in range(1, self.middle + 1):
+                    for t in self.template.forward:
+                        self._copy(t, k)
+            elif node is t_first_backward:
+                for k in range(self.middle, 0, -1):
+                    for t in self.template.backward:
+                        self._copy(t, k)
+            elif node not in self.t_nodes:
+                self._emit_outside(node)
+        self._output()
+        graph._codegen = self._codegen()
+        new = torch.fx.GraphModule(self.gm, graph)
+        new.meta.update(self.gm.meta)
+        return new
+
+    def _placeholder(self, node, old, new, fresh=False):
+        name = node.name if node.name.startswith("tangents") else f"primals_{self.primals + 1}"
+        if not node.name.startswith("tangents"):
+            self.primals += 1
+        placeholder = self.graph.placeholder(name)
+        placeholder.meta = dict(node.meta)
+        if old is not None:
+            placeholder.meta["desc"] = _retarget(node.meta.get("desc"), old, new)
+        val = node.meta.get("val")
+        if fresh and isinstance(val, torch.Tensor) and getattr(val, "fake_mode", None) is not None:
+            # A parameter of its own: no storage shared with another block's placeholder.
+            with val.fake_mode:
+                placeholder.meta["val"] = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device).requires_grad_(val.requires_grad)
+        return placeholder
+
+    def _copy(self, node, k: int):
+        env = self.copies[k]
+
+        def arg(a):
+            if a in env:
+                return env[a]
+            if a in self.template.placeholders:
+                return self.block_placeholders[k][self.template.placeholders[a]]
+            if a in self.first_forward:  # the previous block's value
+                return self.env[a] if k == 1 else self.copies[k - 1][self.template.forward[self.prev_rule[a]]]
+            if a in self.r_backward:  # the next block's gradient
+                return self.env[self.next_rule[a]] if k == self.middle else self.copies[k + 1][self.template.backward[self.r_backward[a]]]
+            return self.env[a]
+
+        new = self._node_copy(node, arg, node.name if k == 1 else self._fresh_name(node.name))
+        self._rename_meta(new, self.template.fqn, self.blocks[k], k)
+        env[node] = new
+
+    def _node_copy(self, node, arg, name: str):
+        new = self.graph.create_node(node.op, node.target, torch.fx.map_arg(node.args, arg), torch.fx.map_arg(node.kwargs, arg), name, node.type)
+        new.meta = dict(node.meta)
+        return new
+
+    def _fresh_name(self, name: str) -> str:
+        """A name no node has, numbered past every traced one of its base (``mm_3`` -> ``mm_812``).
+        Asking the graph to make ``mm_3`` unique instead costs a scan of the taken numbers per
+        copy on torch releases before 2.12, quadratic in the depth."""
+        base = _NAME.match(name).group(1)
+        number = self.numbers.get(base, 0) + 1
+        self.numbers[base] = number
+        return f"{base}_{number}"
+
+    def _outside_arg(self, a):
+        if a in self.t_nodes:
+            return self.copies[1][a]
+        if a in self.r_forward:
+            return self.copies[self.middle][self.template.forward[self.r_forward[a]]]
+        if a in self.r_backward:
+            return self.copies[self.middle][self.template.backward[self.r_backward[a]]]
+        return self.env[a]
+
+    def _emit_outside(self, node):
+        new = self._node_copy(node, self._outside_arg, node.name)
+        if node in self.last.forward or node in self.last_backward:
+            self._rename_meta(new, self.last.fqn, self.blocks[-1], None)
+        elif "seq_nr" in new.meta and node.op == "call_function":
+            new.meta["seq_nr"] = self._seq(new.meta["seq_nr"], None)
+        self.env[node] = new
+
+    def _rename_meta(self, new, old: str, fqn: str, k: int | None):
+        meta = new.meta
+        if meta.get(BLOCK_META_KEY) is not None:
+            meta[BLOCK_META_KEY] = _rename(meta[BLOCK_META_KEY], old, fqn)
+        provenance = meta.get(PROVENANCE_META_KEY)
+        if provenance is not None:
+            meta[PROVENANCE_META_KEY] = dataclasses.replace(provenance, module_fqn=_rename(provenance.module_fqn, old, fqn))
+        for key in _MODULE_STACK_KEYS:
+            if isinstance(meta.get(key), dict):
+                meta[key] = {_rename(name, old, fqn): (_rename(path, old, fqn), kind) for name, (path, kind) in meta[key].items()}
+        if "seq_nr" in meta:
+            meta["seq_nr"] = self._seq(meta["seq_nr"], k)
+
+    def _output(self):
+        old = self.gm.graph.find_nodes(op="output")[0]
+        flat, spec = pytree.tree_flatten(old.args[0], is_leaf=lambda x: x is None)
+        descs = old.meta.get("desc") or [None] * len(flat)
+        values, new_descs = [], []
+        t_run = []
+
+        def flush():
+            for k in range(1, self.middle + 1):
+                for value, desc in t_run:
+                    values.append(None if value is None else self.copies[k][value])
+                    new_descs.append(_retarget(desc, self.template.fqn, self.blocks[k]))
+            t_run.clear()
+
+        for value, desc in zip(flat, descs):
+            target = _desc_target(desc)
+            if target and _inside(target, self.template.fqn):
+                t_run.append((value, desc))
+                continue
+            flush()
+            if target and _inside(target, self.reference.fqn):
+                continue
+            if value is not None and (value in self.t_nodes or value in self.r_nodes):
+                raise _unsupported(f"the graph returns {value.name} of {self.template.fqn if value in self.t_nodes else self.reference.fqn}, which is no gradient of its parameters")
+            values.append(None if value is None else self._outside_arg(value))
+            new_descs.append(_retarget(desc, self.last.fqn, self.blocks[-1]) if target and _inside(target, self.last.fqn) else desc)
+        flush()
+        output = self.graph.output(values)
+        output.meta = dict(old.meta)
+        output.meta["desc"] = new_descs
+        self.out_flat = values
+
+    def _codegen(self):
+        from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+
+        info = self.gm.graph._codegen.pytree_info
+        placeholders = self.graph.find_nodes(op="placeholder")
+        tangents = sum(p.name.startswith("tangents") for p in placeholders)
+        in_spec = pytree.tree_structure(([0] * (len(placeholders) - tangents), [0] * tangents))
+        # The outputs are (forward outputs, gradients): the forward part is as traced, the rest grew.
+        children = info.out_spec.children_specs
+        if len(children) != 2 or info.in_spec.num_children != 2:
+            raise _unsupported("the traced graph's calling convention is not (primals, tangents) -> (outputs, gradients)")
+        forward = children[0].num_leaves
+        out_spec = pytree.tree_structure((tuple([0] * forward), tuple([0] * (len(self.out_flat) - forward))))
+        return _PyTreeCodeGen(_PyTreeInfo(info.orig_args, in_spec, out_spec))
+
+
+def _runs(nodes: list, members: dict) -> dict:
+    """Maximal runs of consecutive ``nodes`` that are in ``members``, keyed by their first node."""
+    runs, current = {}, None
+    for node in nodes:
+        if node in members:
+            if current is None:
+                current = [node]
+                runs[node] = current
+            else:
+                current.append(node)
+        else:
+            current = None
+    return runs

@@ -1,0 +1,188 @@
+"""trace_joint(repeat=...): four blocks traced, the others copied, and the graph the same as
+tracing every block (fp8conf/graph/repeat.py)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import fp8conf
+from fp8conf.errors import FP8TraceError
+from fp8conf.graph.trace import run_joint, trace_info
+from fp8conf.tools.example_models import build_stack
+
+DIM, TOKENS, HEADS = 32, 16, 2
+
+
+class _RMSNorm(torch.nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class _LlamaBlock(torch.nn.Module):
+    """RMSNorm, causal SDPA attention with q/k/v/o projections, RMSNorm, SwiGLU."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = _RMSNorm(dim), _RMSNorm(dim)
+        self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.w1, self.w3 = (torch.nn.Linear(dim, 2 * dim, bias=False) for _ in range(2))
+        self.w2 = torch.nn.Linear(2 * dim, dim, bias=False)
+
+    def forward(self, x):
+        h = self.attention_norm(x)
+        q, k, v = (w(h).view(1, TOKENS, HEADS, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(1, TOKENS, -1))
+        h = self.ffn_norm(x)
+        return x + self.w2(torch.nn.functional.silu(self.w1(h)) * self.w3(h))
+
+
+class _Llama(torch.nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(64, DIM)
+        self.layers = torch.nn.ModuleList(_LlamaBlock(DIM) for _ in range(blocks))
+        self.norm, self.output = _RMSNorm(DIM), torch.nn.Linear(DIM, 64, bias=False)
+
+    def forward(self, tokens):
+        x = self.embedding(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.norm(x))
+
+
+def _fp8(model):
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"), module_filter_fn=lambda m, fqn: fqn != "output")
+    return model
+
+
+def _llama(blocks):
+    torch.manual_seed(0)
+    return _fp8(_Llama(blocks)), (torch.randint(0, 64, (1, TOKENS)),), "layers"
+
+
+def _stack(blocks):
+    return build_stack(DIM, blocks), (torch.randn(TOKENS, DIM, requires_grad=True),), "blocks"
+
+
+MODELS = {"llama": _llama, "stack": _stack}
+
+
+@functools.lru_cache(maxsize=None)
+def _traced(name, blocks, repeat: bool):
+    model, args, container = MODELS[name](blocks)
+    return model, args, fp8conf.trace_joint(model, args, repeat=container if repeat else None)
+
+
+def _shape(gm) -> list:
+    """Every node as what it computes, for whom and from which nodes (by position, names aside);
+    sequence numbers relative to the first op's, gradient accumulation's as such."""
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    base = min(n.meta["seq_nr"] for n in ops)
+    forward = {n.meta["seq_nr"] for n in ops if n.meta.get("partitioner_tag") == "is_forward"}
+
+    def arg(a):
+        return ("node", position[a]) if isinstance(a, torch.fx.Node) else a
+
+    rows = []
+    for n in gm.graph.nodes:
+        seq = n.meta.get("seq_nr")
+        provenance = n.meta.get("fp8conf_provenance")
+        val = n.meta.get("val")
+        rows.append((
+            n.op, str(n.target), n.meta.get("fp8conf_block"), n.meta.get("partitioner_tag"),
+            (seq - base if seq in forward else "accumulation") if n.op == "call_function" else None,
+            provenance, torch.utils._pytree.tree_map(arg, (n.args, n.kwargs)),
+            (tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else None,
+        ))
+    return rows
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_repeated_trace_is_the_graph_of_every_block_traced(name):
+    """Node for node the same graph (ops, wiring, blocks, provenance, sequence-number pairing,
+    shapes), the same signature and module calls, and bit-equal results: a copy wired to the
+    wrong neighbour, or numbered apart from its backward, fails here."""
+    model, args, whole = _traced(name, 6, False)
+    *_, repeated = _traced(name, 6, True)
+    assert len(repeated.graph.nodes) == len(whole.graph.nodes)
+    for i, (a, b) in enumerate(zip(_shape(whole), _shape(repeated))):
+        assert a == b, f"node {i} of the repeated trace differs from the whole trace's: {b} against {a}"
+    assert fp8conf.joint_signature(repeated) == fp8conf.joint_signature(whole)
+    assert trace_info(repeated).calls == trace_info(whole).calls and trace_info(repeated).modules == trace_info(whole).modules
+    out = next(n for n in whole.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")).meta["val"]
+    grad = (torch.randn(out.shape, dtype=out.dtype),)
+    (expected,), expected_grads = run_joint(whole, model, args, grad)
+    (seen,), seen_grads = run_joint(repeated, model, args, grad)
+    assert torch.equal(seen, expected)
+    assert seen_grads.keys() == expected_grads.keys()
+    for key, value in expected_grads.items():
+        assert (value is None and seen_grads[key] is None) or torch.equal(seen_grads[key], value), f"gradient of {key} differs"
+
+
+def test_a_repeated_trace_compiles_regionally_and_matches_its_graph():
+    model, args, gm = _traced("llama", 6, True)
+    out = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")).meta["val"]
+    grad = (torch.randn(out.shape, dtype=out.dtype),)
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    (expected,), expected_grads = run_joint(gm, model, args, grad)
+    (seen,), seen_grads = run_joint(gm, model, args, grad, fn=compiled)
+    torch.testing.assert_close(seen, expected)
+    for key, value in expected_grads.items():
+        if value is not None:
+            torch.testing.assert_close(seen_grads[key], value, msg=lambda m, key=key: f"gradient of {key}: {m}")
+
+
+def test_four_blocks_or_fewer_are_traced_whole():
+    *_, whole = _traced("stack", 3, False)
+    *_, repeated = _traced("stack", 3, True)
+    assert _shape(repeated) == _shape(whole)
+
+
+def test_blocks_that_differ_are_refused_naming_the_difference():
+    model, args, _ = _stack(6)
+    model.blocks[4].norm.eps = 1e-3
+    with pytest.raises(FP8TraceError, match=r"blocks\.4 differs from blocks\.0 \(attribute norm\.eps"):
+        fp8conf.trace_joint(model, args, repeat="blocks")
+    model, args, _ = _stack(6)
+    model.blocks[5].up = torch.nn.Linear(DIM, 2 * DIM, bias=False)
+    with pytest.raises(FP8TraceError, match=r"blocks\.5 differs from blocks\.0 \(up is a Float8Linear in blocks\.0, a Linear in blocks\.5\)"):
+        fp8conf.trace_joint(model, args, repeat="blocks")
+
+
+class _SkipStack(torch.nn.Module):
+    """Each block's output is added to the one two blocks on: a block reads a value no repeated
+    block's neighbour hands it."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = build_stack(DIM, 6, head=False).blocks
+
+    def forward(self, x):
+        previous = x
+        for block in self.blocks:
+            x, previous = block(x) + previous, x
+        return x
+
+
+def test_blocks_wired_past_their_neighbours_are_refused():
+    args = (torch.randn(TOKENS, DIM, requires_grad=True),)
+    with pytest.raises(FP8TraceError, match=r"cannot be repeated: .*blocks\.1.*trace without repeat="):
+        fp8conf.trace_joint(_SkipStack(), args, repeat="blocks")
+
+
+@pytest.mark.parametrize("repeat, message", [("trunk", "has no submodule 'trunk'"), ("blocks.0", "is a MLPBlock; name a ModuleList")])
+def test_a_repeat_that_names_no_container_of_blocks_is_a_usage_error(repeat, message):
+    model, args, _ = _stack(6)
+    with pytest.raises(FP8TraceError, match=message):
+        fp8conf.trace_joint(model, args, repeat=repeat)
