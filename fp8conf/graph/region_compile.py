@@ -50,16 +50,20 @@ def structural_key(gm: torch.fx.GraphModule) -> tuple:
     key = []
     for i, node in enumerate(gm.graph.nodes):
         position[node] = i
-        if node.op == "get_attr":
-            # A constant the region reads: equal only when it is the very same object.
-            target = ("get_attr", id(getattr(gm, node.target)))
-        elif node.op == "placeholder":
-            target = "placeholder"
-        else:
-            target = node.target
-        arguments = pytree.tree_map_only(torch.fx.Node, lambda n: ("node", position[n]), (node.args, node.kwargs))
-        key.append((node.op, target, repr(arguments), _describe(node.meta.get("val"))))
+        key.append(_node_key(gm, node, position))
     return tuple(key)
+
+
+def _node_key(gm, node, position) -> tuple:
+    if node.op == "get_attr":
+        # A constant the region reads: equal only when it is the very same object.
+        target = ("get_attr", id(getattr(gm, node.target)))
+    elif node.op == "placeholder":
+        target = "placeholder"
+    else:
+        target = node.target
+    arguments = pytree.tree_map_only(torch.fx.Node, lambda n: ("node", position[n]), (node.args, node.kwargs))
+    return (node.op, target, repr(arguments), _describe(node.meta.get("val")))
 
 
 def _describe(value):
@@ -194,6 +198,7 @@ def _share_outputs(gm, prefix: str) -> dict[torch.fx.Node, tuple]:
     for group in bodies.values():
         union = sorted({p for *_, returned in group for p in returned})
         for node, submodule, nodes, returned in group:
+            position = {n: i for i, n in enumerate(nodes)}
             if list(returned) == union or any(u.target is not operator.getitem for u in node.users):
                 continue
             output = nodes[-1]
@@ -205,7 +210,7 @@ def _share_outputs(gm, prefix: str) -> dict[torch.fx.Node, tuple]:
             value = node.meta.get("val")
             if value is not None:
                 node.meta["val"] = tuple(nodes[p].meta.get("val") for p in union)
-            keys[node] = structural_key(submodule)
+            keys[node] = keys[node][:-1] + (_node_key(submodule, output, position),)  # only the output changed
     return keys
 
 
