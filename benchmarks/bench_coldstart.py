@@ -135,7 +135,7 @@ def child(args) -> None:
     gc.callbacks.append(timed_collection)
     with timers(seconds):
         start = clock()
-        gm = fp8conf.trace_joint(model, (x,))
+        gm = fp8conf.trace_joint(model, (x,), repeat=None if args.whole_trace else "layers")
         traced = clock()
         compiled = fp8conf.compile_joint(gm, mode="regional")
         done = clock()
@@ -148,7 +148,7 @@ def child(args) -> None:
 
 def measure(args, blocks: int) -> dict:
     command = [sys.executable, __file__, "--child", "--blocks", str(blocks), "--device", args.device, "--dim", str(args.dim),
-               "--tokens", str(args.tokens), "--heads", str(args.heads), "--vocab", str(args.vocab), "--recipe", args.recipe, "--clock", args.clock]
+               "--tokens", str(args.tokens), "--heads", str(args.heads), "--vocab", str(args.vocab), "--recipe", args.recipe, "--clock", args.clock] + (["--whole-trace"] if args.whole_trace else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-coldstart-"))
     try:
@@ -180,6 +180,9 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+TRACING = {False: 'four blocks traced, the rest repeated (trace_joint(repeat="layers"))', True: "every block traced"}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="cuda when available, else cpu")
@@ -189,6 +192,7 @@ def main():
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--recipe", default="tensorwise")
+    parser.add_argument("--whole-trace", action="store_true", help="trace every block (no trace_joint(repeat=...))")
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall", help="cpu: this process's CPU time, for a busy machine")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per depth")
     parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
@@ -209,7 +213,8 @@ def main():
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     conditions = (f"{device}; torch {torch.__version__}, torchao {torchao.__version__}; Llama dim {args.dim}, {args.heads} heads, "
-                  f"vocab {args.vocab}, {args.tokens} tokens, {args.recipe}; {args.clock} seconds; one process per depth; trace + regional compile, "
+                  f"vocab {args.vocab}, {args.tokens} tokens, {args.recipe}; {args.clock} seconds; one process per depth; "
+                  f"{TRACING[args.whole_trace]}; trace + regional compile, "
                   "no step; Inductor's cache as the environment leaves it (TORCHINDUCTOR_CACHE_DIR, else an empty one per depth).")
     text = table(rows)
     print(conditions + "\n\n" + text)

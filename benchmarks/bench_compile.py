@@ -82,7 +82,7 @@ VARIANTS = (
 #: Measured only when --variants names them.
 EXTRA_VARIANTS = ("fp8conf regional, eager remainder", "fp8conf regional + CUDA graphs, eager remainder",
                   "fp8conf regional, pieces", "fp8conf regional, 4 workers")
-DEPTH_VARIANTS = ("fp8conf regional", "torch.compile", "fp8conf full", "fp8conf regional, 4 workers")
+DEPTH_VARIANTS = ("fp8conf regional", "torch.compile", "fp8conf full", "fp8conf regional, 4 workers", "fp8conf regional, whole trace")
 
 
 def _sync(device):
@@ -95,6 +95,7 @@ class Workload:
 
     def __init__(self, model, dim, blocks, recipe, device, tokens, quick=False):
         self.kind, self.dim, self.blocks, self.recipe, self.device = model, dim, blocks, recipe, device
+        self.repeat = "layers" if model == "llama" else "blocks"  # the container of equal blocks
         self.heads, self.vocab = (4, 256) if quick else (HEADS, VOCAB)
         if model == "llama":
             seq = min(SEQ, tokens)
@@ -145,7 +146,8 @@ def make_variant(label, work: Workload):
         mode = "reduce-overhead" if "CUDA graphs" in label else None
         return eager_step(torch.compile(model, mode=mode), work.x, work.grad), model, {}
     mode = "full" if "full" in label else "regional"
-    gm = fp8conf.trace_joint(model, (work.x,))
+    # fp8conf traces four blocks and repeats them (trace_joint(repeat=...)); ", whole trace" traces every block.
+    gm = fp8conf.trace_joint(model, (work.x,), repeat=None if label.endswith(", whole trace") else work.repeat)
     remainder = "eager" if "eager remainder" in label else "pieces" if label.endswith(", pieces") else "inductor"
     # ", 4 workers": the distinct units compiled side by side in 4 processes (compile_joint(workers=4)).
     workers = 4 if label.endswith(", 4 workers") else 0
