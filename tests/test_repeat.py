@@ -186,3 +186,18 @@ def test_a_repeat_that_names_no_container_of_blocks_is_a_usage_error(repeat, mes
     model, args, _ = _stack(6)
     with pytest.raises(FP8TraceError, match=message):
         fp8conf.trace_joint(model, args, repeat=repeat)
+
+
+def test_attributes_the_forward_does_not_read_may_differ_when_named():
+    """torchtitan's blocks carry their ``layer_id``: refused as a difference unless named in
+    ``per_block``, and then the graph is still every block's."""
+    model, args, _ = _stack(6)
+    for i, block in enumerate(model.blocks):
+        block.layer_id = i
+    with pytest.raises(FP8TraceError, match=r"attribute layer_id: 0 in blocks\.0, 1 in blocks\.1.*per_block="):
+        fp8conf.trace_joint(model, args, repeat="blocks")
+    repeated = fp8conf.trace_joint(model, args, repeat="blocks", per_block=("layer_id",))
+    *_, whole = _traced("stack", 6, False)
+    assert _shape(repeated) == _shape(whole)
+    with pytest.raises(FP8TraceError, match="give repeat= too"):
+        fp8conf.trace_joint(model, args, per_block=("layer_id",))

@@ -21,7 +21,8 @@ forward ops and the backward nodes paired with them. The result is the graph tra
 would give, up to node names.
 
 The caller vouches that the blocks compute the same function of their parameters: the blocks
-must be of one class with equal attributes (checked here, module by module), and a forward that
+must be of one class with equal attributes (checked here, module by module; ``per_block`` names
+those the forward never reads, such as an index kept for weight initialisation), and a forward that
 depended on the depth itself (``len(self.layers)``) would be traced at depth four. ``repeat`` is
 therefore opt-in; without it the model is traced whole.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
+from collections.abc import Collection
 
 import torch
 import torch.fx
@@ -48,9 +50,13 @@ _MODULE_STACK_KEYS = ("nn_module_stack", "fwd_nn_module_stack")
 _NAME = re.compile(r"^([a-zA-Z_][0-9a-zA-Z_]*?)(?:_(\d+))?$")
 
 
-def check_equal_blocks(model: torch.nn.Module, repeat: str) -> list[str]:
+def check_equal_blocks(model: torch.nn.Module, repeat: str, per_block: Collection[str] = ()) -> list[str]:
     """The FQNs of the blocks in container ``repeat`` (``["layers.0", ...]``), after checking they
-    are one class with equal attributes, parameter and buffer layouts, module by module."""
+    are one class with equal attributes, parameter and buffer layouts, module by module.
+
+    ``per_block`` names attributes that may differ between blocks because the forward does not
+    read them (torchtitan's ``layer_id``, used to initialise the weights): by name (``layer_id``,
+    at any depth) or by path inside the block (``attention.layer_id``)."""
     try:
         container = model.get_submodule(repeat)
     except AttributeError as exc:
@@ -63,28 +69,32 @@ def check_equal_blocks(model: torch.nn.Module, repeat: str) -> list[str]:
     names = list(container._modules)
     first = container._modules[names[0]] if names else None
     for name in names[1:]:
-        problem = _difference(first, container._modules[name], "", (f"{repeat}.{names[0]}", f"{repeat}.{name}"))
+        problem = _difference(first, container._modules[name], "", (f"{repeat}.{names[0]}", f"{repeat}.{name}"), frozenset(per_block))
         if problem:
             raise FP8TraceError(
                 f"trace_joint(repeat={repeat!r}): block {repeat}.{name} differs from {repeat}.{names[0]} ({problem}); "
-                "only blocks equal up to their parameter values can be traced once and repeated: trace without repeat="
+                "only blocks equal up to their parameter values can be traced once and repeated: trace without repeat=, "
+                "or, if the forward never reads the attribute, name it in per_block="
             )
     return [f"{repeat}.{name}" for name in names]
 
 
-def _difference(a: torch.nn.Module, b: torch.nn.Module, where: str, blocks: tuple[str, str]) -> str | None:
-    """What differs between blocks ``a`` and ``b`` (named ``blocks``) at submodule ``where``."""
+def _difference(a: torch.nn.Module, b: torch.nn.Module, where: str, blocks: tuple[str, str], per_block: frozenset) -> str | None:
+    """What differs between blocks ``a`` and ``b`` (named ``blocks``) at submodule ``where``,
+    attributes in ``per_block`` aside."""
     first, other = blocks
     if type(a) is not type(b):
         return f"{where or 'the block'} is a {type(a).__qualname__} in {first}, a {type(b).__qualname__} in {other}"
     for key in sorted(set(a.__dict__) | set(b.__dict__)):
         va, vb = a.__dict__.get(key, _MISSING), b.__dict__.get(key, _MISSING)
+        if key in per_block or (f"{where}.{key}" if where else key) in per_block:
+            continue
         if key in ("_parameters", "_buffers"):
             problem = _tensor_difference(va, vb, where, blocks)
         elif key == "_modules":
             if list(va) != list(vb):
                 return f"{where or 'the block'} holds submodules {list(va)} in {first}, {list(vb)} in {other}"
-            problem = next((p for n in va if (p := _difference(va[n], vb[n], f"{where}.{n}" if where else n, blocks))), None)
+            problem = next((p for n in va if (p := _difference(va[n], vb[n], f"{where}.{n}" if where else n, blocks, per_block))), None)
         elif isinstance(va, dict) and isinstance(vb, dict) and key.endswith("hooks"):
             problem = None if len(va) == len(vb) == 0 else f"{where or 'the block'} has {key}"
         else:

@@ -259,7 +259,7 @@ def codegen_deferred():
 
 
 @with_collector_paused
-def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None) -> torch.fx.GraphModule:
+def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None, per_block: tuple[str, ...] = ()) -> torch.fx.GraphModule:
     """Trace ``model(*args)`` plus its backward into one joint graph with provenance on it.
 
     ``args`` is a tuple of example inputs (a single tensor is accepted too). The returned
@@ -270,11 +270,14 @@ def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None) -> t
     ``repeat`` names a container of equal blocks (``"layers"``): only its first four blocks are
     traced and the graph of the others is copied from them (:mod:`fp8conf.graph.repeat`), so that
     tracing a deep model costs what tracing four blocks does. The blocks must be one class with
-    equal attributes (checked; :class:`FP8TraceError` names what differs) and the forward must not
-    depend on how many there are.
+    equal attributes (checked; :class:`FP8TraceError` names what differs), attributes named in
+    ``per_block`` aside (ones the forward never reads, such as a ``layer_id`` used to initialise
+    weights), and the forward must not depend on how many blocks there are.
     """
     args = _check_inputs(model, args)
-    blocks = check_equal_blocks(model, repeat) if repeat is not None else []
+    if per_block and repeat is None:
+        raise FP8TraceError("trace_joint(per_block=...) names attributes of repeated blocks: give repeat= too")
+    blocks = check_equal_blocks(model, repeat, per_block) if repeat is not None else []
     repeated = len(blocks) > TRACED_BLOCKS
     calls: list[CallRecord] = []
     with truncated(model, repeat) if repeated else contextlib.nullcontext():
