@@ -201,3 +201,22 @@ def test_attributes_the_forward_does_not_read_may_differ_when_named():
     assert _shape(repeated) == _shape(whole)
     with pytest.raises(FP8TraceError, match="give repeat= too"):
         fp8conf.trace_joint(model, args, per_block=("layer_id",))
+
+
+class _ReusedBlockStack(torch.nn.Module):
+    """Block 1 is called again after the last: its forward is two runs of the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = build_stack(DIM, 6, head=False).blocks
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.blocks[1](x)
+
+
+def test_a_block_called_twice_is_refused():
+    args = (torch.randn(TOKENS, DIM, requires_grad=True),)
+    with pytest.raises(FP8TraceError, match=r"the forward of blocks\.1 is not one run of the graph"):
+        fp8conf.trace_joint(_ReusedBlockStack(), args, repeat="blocks")

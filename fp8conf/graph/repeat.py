@@ -219,40 +219,42 @@ def _segments(gm, fqns: list[str]) -> list[_Block]:
     the block's first backward node to the next node of another block or of the model outside
     every block; gradient accumulation inside it (no block of its own) belongs to it."""
     blocks = {fqn: _Block(fqn) for fqn in fqns}
-    done_forward, done_backward = set(), set()
-    forward_run = backward_run = None
+    forward, backward = _Runs(blocks, "forward"), _Runs(blocks, "backward")
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             target = _desc_target(node.meta.get("desc"))
             owner = next((b for b in fqns if target and _inside(target, b)), None)
             if owner:
                 blocks[owner].placeholders[node] = target[len(owner) + 1:]
-            continue
-        if node.op != "call_function":
-            continue
-        label = node.meta.get(BLOCK_META_KEY)
-        if node.meta.get("partitioner_tag") == "is_backward":
-            if label is not None and label != backward_run:
-                if backward_run in blocks:
-                    done_backward.add(backward_run)
-                if label in done_backward:
-                    raise _unsupported(f"the backward of {label} is not one span of the graph (node {node.name})")
-                backward_run = label
-            if backward_run in blocks:
-                blocks[backward_run].backward.append(node)
-        else:
-            if label != forward_run:
-                if forward_run in blocks:
-                    done_forward.add(forward_run)
-                if label in done_forward:
-                    raise _unsupported(f"the forward of {label} is not one run of the graph (node {node.name})")
-                forward_run = label
-            if label in blocks:
-                blocks[label].forward.append(node)
+        elif node.op == "call_function":
+            label = node.meta.get(BLOCK_META_KEY)
+            if node.meta.get("partitioner_tag") == "is_backward":
+                backward.add(node, label)
+            else:
+                forward.add(node, label)
     for block in blocks.values():
         if not block.forward or not block.backward:
             raise _unsupported(f"block {block.fqn} issued no {'forward' if not block.forward else 'backward'} node")
     return [blocks[f] for f in fqns]
+
+
+class _Runs:
+    """Hands the nodes of one pass to the block whose run they are in, checking that each block's
+    run is one (the model outside the blocks, ``""``, may have several): a node without a block
+    (``None``) continues the current run."""
+
+    def __init__(self, blocks: dict, what: str):
+        self.blocks, self.what, self.current, self.done = blocks, what, None, set()
+
+    def add(self, node, label):
+        if label is not None and label != self.current:
+            if self.current in self.blocks:
+                self.done.add(self.current)
+            if label in self.done:
+                raise _unsupported(f"the {self.what} of {label} is not one run of the graph (node {node.name})")
+            self.current = label
+        if self.current in self.blocks:
+            getattr(self.blocks[self.current], self.what).append(node)
 
 
 def _unsupported(why: str) -> FP8TraceError:
