@@ -221,3 +221,28 @@ def test_cli_saves_and_runs_a_regional_artifact(tmp_path, capsys):
     assert "saved" in capsys.readouterr().out and fp8conf.read_header(out).mechanism == "regional"
     assert main(["precompile", "load", str(out), "--model", "fingerprint_models:model_a", "--run"]) == 0
     assert "regional" in capsys.readouterr().out
+
+
+def test_cli_save_with_a_repeat_naming_no_container_is_a_usage_error(tmp_path, capsys):
+    from fp8conf.tools.precompile import EXIT_USAGE
+
+    out = tmp_path / "none.fp8"
+    assert main(["precompile", "save", "--model", "fingerprint_models:model_a", "--out", str(out), "--repeat", "trunk"]) == EXIT_USAGE
+    assert "has no submodule 'trunk'" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_deep_model_precompiled_from_its_repeated_trace_loads_and_computes_its_step(tmp_path):
+    """precompile_model(repeat=...) saves the step of the repeated trace (six blocks, four
+    traced); loaded, it computes what the whole trace's graph computes."""
+    from fp8conf.tools.example_models import build_stack
+
+    model = build_stack(16, 6, "tensorwise", head=False)
+    x, grad = torch.randn(32, 16, generator=torch.Generator().manual_seed(2)), torch.ones(32, 16)
+    fp8conf.precompile_model(tmp_path / "deep.fp8", model, (x,), mechanism="regional", key=KEY, repeat="blocks")
+    loaded = fp8conf.load_for_model(tmp_path / "deep.fp8", model, (x,), key=KEY)
+    (out, grads) = loaded.run(model, (x,), (grad,))
+    (want,), want_grads = fp8conf.run_joint(fp8conf.trace_joint(model, (x,)), model, (x,), (grad,))
+    torch.testing.assert_close(out[0], want)
+    assert grads.keys() == want_grads.keys()
+    for name, value in want_grads.items():
+        torch.testing.assert_close(grads[name], value, msg=lambda m, name=name: f"gradient of {name}: {m}")

@@ -477,17 +477,19 @@ def _load_regional(payload: bytes, header: ArtifactHeader, path: str) -> Precomp
 # --- model-level entry points -------------------------------------------------------------------
 
 
-def precompile_model(path, model, args, *, strict: bool = True, mechanism: str = "auto", key=None, unsigned: bool = False) -> ArtifactHeader:
+def precompile_model(path, model, args, *, strict: bool = True, mechanism: str = "auto", key=None, unsigned: bool = False,
+                     repeat: str | None = None, per_block: tuple[str, ...] = ()) -> ArtifactHeader:
     """Trace ``model(*args)``'s training step, validate it (strictly when ``strict``), compile it
     and save it at ``path`` with the model's quantization signature, signed with ``key`` (see
-    :func:`save_artifact`)."""
+    :func:`save_artifact`). ``repeat`` and ``per_block`` are :func:`fp8conf.trace_joint`'s: a deep
+    model of equal blocks traced at the cost of four."""
     from fp8conf.graph.trace import trace_joint
     from fp8conf.graph.validate import validate_fp8_graph
 
     path = os.fspath(path)
     signing_key = _signing_key(key, unsigned, path)  # before the compile it would waste
     signature = QuantizationSignature.from_model(model, strict=strict)
-    gm = trace_joint(model, args)
+    gm = trace_joint(model, args, repeat=repeat, per_block=per_block)
     validate_fp8_graph(gm, strict=strict)  # a strict artifact is one whose graph passed strict validation
     return save_artifact(path, gm, signature, mechanism=mechanism, key=signing_key, unsigned=signing_key is None)
 

@@ -72,6 +72,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     save.add_argument("--mechanism", default="auto", choices=("auto", "standalone_compile", "graph_pickler", "regional"),
                       help="regional: only the FP8 regions compiled, the rest eager (the default auto: standalone_compile, else graph_pickler)")
     save.add_argument("--unsigned", action="store_true", help="write it without a MAC (it then loads only with --trust-unsigned)")
+    save.add_argument("--repeat", default=None, metavar="CONTAINER",
+                      help="trace four of the equal blocks in this container (e.g. layers) and copy the rest (trace_joint(repeat=...))")
 
     load = actions.add_parser("load", help="verify an artifact and load it under a model's current FP8 configuration")
     model_option(load, True)
@@ -202,7 +204,7 @@ def _save(args) -> int:
     if model_args is None:
         raise _UsageError(f"--model {args.model} must return (model, args) to be traced")
     header = precompile_model(args.out, model, model_args, strict=args.strict, mechanism=args.mechanism,
-                              key=args.key_file, unsigned=args.unsigned)
+                              key=args.key_file, unsigned=args.unsigned, repeat=args.repeat)
     signed = f"signed with key id {header.key_id}" if header.key_id else "UNSIGNED (loads only with --trust-unsigned)"
     print(f"saved {args.out}: {header.mechanism}, {header.payload_size} bytes, fingerprint {header.fingerprint}, {signed}")
     print(header.signature.summary())
