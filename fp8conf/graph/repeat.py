@@ -39,6 +39,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fp8conf.errors import FP8TraceError
+from fp8conf.graph.lazy_code import graph_module
 from fp8conf.graph.provenance import BLOCK_META_KEY, PROVENANCE_META_KEY, CallRecord
 
 __all__ = ["TRACED_BLOCKS", "check_equal_blocks", "truncated", "repeat_blocks", "repeat_calls"]
@@ -411,7 +412,7 @@ class _Stitch:
                 self._emit_outside(node)
         self._output()
         graph._codegen = self._codegen()
-        new = torch.fx.GraphModule(self.gm, graph)
+        new = graph_module(self.gm, graph)
         new.meta.update(self.gm.meta)
         return new
 

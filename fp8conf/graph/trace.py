@@ -21,6 +21,7 @@ import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 
 from fp8conf.errors import FP8TraceError
+from fp8conf.graph.lazy_code import codegen_deferred, graph_module
 from fp8conf.graph.provenance import CallRecord, propagate_provenance, record_forward_provenance
 from fp8conf.graph.repeat import TRACED_BLOCKS, check_equal_blocks, repeat_blocks, repeat_calls, truncated
 from fp8conf.quantized.float8 import QuantizationConfig, find_quantized_modules
@@ -234,7 +235,7 @@ def collector_paused():
 
 
 def with_collector_paused(fn):
-    """``fn`` run under :func:`collector_paused` and :func:`codegen_deferred`."""
+    """``fn`` run under :func:`collector_paused` and :func:`~fp8conf.graph.lazy_code.codegen_deferred`."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
@@ -242,20 +243,6 @@ def with_collector_paused(fn):
             return fn(*args, **kwargs)
 
     return run
-
-
-def codegen_deferred():
-    """Graph modules made inside write their Python code when first called, not when made.
-
-    The passes make graph modules of the whole joint graph (the stitched trace, the flat copy, the
-    partitioner's forward and backward) that no one calls: their code, generated and compiled
-    at once otherwise, cost seconds per 10,000 nodes. Inductor defers it the same way.
-    """
-    try:
-        from torch.fx._lazy_graph_module import _use_lazy_graph_module
-    except ImportError:  # a torch without lazy graph modules: code at once, as before
-        return contextlib.nullcontext()
-    return _use_lazy_graph_module(True)
 
 
 @with_collector_paused
@@ -352,7 +339,7 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     value, old_output = graph.graph_copy(gm.graph, {}, return_output_node=True)
     new_output = graph.output(value)
     new_output.meta = dict(old_output.meta)
-    new = torch.fx.GraphModule(gm, graph)
+    new = graph_module(gm, graph)
     new.meta.update(gm.meta)
     return new
 
@@ -367,6 +354,6 @@ def flat_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     flat, _ = pytree.tree_flatten(value, is_leaf=lambda x: x is None)
     new_output = graph.output(list(flat))
     new_output.meta = dict(old_output.meta)
-    new = torch.fx.GraphModule(gm, graph, class_name="FP8ConfFlatGraph")
+    new = graph_module(gm, graph, class_name="FP8ConfFlatGraph")
     new.meta.update(gm.meta)
     return new
