@@ -198,9 +198,9 @@ def _share_outputs(gm, prefix: str) -> dict[torch.fx.Node, tuple]:
     for group in bodies.values():
         union = sorted({p for *_, returned in group for p in returned})
         for node, submodule, nodes, returned in group:
-            position = {n: i for i, n in enumerate(nodes)}
             if list(returned) == union or any(u.target is not operator.getitem for u in node.users):
                 continue
+            position = {n: i for i, n in enumerate(nodes)}
             output = nodes[-1]
             output.args = (tuple(nodes[p] for p in union),)
             submodule.recompile()

@@ -236,13 +236,14 @@ class _Stitch:
             raise _unsupported(f"node {node.name} reads {key.name} of a neighbour in two ways")
 
     def _check_outside_users(self):
-        allowed = {id(self.template): set(self.first.forward) | set(self.first.backward), id(self.reference): set(self.last.forward) | set(self.last.backward)}
-        for block, nodes in ((self.template, self.template.forward + self.template.backward), (self.reference, self.reference.forward + self.reference.backward)):
-            for node in nodes:
+        # Outside the middle blocks, only block 0 reads block 1 (its gradient) and only block 3
+        # reads block 2 (its output): the copies nearest to them take those roles.
+        for block, neighbour in ((self.template, self.first), (self.reference, self.last)):
+            allowed = self.t_nodes | self.r_nodes | set(neighbour.forward) | set(neighbour.backward)
+            for node in block.forward + block.backward:
                 for user in node.users:
-                    if user in self.t_nodes or user in self.r_nodes or user in allowed[id(block)] or user.op == "output":
-                        continue
-                    raise _unsupported(f"{user.name}, outside the blocks, reads {node.name} of {block.fqn}")
+                    if user not in allowed and user.op != "output":
+                        raise _unsupported(f"{user.name}, outside the blocks, reads {node.name} of {block.fqn}")
 
     # -- sequence numbers: each copy's own, forward ops and their backward nodes alike ------------
 

@@ -21,9 +21,9 @@ import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 
 from fp8conf.errors import FP8TraceError
+from fp8conf.graph.equal_blocks import TRACED_BLOCKS, check_equal_blocks, truncated
 from fp8conf.graph.lazy_code import codegen_deferred, graph_module
 from fp8conf.graph.provenance import CallRecord, propagate_provenance, record_forward_provenance
-from fp8conf.graph.equal_blocks import TRACED_BLOCKS, check_equal_blocks, truncated
 from fp8conf.graph.repeat import repeat_blocks, repeat_calls
 from fp8conf.quantized.float8 import QuantizationConfig, find_quantized_modules
 
