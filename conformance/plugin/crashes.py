@@ -28,7 +28,7 @@ _FOLDER_KEY = "fp8conf_crash_notes"
 
 class CrashNotes:
     """The controller's side (:meth:`configure_node`, :meth:`annotate`) and a worker's
-    (:meth:`test_started`) of the notes."""
+    (:meth:`item_started`) of the notes."""
 
     def __init__(self, config: pytest.Config, backend_spec: str) -> None:
         self.backend_spec = backend_spec
@@ -80,7 +80,7 @@ class CrashNotes:
         report.sections.append(("fp8conf reproducer", replay.section_text(found)))
 
     # -- a worker ------------------------------------------------------------------------
-    def test_started(self, item: pytest.Item) -> None:
+    def item_started(self, item: pytest.Item) -> None:
         if self._path is not None:
             self._note = {"test": item.nodeid, "command": replay.command(item, self.backend_spec)}
             self._method_changed(None)

@@ -50,7 +50,7 @@ class ProgressLines:
             return None  # pytest's own per-test lines say it
         return self.config.pluginmanager.get_plugin("terminalreporter")
 
-    def teststatus(self, report: Any, result: tuple) -> tuple:
+    def status_of(self, report: Any, result: tuple) -> tuple:
         """pytest's (category, letter, word) of ``report``, with no letter where a line of
         ours stands for it."""
         if self._terminal is None or progress_line(report) is None:

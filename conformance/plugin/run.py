@@ -183,7 +183,7 @@ class ConformanceRun:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        self.crash_notes.test_started(item)
+        self.crash_notes.item_started(item)
 
     # trylast: inside Hypothesis's own wrapper, which installs its statistics collector and may
     # replace the test's settings first.
@@ -232,7 +232,7 @@ class ConformanceRun:
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Generator[None, Any, Any]:
         result = yield
         if result and not self._is_xdist_worker:
-            return self.progress.teststatus(report, tuple(result))
+            return self.progress.status_of(report, tuple(result))
         return result
 
     def pytest_sessionstart(self) -> None:
