@@ -12,62 +12,7 @@ import fp8conf
 from fp8conf.errors import FP8TraceError
 from fp8conf.graph.trace import run_joint, trace_info
 from fp8conf.tools.example_models import build_stack
-
-DIM, TOKENS, HEADS = 32, 16, 2
-
-
-class _RMSNorm(torch.nn.Module):
-    def __init__(self, dim, eps=1e-6):
-        super().__init__()
-        self.eps, self.weight = eps, torch.nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-class _LlamaBlock(torch.nn.Module):
-    """RMSNorm, causal SDPA attention with q/k/v/o projections, RMSNorm, SwiGLU."""
-
-    def __init__(self, dim):
-        super().__init__()
-        self.attention_norm, self.ffn_norm = _RMSNorm(dim), _RMSNorm(dim)
-        self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
-        self.w1, self.w3 = (torch.nn.Linear(dim, 2 * dim, bias=False) for _ in range(2))
-        self.w2 = torch.nn.Linear(2 * dim, dim, bias=False)
-
-    def forward(self, x):
-        h = self.attention_norm(x)
-        q, k, v = (w(h).view(1, TOKENS, HEADS, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.wo(a.transpose(1, 2).reshape(1, TOKENS, -1))
-        h = self.ffn_norm(x)
-        return x + self.w2(torch.nn.functional.silu(self.w1(h)) * self.w3(h))
-
-
-class _Llama(torch.nn.Module):
-    def __init__(self, blocks):
-        super().__init__()
-        self.embedding = torch.nn.Embedding(64, DIM)
-        self.layers = torch.nn.ModuleList(_LlamaBlock(DIM) for _ in range(blocks))
-        self.norm, self.output = _RMSNorm(DIM), torch.nn.Linear(DIM, 64, bias=False)
-
-    def forward(self, tokens):
-        x = self.embedding(tokens)
-        for layer in self.layers:
-            x = layer(x)
-        return self.output(self.norm(x))
-
-
-def _fp8(model):
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"), module_filter_fn=lambda m, fqn: fqn != "output")
-    return model
-
-
-def _llama(blocks):
-    torch.manual_seed(0)
-    return _fp8(_Llama(blocks)), (torch.randint(0, 64, (1, TOKENS)),), "layers"
+from llama_model import DIM, TOKENS, llama as _llama  # tests/ is on sys.path (tests/conftest.py)
 
 
 def _stack(blocks):

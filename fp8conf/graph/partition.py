@@ -12,8 +12,9 @@ convention (primals then tangents in, forward outputs then gradients out), so ev
 Two ways to cut, one per compile mode. For ``regional`` (the default), nodes keep their names
 and meta (provenance, ``partitioner_tag``, annotations) in both graphs, a forward node the
 backward recomputes appears in both, still tagged forward, and every FP8 region stays whole on
-its side of the cut. For ``full`` (``keep_fp8_regions=False``) the cut is the one
-``torch.compile`` makes: the joint graph is first rewritten into Inductor's decompositions, then
+its side of the cut; equal blocks are then made to save and recompute the same values, where the
+partitioner broke a tie for one of them another way (:mod:`fp8conf.graph.block_saves`). For
+``full`` (``keep_fp8_regions=False``) the cut is the one ``torch.compile`` makes: the joint graph is first rewritten into Inductor's decompositions, then
 handed to Inductor's own partition function, which runs its joint-graph passes and the min-cut
 partitioner with common-subexpression elimination, counting parameters and buffers as free to
 keep. Merged subexpressions let the backward reuse the forward's FP8 scales and the three
@@ -30,6 +31,9 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
+
+from fp8conf.graph.block_saves import align_block_saves
+from fp8conf.graph.lazy_code import graph_module
 
 __all__ = ["PartitionedJoint", "partition_joint", "run_partitioned"]
 
@@ -105,7 +109,17 @@ def _partition_keeping_regions(flat, num_forward_outputs):
         for node in graph.graph.nodes:
             if node.name in pinned:
                 node.meta["partitioner_tag"] = "is_backward"
+    # Equal blocks cut alike, so that their backward is one unit compiled once.
+    if align_block_saves(flat, forward, backward, num_forward_outputs):
+        forward, backward = (_remade(gm) for gm in (forward, backward))
     return forward, backward
+
+
+def _remade(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A module of ``gm``'s graph, its code written when first called (the graph was rewritten)."""
+    new = graph_module(gm, gm.graph)
+    new.meta.update(gm.meta)
+    return new
 
 
 def _partition_as_torch_compile(flat, num_forward_outputs):

@@ -1,0 +1,77 @@
+"""Equal blocks cut alike by the regional partition (fp8conf/graph/block_saves.py): every block
+of a Llama saves and recomputes the same values, the first one (fed by the embedding) included,
+so that one block's backward compiles once; the result still matches the eager joint graph."""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import pytest
+import torch
+
+import fp8conf
+from fp8conf.graph.partition import partition_joint
+from fp8conf.graph.provenance import get_block
+from fp8conf.graph.trace import flat_graph_module
+from llama_model import llama  # tests/ is on sys.path (tests/conftest.py)
+
+
+@functools.lru_cache(maxsize=None)
+def _traced(blocks):
+    model, args, _ = llama(blocks)
+    return model, args, fp8conf.trace_joint(model, args)
+
+
+def _cut_by_block(flat, parts) -> dict[str, tuple[frozenset, frozenset]]:
+    """For each block, the places (index among the block's forward ops) of the values its
+    backward takes saved and of those it recomputes."""
+    places, counts = {}, collections.Counter()
+    for node in flat.graph.nodes:
+        if node.op == "call_function" and node.meta.get("partitioner_tag") != "is_backward" and get_block(node):
+            places[node.name] = (get_block(node), counts[get_block(node)])
+            counts[get_block(node)] += 1
+    saved, recomputed = collections.defaultdict(set), collections.defaultdict(set)
+    for node in parts.backward.graph.nodes:
+        if node.name not in places:
+            continue
+        block, i = places[node.name]
+        if node.op == "placeholder":
+            saved[block].add(i)
+        elif node.meta.get("partitioner_tag") != "is_backward":
+            recomputed[block].add(i)
+    return {block: (frozenset(saved[block]), frozenset(recomputed[block])) for block in counts}
+
+
+@pytest.mark.parametrize("blocks", [2, 3])
+def test_every_block_of_a_llama_saves_and_recomputes_the_same_values(blocks):
+    _, _, gm = _traced(blocks)
+    flat = flat_graph_module(gm)
+    cut = _cut_by_block(flat, partition_joint(flat, keep_fp8_regions=True))
+    assert len(cut) == blocks
+    first, *others = cut.items()
+    for block, pattern in others:
+        assert pattern == first[1], (
+            f"{block} saves {sorted(pattern[0])} and recomputes {sorted(pattern[1])}; {first[0]} saves "
+            f"{sorted(first[1][0])} and recomputes {sorted(first[1][1])} (places among each block's forward ops)")
+
+
+def _backward_units_with_block_nodes(graphs) -> list[torch.fx.GraphModule]:
+    return [g for g in graphs
+            if any(n.meta.get("partitioner_tag") == "is_backward" and (get_block(n) or "").startswith("layers.") for n in g.graph.nodes)]
+
+
+def test_one_blocks_backward_compiles_once_and_matches_eager(inductor_calls):
+    model, args, gm = _traced(3)
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    units = _backward_units_with_block_nodes(inductor_calls)
+    assert len(units) == 1, f"{len(units)} backward units of the blocks compiled: {[len(u.graph.nodes) for u in units]} nodes"
+    torch.manual_seed(1)
+    logits = model(*args)
+    grad = torch.randn_like(logits)
+    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, (grad,))
+    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, (grad,), fn=compiled.fn)
+    torch.testing.assert_close(out_c, out_e, rtol=1e-3, atol=1e-5)
+    assert grads_c.keys() == grads_e.keys()
+    for name in grads_e:
+        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=lambda m: f"grad of {name}: {m}")
