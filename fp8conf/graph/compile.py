@@ -138,13 +138,19 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     if not flat.graph.find_nodes(op="placeholder"):
         # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
         return CompiledJoint(gm, mode, (), frozenset(), names, inductor_compiles=0)
-    parts = partition_joint(flat, keep_fp8_regions=mode == "regional") if partition else None
     if mode == "full":
+        parts = partition_joint(flat, keep_fp8_regions=False) if partition else None
         compiled = _full(flat, parts, names, example_inputs)
-    elif parts is None:
-        compiled = _regional(gm, [flat], names, strict, remainder, workers)
     else:
-        compiled = _regional(gm, [parts.forward, parts.backward], names, strict, remainder, workers)
+        # Workers start before the cut, so that their start overlaps it.
+        compiler = unit_compiler(workers)
+        try:
+            parts = partition_joint(flat, keep_fp8_regions=True) if partition else None
+            graphs = [flat] if parts is None else [parts.forward, parts.backward]
+            compiled = _regional(gm, graphs, names, strict, remainder, compiler)
+        finally:
+            compiler.close()
+    if mode == "regional" and parts is not None:
         forward_fn, backward_fn = compiled.fn
         boxed = _boxed_graph(parts.backward)
         fn = run_partitioned(parts, forward_fn, boxed or backward_fn, boxed_backward=boxed is not None)
@@ -307,16 +313,13 @@ def _with_convention(gm, flat_fn) -> Callable:
     return run
 
 
-def _regional(gm, graphs, names, strict, remainder, workers) -> CompiledJoint:
+def _regional(gm, graphs, names, strict, remainder, compiler) -> CompiledJoint:
     """Tag the complete FP8 regions of each of ``graphs`` (the flat joint graph, or its forward
-    and backward) and compile them as ``remainder`` says, each structurally distinct unit once
-    (in ``workers`` processes side by side: :mod:`fp8conf.graph.compile_workers`); ``fn`` is one
-    flat callable, or a list of them when several graphs are given."""
-    compiler = unit_compiler(workers)
-    try:
-        regions, fns, compiled_names, distinct = _compile_units(graphs, strict, remainder, compiler)
-    finally:
-        compiler.close()
+    and backward) and compile them as ``remainder`` says, each structurally distinct unit once,
+    with ``compiler`` (here, or in worker processes side by side:
+    :mod:`fp8conf.graph.compile_workers`); ``fn`` is one flat callable, or a list of them when
+    several graphs are given."""
+    regions, fns, compiled_names, distinct = _compile_units(graphs, strict, remainder, compiler)
     tagged = {n.name for r in regions if r.complete for n in r.nodes}
     left_eager = tagged - compiled_names
     if left_eager and strict:

@@ -179,6 +179,11 @@ def _apply_settings(inductor_settings: dict, functorch_settings: dict, threads: 
     torch._functorch.config.load_config(functorch_settings)
     torch._inductor.config.compile_threads = threads
     import fp8conf.quantized.ops  # noqa: F401  fp8conf's own ops, which units may call
+    from torch._inductor.async_compile import maybe_warm_pool
+
+    # This worker's own Triton compile processes, started before its first unit arrives (see
+    # fp8conf.graph.compile._warm_compile_pool); nothing without Triton.
+    maybe_warm_pool()
 
 
 def _strided(shape, stride, offset, dtype, device) -> torch.Tensor:
