@@ -8,15 +8,17 @@ receives a unit (pickled with torch's ``GraphPickler``, its inputs described by 
 dtype and device), compiles it with the same ``standalone_compile`` call the in-process path
 makes, under the parent's Inductor and functorch settings, and sends back Inductor's serialized
 artifact (``AOTCompiledArtifact``), which the parent loads and calls as it would its own. Workers
-are started when the compile begins, so that their start overlaps the cutting of the graph, and
-stopped when it ends; they share the parent's Inductor cache directory.
+are started when the compile begins, before the min-cut partition, so that their start overlaps
+the cutting of the graph, and stopped when it ends; each starts its own Triton compile processes
+at once; they share the parent's Inductor cache directory.
 
 :func:`unit_compiler` picks the in-process compiler unless workers are asked for
 (``compile_joint(..., workers=N)``). A pool pays for its start (each worker imports torch and
 Inductor) and for loading what the workers send back, so it is not the default: on an H200
 host (16 cores) 4 workers made the first step of the Llama debug model slower at 2 and 6 blocks
-(30.6 / 35.7 s against 25.7 / 32.3 s in one process) and faster at 32 (73.5 against 84.5 s);
-see benchmarks/RESULTS.md. The bytes a worker returns come from this process's own workers,
+(30.6 / 35.7 s against 25.7 / 32.3 s in one process) and faster at 32 (73.5 against 84.5 s),
+and with the workers started before the cut, 2 to 4 of them were within the noise of one
+process at 6 blocks; see benchmarks/RESULTS.md. The bytes a worker returns come from this process's own workers,
 over their pipes, compiled from graphs it sent them: loading them deserialises nothing that
 came from outside the process tree.
 """
