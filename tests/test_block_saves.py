@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import fp8conf
-from fp8conf.graph.partition import partition_joint
+from fp8conf.graph.compile import _with_convention
+from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import get_block
 from fp8conf.graph.trace import flat_graph_module
 from llama_model import llama  # tests/ is on sys.path (tests/conftest.py)
@@ -56,6 +57,25 @@ def test_every_block_of_a_llama_saves_and_recomputes_the_same_values(blocks):
             f"{sorted(first[1][0])} and recomputes {sorted(first[1][1])} (places among each block's forward ops)")
 
 
+def _step(model, args):
+    torch.manual_seed(1)
+    return (torch.randn_like(model(*args)),)
+
+
+def test_the_aligned_cut_run_eagerly_gives_the_joint_graphs_results_bit_for_bit():
+    """The rewritten graphs themselves, before any compiler: the value handed over is the one the
+    backward recomputed, so nothing may change by a bit."""
+    model, args, gm = _traced(3)
+    parts = partition_joint(flat_graph_module(gm), keep_fp8_regions=True)
+    fn = _with_convention(gm, run_partitioned(parts, parts.forward, parts.backward))
+    grad = _step(model, args)
+    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, grad)
+    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, grad, fn=fn)
+    torch.testing.assert_close(out_c, out_e, rtol=0, atol=0)
+    for name in grads_e:
+        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=0, atol=0, msg=lambda m: f"grad of {name}: {m}")
+
+
 def _backward_units_with_block_nodes(graphs) -> list[torch.fx.GraphModule]:
     return [g for g in graphs
             if any(n.meta.get("partitioner_tag") == "is_backward" and (get_block(n) or "").startswith("layers.") for n in g.graph.nodes)]
@@ -66,11 +86,9 @@ def test_one_blocks_backward_compiles_once_and_matches_eager(inductor_calls):
     compiled = fp8conf.compile_joint(gm, mode="regional")
     units = _backward_units_with_block_nodes(inductor_calls)
     assert len(units) == 1, f"{len(units)} backward units of the blocks compiled: {[len(u.graph.nodes) for u in units]} nodes"
-    torch.manual_seed(1)
-    logits = model(*args)
-    grad = torch.randn_like(logits)
-    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, (grad,))
-    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, (grad,), fn=compiled.fn)
+    grad = _step(model, args)
+    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, grad)
+    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, grad, fn=compiled.fn)
     torch.testing.assert_close(out_c, out_e, rtol=1e-3, atol=1e-5)
     assert grads_c.keys() == grads_e.keys()
     for name in grads_e:
