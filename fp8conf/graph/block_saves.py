@@ -66,7 +66,7 @@ def align_block_saves(flat: torch.fx.GraphModule, forward: torch.fx.GraphModule,
         common = max(counts, key=lambda key: (counts[key], latest[key]))
         for block in equals:
             if keys[block] != common and _align(block, keys[block], common, names_of[block], forward_nodes,
-                                                placeholders, recomputed, backward, outputs):
+                                                placeholders, recomputed, backward):
                 rewritten.append(block)
     if rewritten:
         kept = set(placeholders) & {p.name for p in backward.graph.find_nodes(op="placeholder")}
@@ -109,7 +109,7 @@ def _equal_blocks(flat, place) -> list[list[str]]:
     return [blocks for blocks in groups.values() if len(blocks) > 1]
 
 
-def _align(block, have, want, names, forward_nodes, placeholders, recomputed, backward, outputs) -> bool:
+def _align(block, have, want, names, forward_nodes, placeholders, recomputed, backward) -> bool:
     """Make ``block`` save and recompute as ``want`` (places: saved, recomputed), when that is
     reached exactly by handing values over instead of recomputing them; ``False`` (nothing
     changed) otherwise."""
