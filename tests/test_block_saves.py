@@ -57,9 +57,16 @@ def test_every_block_of_a_llama_saves_and_recomputes_the_same_values(blocks):
             f"{sorted(first[1][0])} and recomputes {sorted(first[1][1])} (places among each block's forward ops)")
 
 
-def _step(model, args):
+def _assert_step_matches_eager(gm, model, args, fn, *, rtol, atol):
+    """``fn``'s logits and gradients against the eager joint graph's, for one output gradient."""
     torch.manual_seed(1)
-    return (torch.randn_like(model(*args)),)
+    grad = (torch.randn_like(model(*args)),)
+    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, grad)
+    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, grad, fn=fn)
+    torch.testing.assert_close(out_c, out_e, rtol=rtol, atol=atol)
+    assert grads_c.keys() == grads_e.keys()
+    for name in grads_e:
+        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=rtol, atol=atol, msg=lambda m: f"grad of {name}: {m}")
 
 
 def test_the_aligned_cut_run_eagerly_gives_the_joint_graphs_results_bit_for_bit():
@@ -68,12 +75,7 @@ def test_the_aligned_cut_run_eagerly_gives_the_joint_graphs_results_bit_for_bit(
     model, args, gm = _traced(3)
     parts = partition_joint(flat_graph_module(gm), keep_fp8_regions=True)
     fn = _with_convention(gm, run_partitioned(parts, parts.forward, parts.backward))
-    grad = _step(model, args)
-    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, grad)
-    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, grad, fn=fn)
-    torch.testing.assert_close(out_c, out_e, rtol=0, atol=0)
-    for name in grads_e:
-        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=0, atol=0, msg=lambda m: f"grad of {name}: {m}")
+    _assert_step_matches_eager(gm, model, args, fn, rtol=0, atol=0)
 
 
 def _backward_units_with_block_nodes(graphs) -> list[torch.fx.GraphModule]:
@@ -86,10 +88,4 @@ def test_one_blocks_backward_compiles_once_and_matches_eager(inductor_calls):
     compiled = fp8conf.compile_joint(gm, mode="regional")
     units = _backward_units_with_block_nodes(inductor_calls)
     assert len(units) == 1, f"{len(units)} backward units of the blocks compiled: {[len(u.graph.nodes) for u in units]} nodes"
-    grad = _step(model, args)
-    (out_e,), grads_e = fp8conf.run_joint(gm, model, args, grad)
-    (out_c,), grads_c = fp8conf.run_joint(gm, model, args, grad, fn=compiled.fn)
-    torch.testing.assert_close(out_c, out_e, rtol=1e-3, atol=1e-5)
-    assert grads_c.keys() == grads_e.keys()
-    for name in grads_e:
-        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=lambda m: f"grad of {name}: {m}")
+    _assert_step_matches_eager(gm, model, args, compiled.fn, rtol=1e-3, atol=1e-5)

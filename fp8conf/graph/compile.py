@@ -150,11 +150,11 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
             compiled = _regional(gm, graphs, names, strict, remainder, compiler)
         finally:
             compiler.close()
-    if mode == "regional" and parts is not None:
-        forward_fn, backward_fn = compiled.fn
-        boxed = _boxed_graph(parts.backward)
-        fn = run_partitioned(parts, forward_fn, boxed or backward_fn, boxed_backward=boxed is not None)
-        compiled = dataclasses.replace(compiled, fn=fn)
+        if parts is not None:
+            forward_fn, backward_fn = compiled.fn
+            boxed = _boxed_graph(parts.backward)
+            fn = run_partitioned(parts, forward_fn, boxed or backward_fn, boxed_backward=boxed is not None)
+            compiled = dataclasses.replace(compiled, fn=fn)
     fn = compiled.fn
     if cudagraph:
         fn = _cuda_graphed(fn, _static_inputs(gm))

@@ -14,8 +14,9 @@ and meta (provenance, ``partitioner_tag``, annotations) in both graphs, a forwar
 backward recomputes appears in both, still tagged forward, and every FP8 region stays whole on
 its side of the cut; equal blocks are then made to save and recompute the same values, where the
 partitioner broke a tie for one of them another way (:mod:`fp8conf.graph.block_saves`). For
-``full`` (``keep_fp8_regions=False``) the cut is the one ``torch.compile`` makes: the joint graph is first rewritten into Inductor's decompositions, then
-handed to Inductor's own partition function, which runs its joint-graph passes and the min-cut
+``full`` (``keep_fp8_regions=False``) the cut is the one ``torch.compile`` makes: the joint
+graph is first rewritten into Inductor's decompositions, then handed to Inductor's own partition
+function, which runs its joint-graph passes and the min-cut
 partitioner with common-subexpression elimination, counting parameters and buffers as free to
 keep. Merged subexpressions let the backward reuse the forward's FP8 scales and the three
 projections of one input share one cast, so this cut saves fewer bytes and launches fewer
