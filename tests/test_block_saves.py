@@ -14,6 +14,7 @@ import fp8conf
 from fp8conf.graph.compile import _with_convention
 from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import get_block
+from fp8conf.graph.roles import is_fp8_compute
 from fp8conf.graph.trace import flat_graph_module
 from llama_model import llama  # tests/ is on sys.path (tests/conftest.py)
 
@@ -79,13 +80,19 @@ def test_the_aligned_cut_run_eagerly_gives_the_joint_graphs_results_bit_for_bit(
 
 
 def _backward_units_with_block_nodes(graphs) -> list[torch.fx.GraphModule]:
+    """The compiled units that hold an FP8 matmul of a block's backward."""
     return [g for g in graphs
-            if any(n.meta.get("partitioner_tag") == "is_backward" and (get_block(n) or "").startswith("layers.") for n in g.graph.nodes)]
+            if any(n.meta.get("partitioner_tag") == "is_backward" and is_fp8_compute(n) and (get_block(n) or "").startswith("layers.")
+                   for n in g.graph.nodes)]
 
 
-def test_one_blocks_backward_compiles_once_and_matches_eager(inductor_calls):
+def test_one_blocks_backward_compiles_once_with_its_attention_and_matches_eager(inductor_calls):
     model, args, gm = _traced(3)
     compiled = fp8conf.compile_joint(gm, mode="regional")
     units = _backward_units_with_block_nodes(inductor_calls)
     assert len(units) == 1, f"{len(units)} backward units of the blocks compiled: {[len(u.graph.nodes) for u in units]} nodes"
+    # SDPA without dropout draws nothing: it is compiled with the block around it, forward and
+    # backward, instead of cutting each into two units.
+    attention = {str(n.target) for g in inductor_calls for n in g.graph.nodes if "scaled_dot_product" in str(n.target)}
+    assert len(attention) == 2, f"attention ops in the compiled units: {sorted(attention)}"
     _assert_step_matches_eager(gm, model, args, compiled.fn, rtol=1e-3, atol=1e-5)

@@ -317,3 +317,42 @@ def test_a_swiglu_stack_compiles_as_many_units_at_any_depth_and_matches_eager(in
         counts[blocks] = len(inductor_calls)
         assert_matches_eager(gm, model, x, compiled.fn, seed=0)
     assert counts[3] == counts[4], counts
+
+
+def _attention_step(dropout_p):
+    """A hand-built graph of CUDA's flash attention, forward and backward, on fake tensors (no
+    GPU needed to trace it): its results hold ``None`` (sequence offsets) and numbers (maximum
+    lengths) beside the tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(q, k, v):
+        out = torch.ops.aten._scaled_dot_product_flash_attention(q * 2, k, v, dropout_p, True)
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            out[0].sin(), q, k, v, out[0], out[1], out[2], out[3], out[4], out[5], dropout_p, True, out[6], out[7])
+        return grads[0].cos()
+
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 16, 16, device="cuda", dtype=torch.bfloat16)
+        return make_fx(step, tracing_mode="fake")(q, q, q)
+
+
+def test_attention_without_dropout_joins_the_piece_around_it():
+    gm = _attention_step(0.0)
+    pieces = remainder_pieces(gm)
+    attention = [n for n in gm.graph.nodes if "scaled_dot_product" in str(n.target)]
+    assert len(attention) == 2
+    assert len(pieces) == 1 and set(attention) <= set(pieces[0]), [[n.name for n in p] for p in pieces]
+    inside = set(pieces[0])
+    for node in pieces[0]:  # a piece can be cut out: nothing outside reads what it made but the output
+        assert all(u in inside or u.op == "output" for u in node.users), node.name
+        if node.target is operator.getitem and not isinstance(node.meta.get("val"), torch.Tensor):
+            assert not node.users, f"{node.name} hands a number out of the piece"
+
+
+def test_attention_with_dropout_stays_eager():
+    """It draws random numbers, which Inductor would draw otherwise."""
+    gm = _attention_step(0.1)
+    everything = {n for piece in remainder_pieces(gm) for n in piece}
+    seeded = [n for n in gm.graph.nodes if n.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())]
+    assert seeded and not everything & set(seeded)

@@ -13,7 +13,8 @@ A piece never holds part of a region, nor, outside a region, a value of an FP8 d
 tuple a compiled region returns (its ``getitem`` stays eager); nor an op that draws random
 numbers, mutates an input, is not an ATen op, or makes a value that is not a tensor (or a tuple
 of tensors), since Inductor would change what those do or cannot take them as a graph of their
-own. A piece without a region and with fewer than two ops that compute (views do not) gains
+own. Attention (SDPA) is held: its ops are tagged as seeded, but draw nothing without dropout,
+and the numbers among its results (sequence lengths) reach no node. A piece without a region and with fewer than two ops that compute (views do not) gains
 nothing from Inductor and stays eager.
 
 Pieces are grouped by **barrier level**: a node's level is the largest number of barriers on a
@@ -229,17 +230,46 @@ def _may_compile(node: torch.fx.Node, keep_eager: frozenset[str], compilable) ->
         return False
     if node.target is operator.getitem:
         # Only of a tuple made inside a piece: a region's tuple output is not a tensor input.
-        return node.args[0] in compilable and _is_tensor(node.meta.get("val"))
+        # One that picks something else (a number) may join only when nothing reads it.
+        return node.args[0] in compilable and (_is_tensor(node.meta.get("val")) or not node.users)
     if not isinstance(node.target, torch._ops.OpOverload):
         return False
-    if node.target._schema.is_mutable or torch.Tag.nondeterministic_seeded in node.target.tags:
+    if node.target._schema.is_mutable or (torch.Tag.nondeterministic_seeded in node.target.tags and not _without_dropout(node)):
         return False
     value = node.meta.get("val")
     values = value if isinstance(value, (tuple, list)) else (value,)
     inputs = [i.meta.get("val") for i in node.all_input_nodes]
-    if not values or not all(_is_tensor(v) for v in [*values, *inputs]):
+    tensors = [v for v in values if _is_tensor(v)]
+    if not tensors or not all(_is_tensor(v) for v in inputs) or not _others_unread(node, values):
         return False
-    return not any(is_fp8_dtype(v.dtype) for v in [*values, *inputs])
+    return not any(is_fp8_dtype(v.dtype) for v in [*tensors, *inputs])
+
+
+def _without_dropout(node: torch.fx.Node) -> bool:
+    """Whether a seeded op draws no random numbers: it has a ``dropout_p`` argument (the
+    attention ops) and that is 0, a number in the graph."""
+    for index, argument in enumerate(node.target._schema.arguments):
+        if argument.name == "dropout_p":
+            if argument.name in node.kwargs:
+                p = node.kwargs[argument.name]
+            elif index < len(node.args):
+                p = node.args[index]
+            else:
+                p = argument.default_value if argument.has_default_value() else None
+            return isinstance(p, (int, float)) and p == 0
+    return False
+
+
+def _others_unread(node: torch.fx.Node, values) -> bool:
+    """Whether the results of ``node`` that are not tensors are ``None`` or plain ints that no
+    node reads (a ``getitem`` that picks one has no users): an attention op's sequence offsets
+    (``None`` for dense inputs) and its maximum lengths (fixed with static shapes, handed on as
+    numbers in the graph, not as nodes)."""
+    if all(_is_tensor(v) for v in values):
+        return True
+    if not all(v is None or type(v) is int for v in values if not _is_tensor(v)):
+        return False
+    return all(user.target is operator.getitem and (_is_tensor(values[user.args[1]]) or not user.users) for user in node.users)
 
 
 def _is_tensor(value) -> bool:
