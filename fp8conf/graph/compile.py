@@ -154,7 +154,10 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
             forward_fn, backward_fn = compiled.fn
             boxed = _boxed_graph(parts.backward)
             fn = run_partitioned(parts, forward_fn, boxed or backward_fn, boxed_backward=boxed is not None)
-            compiled = dataclasses.replace(compiled, fn=fn)
+            # A node merged into another runs where that one does.
+            merged = {name for name, twin in parts.merged.items() if twin in compiled.compiled_nodes}
+            compiled = dataclasses.replace(compiled, fn=fn, compiled_nodes=compiled.compiled_nodes | merged,
+                                           eager_nodes=compiled.eager_nodes - merged)
     fn = compiled.fn
     if cudagraph:
         fn = _cuda_graphed(fn, _static_inputs(gm))

@@ -12,7 +12,8 @@ convention (primals then tangents in, forward outputs then gradients out), so ev
 Two ways to cut, one per compile mode. For ``regional`` (the default), nodes keep their names
 and meta (provenance, ``partitioner_tag``, annotations) in both graphs, a forward node the
 backward recomputes appears in both, still tagged forward, and every FP8 region stays whole on
-its side of the cut; equal blocks are then made to save and recompute the same values, where the
+its side of the cut, its backward taking the scales the forward computed
+(:mod:`fp8conf.graph.share_scales`, which rewrites the joint graph first); equal blocks are then made to save and recompute the same values, where the
 partitioner broke a tie for one of them another way (:mod:`fp8conf.graph.block_saves`). For
 ``full`` (``keep_fp8_regions=False``) the cut is the one ``torch.compile`` makes: the joint
 graph is first rewritten into Inductor's decompositions, then handed to Inductor's own partition
@@ -26,7 +27,7 @@ kernels; the graphs it makes have new node names, and their regions are not kept
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.fx
@@ -35,6 +36,7 @@ import torch.utils._pytree as pytree
 
 from fp8conf.graph.block_saves import align_block_saves
 from fp8conf.graph.lazy_code import graph_module
+from fp8conf.graph.share_scales import share_forward_scales
 
 __all__ = ["PartitionedJoint", "partition_joint", "run_partitioned"]
 
@@ -49,6 +51,8 @@ class PartitionedJoint:
         num_primals / num_forward_outputs: how the joint graph's flat inputs and outputs divide.
         backward_sources: for each backward placeholder, ``("saved", i)`` (the forward graph's
             output ``i``) or ``("tangent", j)``.
+        merged: the joint graph's nodes in neither graph because another computes their value
+            (the backward's repeats of the forward's scales), each with that other's name.
     """
 
     forward: torch.fx.GraphModule
@@ -56,6 +60,7 @@ class PartitionedJoint:
     num_primals: int
     num_forward_outputs: int
     backward_sources: tuple[tuple[str, int], ...]
+    merged: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True) -> PartitionedJoint | None:
@@ -75,8 +80,9 @@ def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True
     num_forward_outputs = _forward_output_count(flat, len(primals))
     if num_forward_outputs is None:
         return None
+    merged = {}
     if keep_fp8_regions:
-        forward, backward = _partition_keeping_regions(flat, num_forward_outputs)
+        forward, backward, merged = _partition_keeping_regions(flat, num_forward_outputs)
     else:
         cut = _partition_as_torch_compile(flat, num_forward_outputs)
         if cut is None:
@@ -94,16 +100,19 @@ def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True
             return None  # a backward input the forward does not hand over: not a cut we can call
     forward.meta.update(flat.meta)
     backward.meta.update(flat.meta)
-    return PartitionedJoint(forward, backward, len(primals), num_forward_outputs, tuple(sources))
+    return PartitionedJoint(forward, backward, len(primals), num_forward_outputs, tuple(sources), merged)
 
 
 def _partition_keeping_regions(flat, num_forward_outputs):
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     examples = [p.meta.get("val") for p in flat.graph.find_nodes(op="placeholder")]
+    # The repeats that keep the regions whole are merged first (the forward's scales, the
+    # output gradient's second cast); the partitioner's own common-subexpression pass would
+    # merge a backward region's cast into the forward one it repeats, leaving the region
+    # incomplete and its nodes neither compiled nor eager.
+    merged = share_forward_scales(flat)
     pinned = _pin_backward_regions(flat)
-    # No common-subexpression pass: it would merge a backward region's cast into the forward
-    # one it repeats, leaving the region incomplete and its nodes neither compiled nor eager.
     with torch._functorch.config.patch(cse=False):
         forward, backward = min_cut_rematerialization_partition(flat, examples, num_fwd_outputs=num_forward_outputs)
     for graph in (flat, forward, backward):
@@ -113,7 +122,7 @@ def _partition_keeping_regions(flat, num_forward_outputs):
     # Equal blocks cut alike, so that their backward is one unit compiled once.
     if align_block_saves(flat, forward, backward, num_forward_outputs):
         forward, backward = (_remade(gm) for gm in (forward, backward))
-    return forward, backward
+    return forward, backward, merged
 
 
 def _remade(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
