@@ -1,6 +1,6 @@
 """Backward FP8 regions take the scales their forward computed (fp8conf/graph/share_scales.py):
 after the regional cut no node of a backward region repeats one of its own region or a scale
-of its module's forward, what the backward takes from a forward region is never a cast
+of the forward, each takes one amax (its output gradient's), what the backward takes from a forward region is never a cast
 tensor, and every region stays complete. On a Llama traced from TorchAO's Float8Linear; that
 the cut graphs still compute the joint graph's values bit for bit is
 tests/test_block_saves.py's."""
@@ -70,6 +70,9 @@ def test_a_backward_region_repeats_nothing_of_its_own_or_of_its_forwards_scales(
             twin = forward_nodes.get(key)
             assert not (twin is not None and _small(node, limit)), (
                 f"backward region {region.id}: '{node.name}' ({node.target}) computes again the forward's '{twin.name}'")
+        # The weight's and the input's amax (the input reshaped to 2-D here) are the forward's.
+        amaxes = [n.name for n in region.nodes if n.target is torch.ops.aten.max.default]
+        assert len(amaxes) == 1, f"backward region {region.id} takes {len(amaxes)} amaxes, not only its output gradient's: {amaxes}"
 
 
 def test_the_backward_takes_scales_from_a_forward_region_never_a_cast_tensor():

@@ -8,7 +8,7 @@ backward region's whole cast into the forward's and leave the backward region wi
 quantization chain. :func:`share_forward_scales` merges what keeps every region whole:
 
 * two equal nodes of one backward region become one (the output gradient's second amax, scale
-  and cast);
+  and cast); an amax is equal to one of the same values through a reshape or transpose;
 * a node of a backward region equal to a forward node (on these graphs, one of its module's
   forward region) is replaced by it, where what the backward then reads from the forward is
   small: fewer elements than any FP8 operand of the region's matmuls (a scale, an amax),
@@ -42,20 +42,21 @@ def share_forward_scales(gm: torch.fx.GraphModule) -> dict[str, str]:
         if passes[node] == "forward" and _pure(node):
             forward.setdefault(_key(node, {}), node)
     replace: dict[torch.fx.Node, torch.fx.Node] = {}
+    dead: dict[torch.fx.Node, torch.fx.Node] = {}  # left without users, with the twin that took their work
     for region in identify_fp8_regions(gm):
         if region.complete and region.pass_name == "backward":
-            _share_in(region, forward, replace)
+            _share_in(region, forward, replace, dead)
     for node in replace:
         node.replace_all_uses_with(replace[node])
-    merged = {node.name: twin.name for node, twin in replace.items()}
-    for node in replace:
+    merged = {node.name: twin.name for node, twin in [*replace.items(), *dead.items()]}
+    for node in [*replace, *reversed(dead)]:
         gm.graph.erase_node(node)
     if replace:
         gm.recompile()
     return merged
 
 
-def _share_in(region, forward, replace) -> None:
+def _share_in(region, forward, replace, dead) -> None:
     seen: dict[tuple, torch.fx.Node] = {}
     taken = {}  # node -> the forward twin it takes
     for node in region.nodes:  # graph order: inputs first
@@ -81,6 +82,11 @@ def _share_in(region, forward, replace) -> None:
             if _numel(node) >= limit and any(u not in replace for u in node.users):
                 del replace[node], taken[node]
                 changed = True
+    # What only merged nodes read (the absolute values of a view whose amax the forward took).
+    for node in reversed(region.nodes):
+        if node not in replace and _pure(node) and node.users and all(u in replace or u in dead for u in node.users):
+            user = next(iter(node.users))
+            dead[node] = replace.get(user) or dead[user]
 
 
 def _pure(node: torch.fx.Node) -> bool:
@@ -89,10 +95,29 @@ def _pure(node: torch.fx.Node) -> bool:
     return not node.target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in node.target.tags
 
 
+#: Views that keep every element once: an amax through them is the amax of their base.
+_ELEMENT_KEEPING_VIEWS = frozenset(
+    getattr(torch.ops.aten, name).default for name in ("view", "reshape", "_unsafe_view", "t", "permute")
+) | {torch.ops.aten.transpose.int}
+
+
 def _key(node: torch.fx.Node, replace) -> tuple:
+    """What makes ``node`` equal to another: its op, inputs and arguments. A whole-tensor amax
+    (``max(abs(x))``) is keyed by the tensor its absolute values come from, looked through views
+    that keep every element: torchao's backward takes the amax of the input reshaped to 2-D,
+    where the forward took that of the input itself."""
+    mapped = lambda a: replace.get(a, a)  # noqa: E731
+    if node.target is torch.ops.aten.max.default and len(node.args) == 1 and not node.kwargs:
+        inner = mapped(node.args[0])
+        if isinstance(inner, torch.fx.Node) and inner.target is torch.ops.aten.abs.default:
+            base = mapped(inner.args[0])
+            while isinstance(base, torch.fx.Node) and base.target in _ELEMENT_KEEPING_VIEWS:
+                base = mapped(base.args[0])
+            return "amax", base
+
     def hashable(a):
         if isinstance(a, torch.fx.Node):
-            return replace.get(a, a)
+            return mapped(a)
         if isinstance(a, (list, tuple)):
             return (type(a).__name__, *map(hashable, a))
         if isinstance(a, dict):
