@@ -356,3 +356,22 @@ def test_attention_with_dropout_stays_eager():
     everything = {n for piece in remainder_pieces(gm) for n in piece}
     seeded = [n for n in gm.graph.nodes if n.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())]
     assert seeded and not everything & set(seeded)
+
+
+@pytest.mark.parametrize("device, compiled", [("cuda", True), ("cpu", False)])
+def test_a_lone_embedding_backward_is_compiled_on_cuda_only(device, compiled):
+    """Its eager CUDA kernel sorts the indices and reads back how many differ, holding up every
+    launch after it; Inductor makes it a scatter-add. On CPU one op alone gains nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def backward(grad, indices):
+        return torch.ops.aten.embedding_dense_backward(grad, indices, 64, -1, False)
+
+    with FakeTensorMode():
+        grad = torch.empty(4, 16, 8, device=device)
+        indices = torch.zeros(4, 16, dtype=torch.long, device=device)
+        gm = make_fx(backward, tracing_mode="fake")(grad, indices)
+    pieces = remainder_pieces(gm)
+    held = [n.name for piece in pieces for n in piece if n.target is torch.ops.aten.embedding_dense_backward.default]
+    assert bool(held) == compiled, [[n.name for n in p] for p in pieces]

@@ -14,8 +14,9 @@ tuple a compiled region returns (its ``getitem`` stays eager); nor an op that dr
 numbers, mutates an input, is not an ATen op, or makes a value that is not a tensor (or a tuple
 of tensors), since Inductor would change what those do or cannot take them as a graph of their
 own. Attention (SDPA) is held: its ops are tagged as seeded, but draw nothing without dropout,
-and the numbers among its results (sequence lengths) reach no node. A piece without a region and with fewer than two ops that compute (views do not) gains
-nothing from Inductor and stays eager.
+and the numbers among its results (sequence lengths) reach no node. A piece without a region
+and with fewer than two ops that compute (views do not) gains nothing from Inductor and stays
+eager, unless its op's eager CUDA kernel waits for the device (the embedding's backward).
 
 Pieces are grouped by **barrier level**: a node's level is the largest number of barriers on a
 path to it, a barrier being an eager node with inputs, or an edge from one repeated block into
@@ -102,7 +103,8 @@ def remainder_pieces(gm: torch.fx.GraphModule, keep_eager: Collection[str] = (),
     for atom in parent:
         groups.setdefault(_root(parent, atom), []).extend(members[atom])
     pieces = [group for group in groups.values()
-              if any(n in atom_of for n in group) or sum(_computes(n) for n in group if n not in atom_of) >= 2]
+              if any(n in atom_of for n in group) or sum(_computes(n) for n in group if n not in atom_of) >= 2
+              or any(map(_waits_for_the_device, group))]
     pieces = _merge_into_consumers(pieces, blocks)
     _attach_input_views(pieces, compilable, atom_of, nodes, blocks)
     return sorted((sorted(piece, key=order.__getitem__) for piece in pieces), key=lambda piece: order[piece[0]])
@@ -270,6 +272,17 @@ def _others_unread(node: torch.fx.Node, values) -> bool:
     if not all(v is None or type(v) is int for v in values if not _is_tensor(v)):
         return False
     return all(user.target is operator.getitem and (_is_tensor(values[user.args[1]]) or not user.users) for user in node.users)
+
+
+#: Ops whose eager CUDA kernel reads a result back to the host before it returns, stalling the
+#: launches that follow (the embedding's backward sorts the indices and reads how many distinct
+#: ones there are); Inductor makes them without (a scatter-add).
+_WAITING_OPS = frozenset({torch.ops.aten.embedding_dense_backward.default})
+
+
+def _waits_for_the_device(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return node.target in _WAITING_OPS and _is_tensor(value) and value.device.type == "cuda"
 
 
 def _is_tensor(value) -> bool:
