@@ -49,7 +49,7 @@ def share_forward_scales(gm: torch.fx.GraphModule) -> dict[str, str]:
     for node in replace:
         node.replace_all_uses_with(replace[node])
     merged = {node.name: twin.name for node, twin in [*replace.items(), *dead.items()]}
-    for node in [*replace, *reversed(dead)]:
+    for node in [*replace, *dead]:  # the dead were found users first
         gm.graph.erase_node(node)
     if replace:
         gm.recompile()
@@ -74,7 +74,8 @@ def _share_in(region, forward, replace, dead) -> None:
             seen[key] = node
     # What the backward goes on reading from the forward must be small; a twin that is not
     # stays a node of the backward, and its own inputs are then read in its place.
-    limit = min(a.meta["val"].numel() for c in region.compute_nodes for a in c.args[:2])
+    operands = [a.meta.get("val") for c in region.compute_nodes for a in c.args[:2] if isinstance(a, torch.fx.Node)]
+    limit = min((v.numel() for v in operands if isinstance(v, torch.Tensor)), default=0)
     changed = True
     while changed:
         changed = False
