@@ -1,6 +1,6 @@
 """Compiling the distinct units of a regional compile side by side, in worker processes.
 
-A regional compile hands Inductor one graph per structurally distinct unit (about seven for a
+A regional compile hands Inductor one graph per structurally distinct unit (four or five for a
 Llama model, however deep), and each compile is mostly Python: tracing, lowering, scheduling and
 code generation hold the interpreter, so units compiled one after the other in one process add
 up. Being independent, they can be compiled at once in processes of their own: each worker
