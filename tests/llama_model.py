@@ -4,6 +4,8 @@ head converted to FP8 by TorchAO's tensorwise recipe."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 DIM, TOKENS, HEADS = 32, 16, 2
@@ -62,3 +64,13 @@ def llama(blocks):
     """``(model, args, container)``: a ``blocks``-block FP8 Llama, its token input, its blocks' container."""
     torch.manual_seed(0)
     return fp8(Llama(blocks)), (torch.randint(0, 64, (1, TOKENS)),), "layers"
+
+
+@functools.lru_cache(maxsize=None)
+def traced_llama(blocks):
+    """``(model, args, joint graph)`` of :func:`llama`, traced once per process (tests that share
+    it must not change the model or the graph)."""
+    import fp8conf
+
+    model, args, _ = llama(blocks)
+    return model, args, fp8conf.trace_joint(model, args)

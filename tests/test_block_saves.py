@@ -5,7 +5,6 @@ so that one block's backward compiles once; the result still matches the eager j
 from __future__ import annotations
 
 import collections
-import functools
 
 import pytest
 import torch
@@ -16,13 +15,7 @@ from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import get_block
 from fp8conf.graph.roles import is_fp8_compute
 from fp8conf.graph.trace import flat_graph_module
-from llama_model import llama  # tests/ is on sys.path (tests/conftest.py)
-
-
-@functools.lru_cache(maxsize=None)
-def _traced(blocks):
-    model, args, _ = llama(blocks)
-    return model, args, fp8conf.trace_joint(model, args)
+from llama_model import traced_llama as _traced  # tests/ is on sys.path (tests/conftest.py)
 
 
 def _cut_by_block(flat, parts) -> dict[str, tuple[frozenset, frozenset]]:

@@ -1,9 +1,9 @@
 """Backward FP8 regions take the scales their forward computed (fp8conf/graph/share_scales.py):
 after the regional cut no node of a backward region repeats one of its own region or a scale
-of the forward, each takes one amax (its output gradient's), what the backward takes from a forward region is never a cast
-tensor, and every region stays complete. On a Llama traced from TorchAO's Float8Linear; that
-the cut graphs still compute the joint graph's values bit for bit is
-tests/test_block_saves.py's."""
+of the forward, each takes one amax (its output gradient's), what the backward takes from a
+forward region is never a cast tensor, and every region stays complete. On a Llama traced from
+TorchAO's Float8Linear; that the cut graphs still compute the joint graph's values bit for bit
+is tests/test_block_saves.py's."""
 
 from __future__ import annotations
 
@@ -11,30 +11,35 @@ import functools
 
 import torch
 
-import fp8conf
 from fp8conf.graph.partition import partition_joint
 from fp8conf.graph.regions import identify_fp8_regions
 from fp8conf.graph.roles import is_fp8_dtype
 from fp8conf.graph.trace import flat_graph_module
-from llama_model import llama  # tests/ is on sys.path (tests/conftest.py)
+from llama_model import traced_llama  # tests/ is on sys.path (tests/conftest.py)
 
 
 @functools.lru_cache(maxsize=None)
 def _cut():
-    model, args, _ = llama(2)
-    gm = fp8conf.trace_joint(model, args)
+    _, _, gm = traced_llama(2)
     return gm, partition_joint(flat_graph_module(gm), keep_fp8_regions=True)
 
 
-def _key(node, joint_names):
+def _key(node):
+    """Op, inputs (by name: the forward's appear in the backward as placeholders of that name)
+    and arguments."""
     def plain(a):
         if isinstance(a, torch.fx.Node):
-            return joint_names.get(a.name, a.name)
+            return a.name
         if isinstance(a, (list, tuple)):
             return tuple(map(plain, a))
         return (type(a).__name__, a)
 
     return str(node.target), plain(node.args), plain(tuple(sorted(node.kwargs.items())))
+
+
+def _operand_limit(region) -> int:
+    """The fewest elements of an FP8 operand of the region's matmuls: a scale has fewer."""
+    return min(a.meta["val"].numel() for c in region.compute_nodes for a in c.args[:2])
 
 
 def _small(node, limit) -> bool:
@@ -57,14 +62,14 @@ def test_a_backward_region_repeats_nothing_of_its_own_or_of_its_forwards_scales(
     forward_nodes = {}
     for node in parts.forward.graph.nodes:
         if node.op == "call_function":
-            forward_nodes.setdefault(_key(node, {}), node)
+            forward_nodes.setdefault(_key(node), node)
     regions = [r for r in identify_fp8_regions(parts.backward) if r.pass_name == "backward"]
     assert regions
     for region in regions:
-        limit = min(a.meta["val"].numel() for c in region.compute_nodes for a in c.args[:2])
+        limit = _operand_limit(region)
         seen = {}
         for node in region.nodes:
-            key = _key(node, {})
+            key = _key(node)
             assert key not in seen, f"backward region {region.id}: '{node.name}' repeats '{seen[key].name}' ({node.target})"
             seen[key] = node
             twin = forward_nodes.get(key)
@@ -83,7 +88,7 @@ def test_the_backward_takes_scales_from_a_forward_region_never_a_cast_tensor():
     taken = 0
     for region in identify_fp8_regions(parts.backward):
         assert region.complete, f"{region.id}: {region.reason}"
-        limit = min(a.meta["val"].numel() for c in region.compute_nodes for a in c.args[:2])
+        limit = _operand_limit(region)
         for node in region.nodes:
             for value in node.all_input_nodes:
                 if value.name in forward_region_nodes and value not in region.nodes and not _view_of_an_input(joint_nodes[value.name]):
