@@ -32,13 +32,14 @@ cache each) of fp8conf regional, torch.compile and fp8conf full at each depth of
 model at the debug shape: cold start versus depth. Each row runs in a fresh process (nothing
 compiled or cached in memory by another row), killed after ``--row-timeout`` seconds; all rows
 together get ``--budget`` seconds (450 by default, so that the run fits a 10-minute call),
-rows that would start after it are reported as not run; "fp8conf regional, 4 workers" compiles
-the distinct units in 4 processes (``compile_joint(workers=4)``). Rows are printed (and appended to
+rows that would start after it are reported as not run; "fp8conf regional, N worker(s)" shares
+the distinct units out between this process and N helper processes (``compile_joint(workers=N)``).
+Rows are printed (and appended to
 ``--jsonl``) as each finishes.
 
     python benchmarks/bench_compile.py --jsonl rows.jsonl                 # on a GPU (sm89+)
     python benchmarks/bench_compile.py --depth 2 6 32 --jsonl depth.jsonl
-    python benchmarks/bench_compile.py --depth 6 --depth-variants "fp8conf regional" "fp8conf regional, 4 workers"
+    python benchmarks/bench_compile.py --depth 6 --depth-variants "fp8conf regional" "fp8conf regional, 1 worker"
     python benchmarks/bench_compile.py --from-jsonl rows.jsonl depth.jsonl --write   # the tables
     python benchmarks/bench_compile.py --device cpu --quick               # smoke test of the script
 """
@@ -81,8 +82,9 @@ VARIANTS = (
 )
 #: Measured only when --variants names them.
 EXTRA_VARIANTS = ("fp8conf regional, eager remainder", "fp8conf regional + CUDA graphs, eager remainder",
-                  "fp8conf regional, pieces", "fp8conf regional, 4 workers")
-DEPTH_VARIANTS = ("fp8conf regional", "torch.compile", "fp8conf full", "fp8conf regional, 4 workers", "fp8conf regional, whole trace")
+                  "fp8conf regional, pieces", "fp8conf regional, 1 worker", "fp8conf regional, 4 workers")
+DEPTH_VARIANTS = ("fp8conf regional", "torch.compile", "fp8conf full", "fp8conf regional, 1 worker",
+                  "fp8conf regional, 2 workers", "fp8conf regional, 4 workers", "fp8conf regional, whole trace")
 
 
 def _sync(device):
@@ -149,8 +151,10 @@ def make_variant(label, work: Workload):
     # fp8conf traces four blocks and repeats them (trace_joint(repeat=...)); ", whole trace" traces every block.
     gm = fp8conf.trace_joint(model, (work.x,), repeat=None if label.endswith(", whole trace") else work.repeat)
     remainder = "eager" if "eager remainder" in label else "pieces" if label.endswith(", pieces") else "inductor"
-    # ", 4 workers": the distinct units compiled side by side in 4 processes (compile_joint(workers=4)).
-    workers = 4 if label.endswith(", 4 workers") else 0
+    # ", N workers": the distinct units shared out between this process and N helper processes
+    # (compile_joint(workers=N)).
+    helpers = re.search(r", (\d+) workers?$", label)
+    workers = int(helpers.group(1)) if helpers else 0
     compiled = fp8conf.compile_joint(gm, mode=mode, cudagraph="CUDA graphs" in label, remainder=remainder, workers=workers)
     info = {"inductor_compiles": compiled.inductor_compiles, "regions": sum(r.complete for r in compiled.regions)}
     return joint_step(gm, model, work.x, work.grad, compiled), model, info
@@ -320,16 +324,16 @@ def run_depth(args, sink):
     """Every (variant, depth) in a process of its own, rows printed and kept as they finish; a
     row gets at most ``--row-timeout`` seconds, and what is left of ``--budget`` for all of them."""
     deadline = time.monotonic() + args.budget
-    for label in args.depth_variants:
-        for blocks in args.depth:
-            left = deadline - time.monotonic()
-            if left < 10:
-                row = dict(variant=label, blocks=blocks, depth=True, model=f"llama-dim{64 if args.quick else 256}", recipe=args.recipes[0],
-                           error=f"not run: the {args.budget:.0f} s budget was spent", skipped=True)
-            else:
-                row = _spawn_depth_row(args, label, blocks, min(args.row_timeout, left))
-            print(f"depth {blocks:3d} {label:20s} {row.get('first_step_s', float('nan')):7.1f} s {row.get('error', '')}", flush=True)
-            sink(row)
+    # Rounds interleaved: a drift of the machine lands on every variant alike.
+    for label, blocks in [(label, blocks) for _ in range(args.depth_repeats) for label in args.depth_variants for blocks in args.depth]:
+        left = deadline - time.monotonic()
+        if left < 10:
+            row = dict(variant=label, blocks=blocks, depth=True, model=f"llama-dim{64 if args.quick else 256}", recipe=args.recipes[0],
+                       error=f"not run: the {args.budget:.0f} s budget was spent", skipped=True)
+        else:
+            row = _spawn_depth_row(args, label, blocks, min(args.row_timeout, left))
+        print(f"depth {blocks:3d} {label:20s} {row.get('first_step_s', float('nan')):7.1f} s {row.get('error', '')}", flush=True)
+        sink(row)
 
 
 def main():
@@ -345,6 +349,7 @@ def main():
     parser.add_argument("--variants", nargs="+", help="measure only these variants (labels as printed)")
     parser.add_argument("--depth", nargs="+", type=int, help="measure cold start at these depths instead")
     parser.add_argument("--depth-variants", nargs="+", default=list(DEPTH_VARIANTS[:3]), choices=DEPTH_VARIANTS)
+    parser.add_argument("--depth-repeats", type=int, default=1, help="interleaved rounds of the depth rows; the tables show medians")
     parser.add_argument("--row-timeout", type=float, default=150, help="seconds a depth row may take (its own process)")
     parser.add_argument("--budget", type=float, default=450, help="seconds all depth rows together may take")
     parser.add_argument("--depth-child", nargs=2, metavar=("VARIANT", "BLOCKS"), help=argparse.SUPPRESS)

@@ -3,6 +3,7 @@ versus depth, and the compile goals with a verdict each."""
 
 from __future__ import annotations
 
+import re
 import statistics
 
 CONDITIONS = (
@@ -60,26 +61,45 @@ def throughput_table(rows) -> str:
     return "\n".join(lines)
 
 
+def first_steps(rows) -> dict:
+    """``(variant, blocks)``: the median first step of the depth rows that finished (repeated
+    with ``--depth-repeats``)."""
+    times: dict = {}
+    for r in rows:
+        if r.get("depth") and r.get("first_step_s"):
+            times.setdefault((r["variant"], r["blocks"]), []).append(r["first_step_s"])
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
 def depth_table(rows) -> str:
     depth = [r for r in rows if r.get("depth")]
     if not depth:
         return ""
-    cold = {(r["variant"], r["blocks"]): r for r in depth}
     blocks = sorted({r["blocks"] for r in depth})
-    one = any(r["variant"] == "fp8conf regional, 4 workers" for r in depth)
+    by_key: dict = {}
+    for r in depth:
+        by_key.setdefault((r["variant"], r["blocks"]), []).append(r)
+    # The worker variants measured, in the order of DEPTH_VARIANTS: a column each.
+    pooled = sorted({r["variant"] for r in depth if re.search(r", \d+ workers?$", r["variant"])},
+                    key=lambda v: int(re.search(r"(\d+) workers?$", v).group(1)))
     lines = [
         "| blocks | torch.compile s | fp8conf full s | fp8conf regional s | regional vs torch.compile | regional vs its own at "
-        f"{blocks[0]} blocks | regions / Inductor compiles (regional) |" + (" regional, 4 workers s |" if one else ""),
-        "|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if one else ""),
+        f"{blocks[0]} blocks | regions / Inductor compiles (regional) |" + "".join(f" regional{v[len('fp8conf regional'):]} s |" for v in pooled),
+        "|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(pooled),
     ]
 
     def seconds(variant, n):
-        r = cold.get((variant, n))
-        if r is None:
+        runs = by_key.get((variant, n))
+        if not runs:
             return None, "not run"
-        if "error" in r:
+        times = sorted(r["first_step_s"] for r in runs if "error" not in r)
+        if not times:
+            r = runs[-1]
             return None, "timed out" if r.get("timed_out") else "not run" if r.get("skipped") else "failed"
-        return r["first_step_s"], f"{r['first_step_s']:.1f}"
+        median = statistics.median(times)
+        spread = f" ({times[0]:.1f}-{times[-1]:.1f})" if len(times) > 1 else ""
+        failed = f", {len(runs) - len(times)} failed" if len(times) < len(runs) else ""
+        return median, f"{median:.1f}{spread}{failed}"
 
     for n in blocks:
         tc, tc_text = seconds("torch.compile", n)
@@ -88,9 +108,9 @@ def depth_table(rows) -> str:
         first, _ = seconds("fp8conf regional", blocks[0])
         ratio = f"{reg / tc:.2f}x" if reg and tc else "n/a"
         own = f"{reg / first:.2f}x" if reg and first else "n/a"
-        r = cold.get(("fp8conf regional", n), {})
+        r = next((r for r in by_key.get(("fp8conf regional", n), []) if "inductor_compiles" in r), {})
         compiles = f"{r['regions']} / {r['inductor_compiles']}" if "inductor_compiles" in r else "n/a"
-        extra = f" {seconds('fp8conf regional, 4 workers', n)[1]} |" if one else ""
+        extra = "".join(f" {seconds(v, n)[1]} |" for v in pooled)
         lines.append(f"| {n} | {tc_text} | {full_text} | {reg_text} | {ratio} | {own} | {compiles} |{extra}")
     return "\n".join(lines)
 
@@ -104,7 +124,7 @@ def _verdict(value, bound, above: bool) -> tuple[str, str]:
 
 def goal_table(rows) -> str:
     by = {(*_key(r), r["variant"]): r for r in rows if r.get("seconds")}
-    cold = {(r["variant"], r["blocks"]): r.get("first_step_s") for r in rows if r.get("depth")}
+    cold = first_steps(rows)
     configs = sorted({_key(r) for r in rows if r.get("seconds") and r["model"].startswith("llama")})
     lines = ["| goal | config | measured | bound | verdict |", "|---|---|---:|---:|---|"]
 

@@ -1,5 +1,6 @@
-"""Regional units compiled in worker processes (``compile_joint(..., workers=N)``): the same
-units as in this process, compiled there and not here, giving the same numbers; a failed
+"""Regional units compiled in helper processes beside this one (``compile_joint(..., workers=N)``):
+the same units as in this process alone, shared out between the helpers and this process,
+giving the same numbers; a failed
 worker reported as the region's compile error; a bad ``workers`` refused before anything is compiled. On CPU, on the block stack."""
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ def test_units_compiled_in_workers_are_the_units_compiled_here_and_give_the_same
     here = fp8conf.compile_joint(gm, mode="regional")
     compiled_here = len(units_compiled_here)
     assert compiled_here == here.inductor_compiles > 0
-    workers = fp8conf.compile_joint(gm, mode="regional", workers=2)
-    assert len(units_compiled_here) == compiled_here, "with workers, no unit is compiled in this process"
+    workers = fp8conf.compile_joint(gm, mode="regional", workers=1)
+    # Shared out: the largest units go to the helpers, the rest are compiled here meanwhile.
+    helped_here = len(units_compiled_here) - compiled_here
+    assert 0 < helped_here < here.inductor_compiles, (
+        f"with 1 helper, {helped_here} of {here.inductor_compiles} units were compiled in this process: "
+        "expected the helpers and this process each to take some")
     assert workers.inductor_compiles == here.inductor_compiles
     assert workers.compiled_nodes == here.compiled_nodes and workers.eager_nodes == here.eager_nodes
     torch.manual_seed(3)

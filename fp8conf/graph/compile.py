@@ -114,10 +114,11 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     cannot take alone (random, in-place, non-tensor values, FP8 values outside a region) stay
     eager either way and are named in ``eager_nodes``.
 
-    ``workers`` (``regional`` only) is how many processes compile the distinct units side by side
-    (:mod:`fp8conf.graph.compile_workers`); ``0`` (the default) compiles them one after the other
-    in this process. Either way the same units are compiled the same way; workers pay off on a
-    deep model on a many-core host, not on a shallow one (their start costs seconds).
+    ``workers`` (``regional`` only) is how many helper processes compile distinct units beside
+    this one (:mod:`fp8conf.graph.compile_workers`): the units are shared out, largest first,
+    between the helpers and this process, which compiles its share while the helpers compile
+    theirs; ``0`` (the default) compiles them one after the other here. Either way the same units
+    are compiled the same way.
 
     With ``cudagraph=True`` every call replays one captured graph and returns the same output
     tensors, which the next call overwrites: clone what a step must keep (its gradients, say)
@@ -131,8 +132,7 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
         raise errors.FP8ConfigError(f"compile_joint(workers={workers!r}): give a number of processes, 0 (this process, the default) or more")
     if cudagraph and not torch.cuda.is_available():
         raise errors.FP8ConfigError("compile_joint(cudagraph=True) needs a CUDA device; this torch sees none")
-    if not workers:
-        _warm_compile_pool()
+    _warm_compile_pool()
     names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
     flat = flat_graph_module(gm)
     if not flat.graph.find_nodes(op="placeholder"):

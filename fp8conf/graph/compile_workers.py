@@ -1,34 +1,33 @@
-"""Compiling the distinct units of a regional compile side by side, in worker processes.
+"""Compiling the distinct units of a regional compile side by side: here and in helper processes.
 
 A regional compile hands Inductor one graph per structurally distinct unit (four or five for a
 Llama model, however deep), and each compile is mostly Python: tracing, lowering, scheduling and
 code generation hold the interpreter, so units compiled one after the other in one process add
-up. Being independent, they can be compiled at once in processes of their own: each worker
-receives a unit (pickled with torch's ``GraphPickler``, its inputs described by shape, stride,
-dtype and device), compiles it with the same ``standalone_compile`` call the in-process path
-makes, under the parent's Inductor and functorch settings, and sends back Inductor's serialized
-artifact (``AOTCompiledArtifact``), which the parent loads and calls as it would its own. Workers
-are started when the compile begins, before the min-cut partition, so that their start overlaps
-the cutting of the graph, and stopped when it ends; each starts its own Triton compile processes
-at once; they share the parent's Inductor cache directory.
+up. Being independent, they can be compiled at once: the units are shared out, largest first,
+between this process and ``workers`` helper processes, each unit to whichever has the fewest
+nodes to compile so far, and this process compiles its own share while the helpers compile
+theirs. A helper receives a unit (pickled with torch's ``GraphPickler``, its inputs described by
+shape, stride, dtype and device), compiles it with the same ``standalone_compile`` call the
+in-process path makes, under the parent's Inductor and functorch settings, and sends back
+Inductor's serialized artifact (``AOTCompiledArtifact``), which the parent loads and calls as it
+would its own. Helpers are started when the compile begins, before the min-cut partition, so
+that their start (importing torch and Inductor, starting their own Triton compile processes)
+overlaps the cutting of the graph, and stopped when it ends; they share the parent's Inductor
+cache directory.
 
-:func:`unit_compiler` picks the in-process compiler unless workers are asked for
-(``compile_joint(..., workers=N)``). A pool pays for its start (each worker imports torch and
-Inductor) and for loading what the workers send back, so it is not the default: on an H200
-host (16 cores) 4 workers made the first step of the Llama debug model slower at 2 and 6 blocks
-(30.6 / 35.7 s against 25.7 / 32.3 s in one process) and faster at 32 (73.5 against 84.5 s),
-and with the workers started before the cut, 2 to 4 of them were within the noise of one
-process at 6 blocks; see benchmarks/RESULTS.md. The bytes a worker returns come from this process's own workers,
-over their pipes, compiled from graphs it sent them: loading them deserialises nothing that
-came from outside the process tree.
+:func:`unit_compiler` picks this process alone unless helpers are asked for
+(``compile_joint(..., workers=N)``); what they save and cost on the Llama benchmark model is
+measured in benchmarks/RESULTS.md ("Cold start versus depth"). The bytes a helper returns come
+from this process's own helpers, over their pipes, compiled from graphs it sent them: loading
+them deserialises nothing that came from outside the process tree.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import os
 import pickle
-import queue
 import subprocess
 import sys
 import tempfile
@@ -62,57 +61,100 @@ class InProcessCompiler:
 
 
 class WorkerPool:
-    """Compiles units in ``workers`` processes; :meth:`submit` returns a future of the compiled
-    unit (resolved by :meth:`result`), or compiles here a unit that cannot be sent.
+    """Compiles units here and in ``workers`` helper processes side by side.
 
-    Each worker is ``python -m fp8conf.graph.compile_workers``, a process of its own that imports
-    nothing of the caller's program (unlike ``multiprocessing``'s spawn, which would run a script
-    without a ``__main__`` guard again), fed pickled requests on its stdin."""
+    :meth:`submit` only records a unit; the first :meth:`result` (when the first unit is bound,
+    after every graph of the compile has been cut) shares them out, largest first, each to
+    whichever of this process and the helpers has the fewest nodes to compile so far, sends the
+    helpers theirs and compiles this process's own while the helpers work. A unit that cannot be
+    pickled is compiled here. Each helper is ``python -m fp8conf.graph.compile_workers``, a
+    process of its own that imports nothing of the caller's program (unlike ``multiprocessing``'s
+    spawn, which would run a script without a ``__main__`` guard again), fed pickled requests on
+    its stdin."""
 
     def __init__(self, workers: int):
         settings = (torch._inductor.config.save_config_portable(), torch._functorch.config.save_config_portable())
-        # Inductor's own compile workers (Triton, C++) shared out between the pool's processes.
-        threads = max(1, min(torch._inductor.config.compile_threads, _cores()) // workers)
+        # Inductor's own compile workers (Triton, C++) shared out between this process and the helpers.
+        threads = max(1, min(torch._inductor.config.compile_threads, _cores()) // (workers + 1))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self._idle: queue.Queue = queue.Queue()
-        self._all = []
-        for _ in range(workers):  # started now: their start overlaps the graph surgery
-            worker = _Worker(env, (*settings, threads))
-            self._all.append(worker)
-            self._idle.put(worker)
+        # Started now: their start overlaps the graph surgery.
+        self._helpers = [_Worker(env, (*settings, threads)) for _ in range(workers)]
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fp8conf-compile")
+        self._units: list[_Unit] = []
+        self._shared_out = False
 
-    def submit(self, submodule: torch.fx.GraphModule, fake_inputs):
+    def submit(self, submodule: torch.fx.GraphModule, fake_inputs) -> _Unit:
+        unit = _Unit(submodule, list(fake_inputs), torch._guards.TracingContext.try_get())
+        self._units.append(unit)
+        return unit
+
+    def result(self, unit: _Unit) -> Callable:
+        """The compiled unit (waiting for its helper, or compiling it here); a failure of its
+        compile is raised here."""
+        if not self._shared_out:
+            self._shared_out = True
+            self._share_out()
+        return unit.compiled()
+
+    def _share_out(self) -> None:
         from torch.fx._graph_pickler import GraphPickler, Options
 
-        try:
-            data = GraphPickler.dumps(submodule, Options(ops_filter=None))
-        except Exception:
-            # Something in the graph torch cannot pickle: compiled here instead, the same way.
-            return InProcessCompiler().submit(submodule, fake_inputs)
-        return self._threads.submit(self._run, data, [_describe(v) for v in fake_inputs])
-
-    def _run(self, data: bytes, inputs: list[tuple]) -> bytes:
-        worker = self._idle.get()
-        try:
-            return worker.compile(data, inputs)
-        finally:
-            self._idle.put(worker)
-
-    @staticmethod
-    def result(pending) -> Callable:
-        """The compiled unit of what :meth:`submit` returned (waiting for its worker); a worker's
-        failure is raised here."""
-        if not isinstance(pending, concurrent.futures.Future):
-            return pending
-        from torch._inductor.standalone_compile import AOTCompiledArtifact
-
-        return AOTCompiledArtifact.deserialize(pending.result())
+        loads = [0] * (len(self._helpers) + 1)  # the helpers', then this process's
+        here = []
+        for unit in sorted(self._units, key=lambda u: u.size, reverse=True):
+            place = loads.index(min(loads))  # on a tie a helper: this process also binds what returns
+            if place < len(self._helpers):
+                try:
+                    data = GraphPickler.dumps(unit.submodule, Options(ops_filter=None))
+                except Exception:
+                    place = len(self._helpers)  # something in the graph torch cannot pickle
+                else:
+                    unit.future = self._threads.submit(self._helpers[place].compile, data, [_describe(v) for v in unit.fake_inputs])
+            if place == len(self._helpers):
+                here.append(unit)
+            loads[place] += unit.size
+        for unit in here:  # while the helpers compile theirs
+            try:
+                unit.compiled()
+            except Exception:
+                break  # raised when its unit is bound; the rest are compiled then, if ever
 
     def close(self) -> None:
         self._threads.shutdown(wait=True, cancel_futures=True)
-        for worker in self._all:
+        for worker in self._helpers:
             worker.stop()
+
+
+class _Unit:
+    """A submitted unit: what to compile, the tracing context it was cut under, and where it is
+    compiled (``future``: a helper's reply)."""
+
+    def __init__(self, submodule, fake_inputs, context):
+        self.submodule, self.fake_inputs, self.context = submodule, fake_inputs, context
+        self.size = sum(n.op == "call_function" for n in submodule.graph.nodes)
+        self.future: concurrent.futures.Future | None = None
+        self._outcome = None
+
+    def compiled(self) -> Callable:
+        if self._outcome is None:
+            try:
+                self._outcome = (True, self._compile())
+            except Exception as exc:
+                self._outcome = (False, exc)
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
+
+    def _compile(self) -> Callable:
+        if self.future is not None:
+            from torch._inductor.standalone_compile import AOTCompiledArtifact
+
+            return AOTCompiledArtifact.deserialize(self.future.result())
+        from fp8conf.graph.region_compile import compile_unit
+
+        with torch._guards.tracing(self.context):
+            return compile_unit(self.submodule, self.fake_inputs)
 
 
 class _WorkerError(RuntimeError):
@@ -160,7 +202,7 @@ class _Worker:
 
 
 def unit_compiler(workers: int = 0):
-    """The compiler for a regional compile: ``workers`` processes, or (``0``) this process. A
+    """The compiler for a regional compile: this process and ``workers`` helpers, or (``0``) this process alone. A
     torch whose ``standalone_compile`` cannot bundle a unit into one serializable artifact
     compiles here."""
     from fp8conf.graph.region_compile import bundles_units
@@ -186,6 +228,15 @@ def _apply_settings(inductor_settings: dict, functorch_settings: dict, threads: 
     # This worker's own Triton compile processes, started before its first unit arrives (see
     # fp8conf.graph.compile._warm_compile_pool); nothing without Triton.
     maybe_warm_pool()
+    # What Inductor would import on the first compile, imported while the parent still traces
+    # and cuts: the unit arrives to a worker that only has to compile it.
+    for name in _COMPILE_MODULES + (_TRITON_MODULES if torch.cuda.is_available() else ()):
+        importlib.import_module(name)
+
+
+_COMPILE_MODULES = ("torch._functorch.aot_autograd", "torch._inductor.compile_fx", "torch._inductor.standalone_compile",
+                    "torch._inductor.lowering", "torch._inductor.scheduler", "torch._inductor.codecache")
+_TRITON_MODULES = ("torch._inductor.codegen.triton", "triton.compiler.compiler")
 
 
 def _strided(shape, stride, offset, dtype, device) -> torch.Tensor:
