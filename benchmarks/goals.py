@@ -61,14 +61,19 @@ def throughput_table(rows) -> str:
     return "\n".join(lines)
 
 
-def first_steps(rows) -> dict:
-    """``(variant, blocks)``: the median first step of the depth rows that finished (repeated
-    with ``--depth-repeats``)."""
-    times: dict = {}
+def _depth_runs(rows) -> dict:
+    """``(variant, blocks)``: its depth rows, one per round of ``--depth-repeats``."""
+    runs: dict = {}
     for r in rows:
-        if r.get("depth") and r.get("first_step_s"):
-            times.setdefault((r["variant"], r["blocks"]), []).append(r["first_step_s"])
-    return {key: statistics.median(values) for key, values in times.items()}
+        if r.get("depth"):
+            runs.setdefault((r["variant"], r["blocks"]), []).append(r)
+    return runs
+
+
+def first_steps(rows) -> dict:
+    """``(variant, blocks)``: the median first step of its depth rows that finished."""
+    times = {key: [r["first_step_s"] for r in runs if r.get("first_step_s")] for key, runs in _depth_runs(rows).items()}
+    return {key: statistics.median(values) for key, values in times.items() if values}
 
 
 def depth_table(rows) -> str:
@@ -76,10 +81,8 @@ def depth_table(rows) -> str:
     if not depth:
         return ""
     blocks = sorted({r["blocks"] for r in depth})
-    by_key: dict = {}
-    for r in depth:
-        by_key.setdefault((r["variant"], r["blocks"]), []).append(r)
-    # The worker variants measured, in the order of DEPTH_VARIANTS: a column each.
+    by_key = _depth_runs(depth)
+    # The worker variants measured, by their number of helpers: a column each.
     pooled = sorted({r["variant"] for r in depth if re.search(r", \d+ workers?$", r["variant"])},
                     key=lambda v: int(re.search(r"(\d+) workers?$", v).group(1)))
     lines = [

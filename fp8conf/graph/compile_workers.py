@@ -151,10 +151,8 @@ class _Unit:
             from torch._inductor.standalone_compile import AOTCompiledArtifact
 
             return AOTCompiledArtifact.deserialize(self.future.result())
-        from fp8conf.graph.region_compile import compile_unit
-
         with torch._guards.tracing(self.context):
-            return compile_unit(self.submodule, self.fake_inputs)
+            return InProcessCompiler().submit(self.submodule, self.fake_inputs)
 
 
 class _WorkerError(RuntimeError):
