@@ -227,9 +227,14 @@ def compile_unit(submodule, fake_inputs) -> Callable:
     # and no second rematerialisation pass inside an already partitioned graph.
     # aot=True bundles the region's AOTAutograd state in the artifact, as regional_inductor
     # asks for; a torch whose standalone_compile lacks it compiles the same graph without.
+    # Kernels are autotuned on the unit's first call, as torch.compile does, not while it compiles:
+    # standalone_compile would otherwise run every multi-config kernel on random inputs as part of
+    # the compile (on an H200, 2.4 s of a 6-block regional first step; benchmarks/RESULTS.md).
     options = {"aot": True} if bundles_units() else {}
+    lazy_tuning = {"config_patches": {"triton.autotune_at_compile_time": False}}
     with _no_nested_remat():
-        return torch._inductor.standalone_compile(submodule, fake_inputs, dynamic_shapes="from_tracing_context", **options)
+        return torch._inductor.standalone_compile(submodule, fake_inputs, dynamic_shapes="from_tracing_context",
+                                                  options=lazy_tuning, **options)
 
 
 def _no_nested_remat():
