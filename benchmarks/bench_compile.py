@@ -33,8 +33,10 @@ model at the debug shape: cold start versus depth. Each row runs in a fresh proc
 compiled or cached in memory by another row), killed after ``--row-timeout`` seconds; all rows
 together get ``--budget`` seconds (450 by default, so that the run fits a 10-minute call),
 rows that would start after it are reported as not run; "fp8conf regional, N worker(s)" shares
-the distinct units out between this process and N helper processes (``compile_joint(workers=N)``).
-Rows are printed (and appended to
+the distinct units out between this process and N helper processes (``compile_joint(workers=N)``);
+"fp8conf regional, saveable units" compiles every unit as a regional artifact stores it
+(``standalone_compile``, which traces it through AOTAutograd again) rather than by Inductor's
+inner compiler. Rows are printed (and appended to
 ``--jsonl``) as each finishes.
 
     python benchmarks/bench_compile.py --jsonl rows.jsonl                 # on a GPU (sm89+)
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import re
@@ -62,6 +65,7 @@ import torch
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 import fp8conf
+from fp8conf.graph import region_compile
 from fp8conf.tools.example_models import build_stack
 
 import goals  # benchmarks/goals.py, beside this script
@@ -84,7 +88,8 @@ VARIANTS = (
 EXTRA_VARIANTS = ("fp8conf regional, eager remainder", "fp8conf regional + CUDA graphs, eager remainder",
                   "fp8conf regional, pieces", "fp8conf regional, 1 worker", "fp8conf regional, 4 workers")
 DEPTH_VARIANTS = ("fp8conf regional", "torch.compile", "fp8conf full", "fp8conf regional, 1 worker",
-                  "fp8conf regional, 2 workers", "fp8conf regional, 4 workers", "fp8conf regional, whole trace")
+                  "fp8conf regional, 2 workers", "fp8conf regional, 4 workers", "fp8conf regional, whole trace",
+                  "fp8conf regional, saveable units")
 
 
 def _sync(device):
@@ -155,7 +160,10 @@ def make_variant(label, work: Workload):
     # (compile_joint(workers=N)).
     helpers = re.search(r", (\d+) workers?$", label)
     workers = int(helpers.group(1)) if helpers else 0
-    compiled = fp8conf.compile_joint(gm, mode=mode, cudagraph="CUDA graphs" in label, remainder=remainder, workers=workers)
+    # ", saveable units": every unit compiled as a regional artifact stores it.
+    saveable = region_compile.for_artifacts() if label.endswith(", saveable units") else contextlib.nullcontext()
+    with saveable:
+        compiled = fp8conf.compile_joint(gm, mode=mode, cudagraph="CUDA graphs" in label, remainder=remainder, workers=workers)
     info = {"inductor_compiles": compiled.inductor_compiles, "regions": sum(r.complete for r in compiled.regions)}
     return joint_step(gm, model, work.x, work.grad, compiled), model, info
 

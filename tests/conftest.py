@@ -37,20 +37,31 @@ def _keep_hypothesis_profile():
 @pytest.fixture
 def inductor_calls(monkeypatch):
     """The graphs given to the real ``standalone_compile`` or ``compile_fx_inner`` (full mode's
-    two halves), each one an Inductor compilation."""
+    two halves), each one an Inductor compilation; for a regional unit compiled by the inner
+    compiler, the unit as it was cut (with its nodes' meta), not the decomposed copy Inductor gets."""
     import functools
 
     import torch
     import torch._inductor.compile_fx
 
-    calls = []
-    for owner, name in ((torch._inductor, "standalone_compile"), (torch._inductor.compile_fx, "compile_fx_inner")):
+    from fp8conf.graph import region_compile
+
+    calls, inside_unit = [], []
+    for owner, name in ((torch._inductor, "standalone_compile"), (torch._inductor.compile_fx, "compile_fx_inner"),
+                        (region_compile, "_inner_compile_unit")):
         real = getattr(owner, name)
 
         @functools.wraps(real)  # keeps its signature, which compile_joint inspects
-        def counting(*args, _real=real, **kwargs):
-            calls.append(args[0])
-            return _real(*args, **kwargs)
+        def counting(*args, _real=real, _unit=name == "_inner_compile_unit", **kwargs):
+            if not inside_unit:
+                calls.append(args[0])
+            if not _unit:
+                return _real(*args, **kwargs)
+            inside_unit.append(True)  # the compile_fx_inner call inside is this same compilation
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                inside_unit.pop()
 
         monkeypatch.setattr(owner, name, counting)
     return calls

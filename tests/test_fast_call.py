@@ -1,8 +1,13 @@
 """Compiled regions and pieces called straight through Inductor's generated code
 (:mod:`fp8conf.graph.fast_call`) where AOTAutograd's wrappers have nothing to do, and through
-the artifact where they do: same results either way."""
+the artifact where they do: same results either way. Functional units compiled by Inductor's
+inner compiler compute what their saved (``standalone_compile``) form computes."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -67,3 +72,90 @@ def test_a_graph_whose_wrappers_matter_keeps_calling_the_artifact(fn):
         expected, got = fn(eager_input), region(compiled_input)
         assert all(torch.equal(a, b) for a, b in zip(expected, got))
         assert torch.equal(eager_input, compiled_input)
+
+
+def _units(compiled):
+    return {id(n.target.__wrapped__): n.target.__wrapped__ for n in _call_sites(compiled)}.values()
+
+
+def test_functional_units_are_compiled_by_the_inner_compiler_as_their_saved_form_computes():
+    model = build_stack(DIM, 2, seed=0)
+    x = torch.randn(TOKENS, DIM, requires_grad=True)
+    grad = torch.randn(TOKENS, DIM)
+    gm = fp8conf.trace_joint(model, (x,))
+    inner = fp8conf.compile_joint(gm, mode="regional")
+    with region_compile.for_artifacts():
+        saved_form = fp8conf.compile_joint(gm, mode="regional")
+    assert inner.inductor_compiles == saved_form.inductor_compiles > 0
+    kinds = {type(u).__name__ for u in _units(inner)}
+    assert kinds == {"InnerCompiledUnit"}, f"every unit of the block stack is functional, yet some were compiled otherwise: {kinds}"
+    assert {type(u).__name__ for u in _units(saved_form)} == {"AOTCompiledArtifact"}
+    expected, got = _steps(saved_form, gm, model, x, grad), _steps(inner, gm, model, x, grad)
+    # The same decompositions and passes as AOTAutograd's: the same kernels, bit for bit.
+    assert len(expected) == len(got) and all(torch.equal(a, b) for a, b in zip(expected, got))
+    # What a regional artifact stores of an inner-compiled unit: the unit compiled the other way, once.
+    unit = next(iter(_units(inner)))
+    assert type(unit.saveable()).__name__ == "AOTCompiledArtifact" and unit.saveable() is unit.saveable()
+
+
+def _views_of_the_input(x):
+    return x * 2, x.t(), x.t().detach()  # outputs aliasing the input and each other
+
+
+def test_a_unit_whose_outputs_alias_is_inner_compiled_with_the_traced_values_and_strides():
+    x = torch.randn(4, 8)
+    gm = make_fx(_views_of_the_input, tracing_mode="fake")(x)
+    fakes = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
+    with region_compile.tracing_fake_mode(gm):
+        unit = region_compile.compile_unit(gm, fakes)
+    assert isinstance(unit, region_compile.InnerCompiledUnit)
+    for _ in range(2):
+        expected, got = _views_of_the_input(x), unit(x)
+        for a, b in zip(expected, got):
+            assert torch.equal(a, b) and a.stride() == b.stride()
+
+
+def test_a_unit_that_mutates_or_takes_a_grad_input_goes_through_standalone_compile():
+    x = torch.randn(4, 8)
+    mutating = make_fx(_mutating, tracing_mode="fake")(x)
+    with region_compile.tracing_fake_mode(mutating):
+        unit = region_compile.compile_unit(mutating, [p.meta["val"] for p in mutating.graph.find_nodes(op="placeholder")])
+    assert not isinstance(unit, region_compile.InnerCompiledUnit)
+    eager_input, compiled_input = x.clone(), x.clone()
+    assert torch.equal(_mutating(eager_input)[0], unit(compiled_input)[0]) and torch.equal(eager_input, compiled_input)
+    with torch._subclasses.FakeTensorMode() as mode:
+        grad_input = mode.from_tensor(x.requires_grad_())
+    doubling = make_fx(lambda t: (t * 2,), tracing_mode="fake")(x.detach())
+    assert not region_compile._functional_unit(doubling, [grad_input])
+
+
+_PUT_OFF_WAIT = """
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from fp8conf.graph import region_compile
+
+def f(x):
+    return (torch.relu(x) * 3 + 1).sum(0), x.sin().t()
+
+x = torch.randn(64, 32)
+gm = make_fx(f, tracing_mode="fake")(x)
+fakes = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
+with region_compile.tracing_fake_mode(gm):
+    unit = region_compile.compile_unit(gm, fakes)
+assert isinstance(unit, region_compile.InnerCompiledUnit)
+assert unit._waits, "the generated code waited for its kernels while the unit compiled"
+got = unit(x)
+assert not unit._waits
+for a, b in zip(f(x), got):  # a compiled sum adds in another order than eager's
+    torch.testing.assert_close(b, a)
+    assert a.stride() == b.stride()
+print("ok")
+"""
+
+
+def test_an_inner_compiled_units_kernel_wait_is_put_off_until_it_is_bound_or_called(tmp_path):
+    # Inductor builds kernels in worker processes (and its generated code waits for them) only
+    # with more than one compile thread: a process of its own, so that no pool outlives the test.
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="2", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    done = subprocess.run([sys.executable, "-c", _PUT_OFF_WAIT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -2,14 +2,18 @@
 
 Regional compilation (:func:`fp8conf.compile_joint`, ``mode="regional"``) is the mode whose
 point is a short cold start, so its result can be saved too. What it returns (unpartitioned)
-is a flat graph that calls ``AOTCompiledArtifact`` objects (Inductor's generated code): one
+is a flat graph that calls compiled units (Inductor's generated code): one
 per unit of regions and the remainder around them (``remainder="inductor"``), or per region and
 per piece of the remainder between them (``"pieces"``, ``"eager"``); the rest runs eagerly. Structurally equal regions share one compiled object, so a deep model calls few
 compiled pieces from many call sites: the artifact stores each distinct piece once (keyed by the
 object, then by the sha256 of its serialized bytes), in a table after the graphs, and each call
 site of the pickled graph (``torch.fx._graph_pickler.GraphPickler``) calls a stand-in submodule
 naming its piece. Any call of an ``AOTCompiledArtifact`` counts as a piece, whatever the
-regional compile made it for. An artifact of mechanism ``regional`` holds one such graph per
+regional compile made it for; a unit the compile made with Inductor's inner compiler
+(:class:`~fp8conf.graph.region_compile.InnerCompiledUnit`, which cannot be serialized) is
+compiled once more, by ``standalone_compile``, and stored in that form (the same kernels).
+:func:`fp8conf.precompile_joint` and :func:`save_split_artifact` without ``fns`` compile every unit
+in that form from the start. An artifact of mechanism ``regional`` holds one such graph per
 part (``joint``, or ``forward`` / ``backward_input`` / ``backward_weight`` for a split; the parts
 share the table) and records, per part, the identity of each compiled region (id, module, pass,
 nodes). Loading deserializes each piece once, puts it back at its call sites, and compiles nothing (on CPU the C++ compiler still builds the bundled
@@ -71,7 +75,11 @@ def _compiled_piece(target):
         from torch._inductor.standalone_compile import AOTCompiledArtifact
     except ImportError:  # a torch without it has no such pieces to find
         return None
+    from fp8conf.graph.region_compile import InnerCompiledUnit
+
     artifact = getattr(target, "__wrapped__", None)
+    if isinstance(artifact, InnerCompiledUnit):
+        return artifact.saveable()  # compiled again, once, in the form an artifact stores
     return artifact if isinstance(artifact, AOTCompiledArtifact) else None
 
 
@@ -292,7 +300,11 @@ def save_split_artifact(path, gm, split, signature: QuantizationSignature, fns: 
     info = trace_info(gm)
     _check_signature_describes(signature, info.modules if info else None, path)
     inputs, outputs = _describe(gm)
-    fns = fns if fns is not None else compile_split(split, mode="regional")
+    if fns is None:
+        from fp8conf.graph.region_compile import for_artifacts
+
+        with for_artifacts():  # each unit compiled as the artifact stores it
+            fns = compile_split(split, mode="regional")
     wrong = sorted(name for name, fn in fns.items() if getattr(fn, "mode", None) != "regional")
     if set(fns) != set(split.parts) or wrong:
         raise FP8ConfigError(

@@ -228,7 +228,10 @@ def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> Precompi
         artifact = _compile_full(gm, example_inputs)
         return PrecompiledJoint(artifact, inputs, outputs, "standalone_compile", artifact=artifact, modules=modules)
     # Unpartitioned, like a full artifact: one flat graph calling its regions' compiled code.
-    compiled = compile_joint(gm, mode="regional", strict=True, partition=False)
+    from fp8conf.graph.region_compile import for_artifacts
+
+    with for_artifacts():  # each unit compiled as the artifact stores it
+        compiled = compile_joint(gm, mode="regional", strict=True, partition=False)
     flat = flat_callable(compiled.artifact)
     return PrecompiledJoint(flat, inputs, outputs, "regional", artifact=compiled.artifact, modules=modules, regions=region_specs(compiled))
 

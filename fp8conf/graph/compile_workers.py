@@ -7,10 +7,12 @@ up. Being independent, they can be compiled at once: the units are shared out, l
 between this process and ``workers`` helper processes, each unit to whichever has the fewest
 nodes to compile so far, and this process compiles its own share while the helpers compile
 theirs. A helper receives a unit (pickled with torch's ``GraphPickler``, its inputs described by
-shape, stride, dtype and device), compiles it with the same ``standalone_compile`` call the
-in-process path makes, under the parent's Inductor and functorch settings, and sends back
-Inductor's serialized artifact (``AOTCompiledArtifact``), which the parent loads and calls as it
-would its own. Helpers are started when the compile begins, before the min-cut partition, so
+shape, stride, dtype and device), compiles it with ``standalone_compile`` (the form a regional
+artifact stores, :func:`fp8conf.graph.region_compile.standalone_unit`), under the parent's
+Inductor and functorch settings, and sends back Inductor's serialized artifact
+(``AOTCompiledArtifact``), which the parent loads and calls as it would its own; the units this
+process keeps are compiled as without helpers (:func:`fp8conf.graph.region_compile.compile_unit`),
+the same kernels either way. Helpers are started when the compile begins, before the min-cut partition, so
 that their start (importing torch and Inductor, starting their own Triton compile processes)
 overlaps the cutting of the graph, and stopped when it ends; they share the parent's Inductor
 cache directory.
@@ -54,6 +56,9 @@ class InProcessCompiler:
 
     @staticmethod
     def result(compiled) -> Callable:
+        finish = getattr(compiled, "finish", None)  # an inner-compiled unit's kernels, built meanwhile
+        if finish is not None:
+            finish()
         return compiled
 
     def close(self) -> None:
@@ -94,7 +99,7 @@ class WorkerPool:
         if not self._shared_out:
             self._shared_out = True
             self._share_out()
-        return unit.compiled()
+        return InProcessCompiler.result(unit.compiled())
 
     def _share_out(self) -> None:
         from torch.fx._graph_pickler import GraphPickler, Options
@@ -247,14 +252,14 @@ def _compile(data: bytes, inputs: list[tuple]) -> bytes:
     from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from fp8conf.graph.region_compile import compile_unit
+    from fp8conf.graph.region_compile import standalone_unit
 
     fake_mode = FakeTensorMode(shape_env=ShapeEnv())
     submodule = GraphPickler.loads(data, fake_mode)
     with fake_mode:
         fakes = [_strided(*spec) for spec in inputs]
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
-        return compile_unit(submodule, fakes).serialize()
+        return standalone_unit(submodule, fakes).serialize()
 
 
 def _serve() -> None:

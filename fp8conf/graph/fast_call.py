@@ -79,7 +79,7 @@ def _next_layer(layer):
     name = type(layer).__name__
     if name == "AOTCompiledArtifact":
         return getattr(layer, "inner_fn", None)
-    if name in ("BundledAOTAutogradSerializableCallable", "SerializableCompiledFunction"):
+    if name in ("BundledAOTAutogradSerializableCallable", "SerializableCompiledFunction", "InnerCompiledUnit"):
         return getattr(layer, "compiled_fn", None)
     code = getattr(layer, "__code__", None)
     if code is None or layer.__closure__ is None:

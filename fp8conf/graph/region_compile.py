@@ -6,7 +6,10 @@ regions are cut out with torch's own fuser (``fuse_by_partitions``, as regional_
 and each submodule gets a **structural key**: its op sequence, argument structure and
 constants, with every value's shape, stride, dtype and device, but no node names and no module
 FQNs. Regions with equal keys compute the same function of their inputs, so the first one is
-compiled with ``torch._inductor.standalone_compile`` and the others call the same compiled code.
+compiled and the others call the same compiled code: by Inductor's inner compiler, as
+``torch.compile`` compiles what AOTAutograd hands it (:class:`InnerCompiledUnit`), where the unit
+is already functional, else by ``torch._inductor.standalone_compile``, which is also the form a
+regional artifact stores (:func:`for_artifacts`).
 
 Only complete regions reach this module (:mod:`fp8conf.graph.regions` checks that they are
 convex, so each is one piece that can be cut out alone). The pieces of the eager remainder
@@ -17,6 +20,7 @@ and sharing their cache.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -31,7 +35,7 @@ from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.graph.regions import Region
 
 __all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions",
-           "cut_regions", "cut_pieces", "CutUnits", "compile_unit", "bundles_units", "region_call", "pack_inputs", "tracing_fake_mode"]
+           "cut_regions", "cut_pieces", "CutUnits", "compile_unit", "standalone_unit", "InnerCompiledUnit", "for_artifacts", "bundles_units", "region_call", "pack_inputs", "tracing_fake_mode"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"
@@ -220,21 +224,177 @@ def bundles_units() -> bool:
     return "aot" in inspect.signature(torch._inductor.standalone_compile).parameters
 
 
+#: Set while a compile's units must be serializable as they are compiled (see :func:`for_artifacts`).
+_FOR_ARTIFACTS: contextvars.ContextVar[bool] = contextvars.ContextVar("fp8conf_units_for_artifacts", default=False)
+
+
+@contextlib.contextmanager
+def for_artifacts():
+    """Units compiled inside this context are compiled as a regional artifact stores them
+    (``standalone_compile``), not by the inner compiler: what :func:`fp8conf.precompile_joint`
+    and :func:`fp8conf.artifacts.regional.save_split_artifact` compile is saved as it ran."""
+    token = _FOR_ARTIFACTS.set(True)
+    try:
+        yield
+    finally:
+        _FOR_ARTIFACTS.reset(token)
+
+
 def compile_unit(submodule, fake_inputs) -> Callable:
     """Compile one cut-out unit for ``fake_inputs`` (in this process; see
-    :mod:`fp8conf.graph.compile_workers` for the same in a worker)."""
+    :mod:`fp8conf.graph.compile_workers` for the same in a worker).
+
+    A unit that is already what AOTAutograd would make of it (:func:`_functional_unit`: tensors
+    in, none requiring grad, no op that mutates) is compiled as ``torch.compile`` compiles the
+    graphs AOTAutograd hands it, by Inductor's inner compiler (:class:`InnerCompiledUnit`);
+    ``standalone_compile`` would trace it through AOTAutograd once more first (on an H200, 4.7 s
+    of a 6-block regional first step). Other units, and every unit under :func:`for_artifacts`,
+    go through ``standalone_compile``.
+    """
+    if not _FOR_ARTIFACTS.get() and _functional_unit(submodule, fake_inputs):
+        return InnerCompiledUnit(submodule, fake_inputs)
+    return standalone_unit(submodule, fake_inputs)
+
+
+def _functional_unit(gm: torch.fx.GraphModule, fake_inputs) -> bool:
+    """Whether AOTAutograd would leave ``gm`` as it is: every input a tensor that does not require
+    grad, and no op that mutates (an in-place op, a copy into an input). Outputs may alias inputs
+    or each other: the unit runs with gradients off, where Inductor's views of the same buffers
+    are the values AOTAutograd's wrappers would regenerate."""
+    if not all(isinstance(v, torch.Tensor) and not v.requires_grad for v in fake_inputs):
+        return False
+    return not any(
+        n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+        for n in gm.graph.nodes
+    )
+
+
+def standalone_unit(submodule, fake_inputs) -> Callable:
+    """``submodule`` compiled by ``torch._inductor.standalone_compile``: a serializable
+    ``AOTCompiledArtifact`` where this torch bundles one (:func:`bundles_units`)."""
     # As regional_inductor does: shapes from the tracing context (the joint graph's fake mode),
     # and no second rematerialisation pass inside an already partitioned graph.
     # aot=True bundles the region's AOTAutograd state in the artifact, as regional_inductor
     # asks for; a torch whose standalone_compile lacks it compiles the same graph without.
-    # Kernels are autotuned on the unit's first call, as torch.compile does, not while it compiles:
-    # standalone_compile would otherwise run every multi-config kernel on random inputs as part of
-    # the compile (on an H200, 2.4 s of a 6-block regional first step; benchmarks/RESULTS.md).
     options = {"aot": True} if bundles_units() else {}
-    lazy_tuning = {"config_patches": {"triton.autotune_at_compile_time": False}}
     with _no_nested_remat():
         return torch._inductor.standalone_compile(submodule, fake_inputs, dynamic_shapes="from_tracing_context",
-                                                  options=lazy_tuning, **options)
+                                                  options=_LAZY_TUNING, **options)
+
+
+#: Kernels are autotuned on a unit's first call, as torch.compile does, not while it compiles:
+#: standalone_compile would otherwise run every multi-config kernel on random inputs as part of the
+#: compile (on an H200, 2.4 s of a 6-block regional first step; benchmarks/RESULTS.md).
+_LAZY_TUNING = {"config_patches": {"triton.autotune_at_compile_time": False}}
+
+
+class InnerCompiledUnit:
+    """A unit compiled by Inductor's inner compiler (``compile_fx_inner``), as ``torch.compile``
+    compiles a graph after AOTAutograd: first rewritten into Inductor's decompositions and through
+    its joint-graph passes (what ``standalone_compile`` would do in AOTAutograd), then lowered,
+    every output keeping its traced strides. Called with the unit's inputs as arguments; the
+    compiled code itself (``compiled_fn``) takes them as one list and empties it.
+
+    The generated code's wait for its Triton kernels (which Inductor's compile processes build
+    meanwhile) is put off until :meth:`finish`, when the compile binds the unit, after every
+    unit of the forward and the backward has been lowered: the kernels of one unit compile while
+    the next is lowered, instead of each compile ending in its own wait (about 1.3 s of a 6-block
+    regional first step on an H200). Nothing can call the unit before that.
+
+    :meth:`saveable` is the same unit compiled by ``standalone_compile``, once, when a regional
+    artifact saves a graph calling this unit (:mod:`fp8conf.artifacts.regional`); that compile
+    waits for its own kernels, which the artifact bundles."""
+
+    def __init__(self, submodule: torch.fx.GraphModule, fake_inputs):
+        self._submodule, self._fake_inputs = submodule, list(fake_inputs)
+        self._fake_mode = torch._guards.detect_fake_mode(self._fake_inputs)
+        self._saveable = None
+        self._waits: list = []
+        with _kernel_waits_put_off(self._waits):
+            self.compiled_fn = _inner_compile_unit(submodule, self._fake_inputs, self._fake_mode)
+
+    def finish(self) -> None:
+        """Wait for the unit's kernels (a kernel that fails to build raises here)."""
+        while self._waits:
+            compile, scope = self._waits.pop(0)
+            _ORIGINAL_WAIT[0](compile, scope)
+
+    def __call__(self, *args):
+        self.finish()
+        return self.compiled_fn(list(args))
+
+    def saveable(self) -> Callable:
+        """This unit as ``standalone_compile`` compiles it (what a regional artifact stores)."""
+        if self._saveable is None:
+            context = contextlib.nullcontext() if self._fake_mode is None else torch._guards.tracing(torch._guards.TracingContext(self._fake_mode))
+            with context:
+                self._saveable = standalone_unit(self._submodule, self._fake_inputs)
+        return self._saveable
+
+
+#: The units whose kernel waits are being put off on this thread (see :func:`_kernel_waits_put_off`).
+_PUT_OFF: contextvars.ContextVar[list | None] = contextvars.ContextVar("fp8conf_kernel_waits", default=None)
+#: Inductor's own ``AsyncCompile.wait``, once :func:`_kernel_waits_put_off` has looked it up.
+_ORIGINAL_WAIT: list = []
+
+
+@contextlib.contextmanager
+def _kernel_waits_put_off(sink: list):
+    """While inside, the code Inductor generates and loads on this thread records its
+    ``async_compile.wait(globals())`` in ``sink`` (the compile object and the module's globals,
+    whose kernel futures the wait replaces by kernels) instead of waiting; other threads wait as
+    usual."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    if not _ORIGINAL_WAIT:
+        _ORIGINAL_WAIT.append(AsyncCompile.wait)
+    original = _ORIGINAL_WAIT[0]
+
+    def wait(self, scope):
+        pending = _PUT_OFF.get()
+        if pending is None:
+            return original(self, scope)
+        pending.append((self, scope))
+        return None
+
+    token = _PUT_OFF.set(sink)
+    AsyncCompile.wait = wait
+    try:
+        yield
+    finally:
+        AsyncCompile.wait = original
+        _PUT_OFF.reset(token)
+
+
+def _inner_compile_unit(submodule, fake_inputs, fake_mode):
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+    from torch._inductor.utils import BoxedBool
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    table = select_decomp_table()
+    graph = submodule
+    if any(n.op == "call_function" and n.target in table for n in submodule.graph.nodes):
+        mode = fake_mode if fake_mode is not None else contextlib.nullcontext()
+        with mode, torch.fx.traceback.preserve_node_meta():
+            graph = make_fx(torch.fx.Interpreter(submodule).run, decomposition_table=table)(*fake_inputs)
+    else:
+        from fp8conf.graph.trace import copy_graph_module
+
+        graph = copy_graph_module(submodule)  # the passes below rewrite it; the unit stays as cut
+    devices = {v.device for v in fake_inputs if isinstance(v, torch.Tensor)}
+    if "input_device" in inspect.signature(joint_graph_passes).parameters and len(devices) == 1:
+        graph = joint_graph_passes(graph, input_device=next(iter(devices)))
+    else:
+        graph = joint_graph_passes(graph)
+    # Every output is one the graph around the unit reads: each keeps the strides it was traced
+    # with, as for a graph AOTAutograd compiles for inference.
+    (output,) = graph.graph.find_nodes(op="output")
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    output.meta["user_visible_output_idxs"] = [i for i, v in enumerate(values) if isinstance(v, torch.fx.Node)]
+    with torch._inductor.config.patch(_LAZY_TUNING["config_patches"]):
+        return compile_fx_inner(graph, fake_inputs, cudagraphs=BoxedBool(False), is_inference=True)
 
 
 def _no_nested_remat():
