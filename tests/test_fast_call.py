@@ -102,12 +102,16 @@ def _views_of_the_input(x):
     return x * 2, x.t(), x.t().detach()  # outputs aliasing the input and each other
 
 
+def _unit_of(fn, x):
+    """``fn`` traced on ``x`` and compiled as a regional compile compiles a unit."""
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    with region_compile.tracing_fake_mode(gm):
+        return region_compile.compile_unit(gm, [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")])
+
+
 def test_a_unit_whose_outputs_alias_is_inner_compiled_with_the_traced_values_and_strides():
     x = torch.randn(4, 8)
-    gm = make_fx(_views_of_the_input, tracing_mode="fake")(x)
-    fakes = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
-    with region_compile.tracing_fake_mode(gm):
-        unit = region_compile.compile_unit(gm, fakes)
+    unit = _unit_of(_views_of_the_input, x)
     assert isinstance(unit, region_compile.InnerCompiledUnit)
     for _ in range(2):
         expected, got = _views_of_the_input(x), unit(x)
@@ -117,9 +121,7 @@ def test_a_unit_whose_outputs_alias_is_inner_compiled_with_the_traced_values_and
 
 def test_a_unit_that_mutates_or_takes_a_grad_input_goes_through_standalone_compile():
     x = torch.randn(4, 8)
-    mutating = make_fx(_mutating, tracing_mode="fake")(x)
-    with region_compile.tracing_fake_mode(mutating):
-        unit = region_compile.compile_unit(mutating, [p.meta["val"] for p in mutating.graph.find_nodes(op="placeholder")])
+    unit = _unit_of(_mutating, x)
     assert not isinstance(unit, region_compile.InnerCompiledUnit)
     eager_input, compiled_input = x.clone(), x.clone()
     assert torch.equal(_mutating(eager_input)[0], unit(compiled_input)[0]) and torch.equal(eager_input, compiled_input)
