@@ -39,7 +39,7 @@ from fp8conf.graph.block_saves import align_block_saves
 from fp8conf.graph.lazy_code import graph_module
 from fp8conf.graph.share_scales import share_forward_scales
 
-__all__ = ["PartitionedJoint", "partition_joint", "run_partitioned"]
+__all__ = ["PartitionedJoint", "partition_joint", "run_partitioned", "inductor_decomposed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,21 +149,28 @@ def _partition_as_torch_compile(flat, num_forward_outputs):
     return partition_fn(decomposed, examples, num_fwd_outputs=num_forward_outputs, static_lifetime_input_indices=static)
 
 
+def inductor_decomposed(gm: torch.fx.GraphModule, examples, fake_mode) -> torch.fx.GraphModule:
+    """``gm`` retraced on ``examples`` (fake values of ``fake_mode``) into Inductor's decomposition
+    table, as AOTAutograd decomposes a graph before Inductor compiles it."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    # preserve_node_meta carries each node's partitioner tag and stack trace to the nodes it becomes.
+    with fake_mode, fx_traceback.preserve_node_meta():
+        return make_fx(torch.fx.Interpreter(gm).run, decomposition_table=select_decomp_table())(*examples)
+
+
 def _decompose_for_inductor(flat):
     """``flat`` retraced (on its own fake values) into Inductor's decomposition table; its
     placeholders keep their names, by which the partitioner tells primals from tangents."""
     from torch._guards import detect_fake_mode
-    from torch._inductor.decomposition import select_decomp_table
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     placeholders = flat.graph.find_nodes(op="placeholder")
     examples = [p.meta.get("val") for p in placeholders]
     fake_mode = detect_fake_mode(examples)
     if fake_mode is None or not all(isinstance(v, torch.Tensor) for v in examples):
         return None
-    # preserve_node_meta carries each node's partitioner tag and stack trace to the nodes it becomes.
-    with fake_mode, fx_traceback.preserve_node_meta():
-        decomposed = make_fx(torch.fx.Interpreter(flat).run, decomposition_table=select_decomp_table())(*examples)
+    decomposed = inductor_decomposed(flat, examples, fake_mode)
     for new, old in zip(decomposed.graph.find_nodes(op="placeholder"), placeholders):
         new._rename(old.name)
         new.target = old.name

@@ -373,13 +373,12 @@ def _inner_compile_unit(submodule, fake_inputs, fake_mode):
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.fx_passes.joint_graph import joint_graph_passes
     from torch._inductor.utils import BoxedBool
-    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fp8conf.graph.partition import inductor_decomposed
 
     table = select_decomp_table()
     if any(n.op == "call_function" and n.target in table for n in submodule.graph.nodes):
-        mode = fake_mode if fake_mode is not None else contextlib.nullcontext()
-        with mode, torch.fx.traceback.preserve_node_meta():
-            graph = make_fx(torch.fx.Interpreter(submodule).run, decomposition_table=table)(*fake_inputs)
+        graph = inductor_decomposed(submodule, fake_inputs, fake_mode if fake_mode is not None else contextlib.nullcontext())
     else:
         from fp8conf.graph.trace import copy_graph_module
 
