@@ -317,8 +317,7 @@ class InnerCompiledUnit:
     def finish(self) -> None:
         """Wait for the unit's kernels (a kernel that fails to build raises here)."""
         while self._waits:
-            compile, scope = self._waits.pop(0)
-            _ORIGINAL_WAIT[0](compile, scope)
+            self._waits.pop(0)()
 
     def __call__(self, *args):
         self.finish()
@@ -335,28 +334,23 @@ class InnerCompiledUnit:
 
 #: Where the kernel waits of the unit compiling on this thread go (see :func:`_kernel_waits_put_off`).
 _PUT_OFF: contextvars.ContextVar[list | None] = contextvars.ContextVar("fp8conf_kernel_waits", default=None)
-#: Inductor's own ``AsyncCompile.wait`` (one entry, once :func:`_kernel_waits_put_off` has looked it
-#: up), which :meth:`InnerCompiledUnit.finish` calls.
-_ORIGINAL_WAIT: list = []
 
 
 @contextlib.contextmanager
 def _kernel_waits_put_off(sink: list):
     """While inside, the code Inductor generates and loads on this thread records its
-    ``async_compile.wait(globals())`` in ``sink`` (the compile object and the module's globals,
-    whose kernel futures the wait replaces by kernels) instead of waiting; other threads wait as
-    usual."""
+    ``async_compile.wait(globals())`` in ``sink``, as a call of Inductor's own wait on the
+    module's globals (whose kernel futures it replaces by kernels), instead of waiting; other
+    threads wait as usual."""
     from torch._inductor.async_compile import AsyncCompile
 
-    if not _ORIGINAL_WAIT:
-        _ORIGINAL_WAIT.append(AsyncCompile.wait)
-    original = _ORIGINAL_WAIT[0]
+    original = AsyncCompile.wait
 
     def wait(self, scope):
         pending = _PUT_OFF.get()
         if pending is None:
             return original(self, scope)
-        pending.append((self, scope))
+        pending.append(functools.partial(original, self, scope))
         return None
 
     token = _PUT_OFF.set(sink)
