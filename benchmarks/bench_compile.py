@@ -350,8 +350,8 @@ def main():
     parser.add_argument("--model", default="llama", choices=list(CONFIGS))
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--warmup", type=int, default=3)
-    # At the host-bound debug shape, rounds of 10 steps scattered by a third and moved the median
-    # ratio to torch.compile from 0.92 to 1.22 between runs: 7 rounds of 50 steps hold it.
+    # At the host-bound debug shape, rounds of 10 steps scattered by a third: 3 of them put full
+    # mode at 0.92x torch.compile, 7 rounds of 50 steps of the same code at 1.22x.
     parser.add_argument("--iters", type=int, default=50, help="timed steps per round")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved rounds; figures are their medians")
     parser.add_argument("--configs", nargs="+", help="configurations of --model (default: all)")
