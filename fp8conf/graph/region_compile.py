@@ -277,10 +277,10 @@ def standalone_unit(submodule, fake_inputs) -> Callable:
     # and no second rematerialisation pass inside an already partitioned graph.
     # aot=True bundles the region's AOTAutograd state in the artifact, as regional_inductor
     # asks for; a torch whose standalone_compile lacks it compiles the same graph without.
-    options = {"aot": True} if bundles_units() else {}
+    bundle = {"aot": True} if bundles_units() else {}
     with _no_nested_remat():
         return torch._inductor.standalone_compile(submodule, fake_inputs, dynamic_shapes="from_tracing_context",
-                                                  options=_LAZY_TUNING, **options)
+                                                  options=_LAZY_TUNING, **bundle)
 
 
 #: Kernels are autotuned on a unit's first call, as torch.compile does, not while it compiles:
