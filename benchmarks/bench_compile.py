@@ -27,6 +27,10 @@ Before any timer the compile stack is imported (``benchmarks/imports.py``), so t
 pays for loading Inductor; first steps of one configuration still share its cache, so only the
 first compiled variant's is cold: the first-step goal comes from ``--depth`` rows.
 
+``--fresh`` measures the first step of every compiled variant, CUDA graphs included, the
+same way at the debug depth (6 blocks): each in a process of its own, as a trainer meets it,
+and each running two more steps after it.
+
 ``--depth 2 6 32`` measures instead the first step (trace, compile and run, an empty Inductor
 cache each) of fp8conf regional, torch.compile and fp8conf full at each depth of the Llama
 model at the debug shape: cold start versus depth. Each row runs in a fresh process (nothing
@@ -42,6 +46,7 @@ inner compiler. Rows are printed (and appended to
     python benchmarks/bench_compile.py --jsonl rows.jsonl                 # on a GPU (sm89+)
     python benchmarks/bench_compile.py --depth 2 6 32 --jsonl depth.jsonl
     python benchmarks/bench_compile.py --depth 6 --depth-variants "fp8conf regional" "fp8conf regional, 1 worker"
+    python benchmarks/bench_compile.py --fresh --jsonl fresh.jsonl           # every compiled variant, its own process
     python benchmarks/bench_compile.py --from-jsonl rows.jsonl depth.jsonl --write   # the tables
     python benchmarks/bench_compile.py --device cpu --quick               # smoke test of the script
 """
@@ -89,7 +94,11 @@ EXTRA_VARIANTS = ("fp8conf regional, eager remainder", "fp8conf regional + CUDA 
                   "fp8conf regional, pieces", "fp8conf regional, 1 worker", "fp8conf regional, 4 workers")
 DEPTH_VARIANTS = ("fp8conf regional", "torch.compile", "fp8conf full", "fp8conf regional, 1 worker",
                   "fp8conf regional, 2 workers", "fp8conf regional, 4 workers", "fp8conf regional, whole trace",
-                  "fp8conf regional, saveable units")
+                  "fp8conf regional, saveable units", "fp8conf regional + CUDA graphs", "fp8conf full + CUDA graphs",
+                  "torch.compile + CUDA graphs", "eager Float8Linear")
+#: ``--fresh``: every variant a user compiles, each first step in a process of its own.
+FRESH_VARIANTS = ("fp8conf regional", "fp8conf full", "fp8conf regional + CUDA graphs", "fp8conf full + CUDA graphs",
+                  "torch.compile", "torch.compile + CUDA graphs")
 
 
 def _sync(device):
@@ -359,6 +368,9 @@ def main():
     parser.add_argument("--variants", nargs="+", help="measure only these variants (labels as printed)")
     parser.add_argument("--depth", nargs="+", type=int, help="measure cold start at these depths instead")
     parser.add_argument("--depth-variants", nargs="+", default=list(DEPTH_VARIANTS[:3]), choices=DEPTH_VARIANTS)
+    parser.add_argument("--fresh", action="store_true",
+                        help="the first step of every compiled variant (FRESH_VARIANTS) at the debug shape, each in a process of its "
+                             "own with an empty Inductor cache, as a trainer meets it (same as --depth 6 --depth-variants ...)")
     parser.add_argument("--depth-repeats", type=int, default=1, help="interleaved rounds of the depth rows; the tables show medians")
     parser.add_argument("--row-timeout", type=float, default=150, help="seconds a depth row may take (its own process)")
     parser.add_argument("--budget", type=float, default=450, help="seconds all depth rows together may take")
@@ -367,6 +379,9 @@ def main():
     parser.add_argument("--quick", action="store_true", help="tiny models, one round: checks the script, measures nothing")
     parser.add_argument("--write", action="store_true", help="append the tables to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    if args.fresh:
+        args.depth = args.depth or [6]
+        args.depth_variants = [v for v in FRESH_VARIANTS if "CUDA graphs" not in v or args.device == "cuda"]
     if args.quick:
         args.tokens, args.warmup, args.iters, args.repeats = 256, 1, 1, 1
         args.depth = args.depth and [1, 2]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one go: the GPU-marked tests of fp8conf, the conformance
+# Everything that needs a GPU, in one go: first steps of each compile path in fresh processes
+# (tests and timings), the GPU-marked tests of fp8conf, the conformance
 # suite on CUDA (NUM-004 included), its structural areas (PROV, VAL, EMU, REG, BND) with the
 # models themselves on CUDA (--fp8-device=cuda) for both in-tree backends, and, where 2 GPUs exist, the GraphPP pipeline over NCCL and its benchmark (bench_pipeline.py). Runs from the repository root on a machine
 # with CUDA, torch and torchao installed (fp8conf itself need not be installed).
@@ -17,6 +18,12 @@ import torch, torchao
 print(f"torch {torch.__version__}, torchao {torchao.__version__}, device {torch.cuda.get_device_name()}, "
       f"capability {torch.cuda.get_device_capability()}")
 PY
+# First, as a trainer meets them: each public compile path's first steps of a Llama-shaped model
+# in a process of its own with an empty Inductor cache (tests/test_fresh_process.py), then each
+# compiled variant's first step timed the same way (bench_compile.py --fresh).
+python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore -n 4 -m fp8_gpu \
+    tests/test_fresh_process.py 2>&1 | tee "$OUT/fresh-process-tests.log" | tail -n 15
+python3 benchmarks/bench_compile.py --fresh --jsonl "$OUT/fresh.jsonl" 2>&1 | tee "$OUT/bench-fresh.log" | grep -E "^depth|^\|"
 if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     # One zero-bubble (I/W apart) and one looped multi-stage schedule, eager and regionally

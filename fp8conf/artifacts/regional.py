@@ -260,6 +260,13 @@ class PrecompiledSplit:
         """The joint graph's flat outputs, as :meth:`fp8conf.StageSplit.run` returns them."""
         import torch
 
+        for kind, values in (("primal", primals), ("tangent", tangents)):
+            wrong = next((i for i, v in enumerate(values) if not isinstance(v, torch.Tensor)), None)
+            if wrong is not None:
+                raise ArtifactError(
+                    f"PrecompiledSplit.run: {kind} {wrong} must be a tensor, got {type(values[wrong]).__name__}; "
+                    "feed it with run_model(model, args, grad_outputs) or JointSignature.feed"
+                )
         with torch.no_grad():
             return self.layout.run([p.detach() for p in primals], [t.detach() for t in tangents])
 

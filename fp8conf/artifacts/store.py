@@ -173,6 +173,11 @@ class PrecompiledJoint:
         if len(flat_inputs) != len(self.inputs):
             raise ArtifactError(f"the compiled graph takes {len(self.inputs)} inputs, got {len(flat_inputs)}")
         for spec, value in zip(self.inputs, flat_inputs):
+            if "shape" in spec and not isinstance(value, torch.Tensor):
+                raise ArtifactError(
+                    f"graph input {_input_name(spec)} must be a tensor of shape {tuple(spec['shape'])} {spec['dtype']}, "
+                    f"got {type(value).__name__}: feed it with run(model, args, grad_outputs) or flat_inputs(...)"
+                )
             if "shape" in spec and (list(value.shape) != spec["shape"] or str(value.dtype) != spec["dtype"]):
                 raise ArtifactError(
                     f"graph input {_input_name(spec)} was compiled for shape {tuple(spec['shape'])} {spec['dtype']}, "

@@ -42,6 +42,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fp8conf import errors
+from fp8conf.graph.call_inputs import input_check
 from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
 from fp8conf.graph.compile_workers import unit_compiler
@@ -161,7 +162,8 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     fn = compiled.fn
     if cudagraph:
         fn = _cuda_graphed(fn, _static_inputs(gm))
-    return dataclasses.replace(compiled, fn=_with_convention(gm, fn))
+    check = input_check(gm, "compile_joint's callable", example_inputs if mode == "full" else None, joint_signature(gm))
+    return dataclasses.replace(compiled, fn=_with_convention(gm, fn, check))
 
 
 def _warm_compile_pool() -> None:
@@ -301,16 +303,20 @@ def _examples(flat, example_inputs) -> list:
     return examples
 
 
-def _with_convention(gm, flat_fn) -> Callable:
-    """``flat_fn`` (flat inputs, flat outputs) called like ``gm``, under ``no_grad``.
+def _with_convention(gm, flat_fn, check) -> Callable:
+    """``flat_fn`` (flat inputs, flat outputs) called like ``gm``, under ``no_grad``, its inputs
+    first checked by ``check`` (:func:`~fp8conf.graph.call_inputs.input_check`): compiled code
+    checks them only where it first reads them, in its own terms.
 
     The joint graph already computes the gradients: tracing autograd through it again (the
     parameters require grad) would ask for derivatives of _scaled_mm, which has none."""
     out_spec = getattr(getattr(gm.graph._codegen, "pytree_info", None), "out_spec", None)
 
     def run(*args):
+        inputs = pytree.arg_tree_leaves(*args)
+        check(inputs)
         with torch.no_grad():
-            flat = flat_fn(*pytree.arg_tree_leaves(*args))
+            flat = flat_fn(*inputs)
         return pytree.tree_unflatten(list(flat), out_spec) if out_spec is not None else flat
 
     return run

@@ -21,6 +21,7 @@ import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 
 from fp8conf.errors import FP8TraceError
+from fp8conf.graph.call_inputs import input_check
 from fp8conf.graph.equal_blocks import TRACED_BLOCKS, check_equal_blocks, truncated
 from fp8conf.graph.lazy_code import codegen_deferred, graph_module
 from fp8conf.graph.provenance import CallRecord, propagate_provenance, record_forward_provenance
@@ -132,6 +133,13 @@ class JointSignature:
         """``(primals, tangents)`` for ``model``'s current parameters and buffers, the positional
         ``args`` and the gradients of the outputs, in placeholder order."""
         args, grad_outputs = as_args(args), as_args(grad_outputs)
+        for kind, given, what in (("input", args, "args"), ("tangent", grad_outputs, "grad_outputs")):
+            needed = 1 + max((spec.index for spec in self.inputs if spec.kind == kind), default=-1)
+            if len(given) < needed:
+                raise FP8TraceError(
+                    f"the joint graph takes {needed} {what} (one {'gradient per output of the step' if kind == 'tangent' else 'per positional input'}), "
+                    f"{len(given)} given; pass {what} as the step was traced"
+                )
         state = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
         primals, tangents = [], []
         for i, spec in enumerate(self.inputs):
@@ -320,6 +328,7 @@ def run_joint(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outpu
     """
     signature = _require_signature(gm, "run_joint")
     primals, tangents = signature.feed(model, args, grad_outputs)
+    input_check(gm, "run_joint", signature=signature)([*primals, *tangents])
     with torch.no_grad():
         returned = (fn or gm)(primals, tangents)
     return signature.results(returned)
