@@ -31,6 +31,8 @@ __all__ = [
     "trace_with_oracle",
     "copy_graph_module",
     "fp8_compute_nodes",
+    "unjudged_scaled_mms",
+    "no_fp8_compute_reason",
     "is_fp8_cast",
     "live_nodes",
     "tagged_groups",
@@ -89,6 +91,27 @@ def is_fp8_compute(node: torch.fx.Node, ops: Fp8Ops) -> bool:
 
 def fp8_compute_nodes(gm: torch.fx.GraphModule, ops: Fp8Ops) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if is_fp8_compute(n, ops)]
+
+
+def unjudged_scaled_mms(gm: torch.fx.GraphModule, ops: Fp8Ops) -> list[torch.fx.Node]:
+    """Scaled matmuls whose matrix operands record no ``node.meta["val"]``: the suite judges FP8
+    compute by operand dtypes, so on such a graph it cannot tell FP8 compute from none."""
+    def unknown(value) -> bool:
+        return isinstance(value, torch.fx.Node) and getattr(value.meta.get("val"), "dtype", None) is None
+
+    return [n for n in gm.graph.nodes if n.op == "call_function" and ops.matches(n.target) and any(map(unknown, n.args[:2]))]
+
+
+def no_fp8_compute_reason(gm: torch.fx.GraphModule, ops: Fp8Ops) -> str:
+    """Why a graph that should hold FP8 compute shows none, as far as the graph tells."""
+    unjudged = unjudged_scaled_mms(gm, ops)
+    if unjudged:
+        return (
+            f"the graph holds {len(unjudged)} scaled matmul(s) (first: '{unjudged[0].name}', {unjudged[0].target}) whose "
+            "operands record no node.meta['val']: FP8 compute is judged by operand dtypes, so the backend's graphs must "
+            "keep meta['val'] on every node (trace with fake tensors, copy node.meta in rewrites)"
+        )
+    return "the graph of a non-emulated model holds no FP8 compute at all"
 
 
 def is_fp8_cast(node: torch.fx.Node) -> bool:

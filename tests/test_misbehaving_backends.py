@@ -46,3 +46,10 @@ def test_the_contract_exceptions_themselves_satisfy_the_properties(tmp_path):
     statuses, out = run_suite("mutants.contract:ContractErrorsOnly", wanted, tmp_path)
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}
     assert not failing, f"{failing}:\n{out[-4000:]}"
+
+
+def test_graphs_without_recorded_values_are_named_as_the_cause(tmp_path):
+    statuses, out = run_suite("mutants.misbehaving:TraceKeepsNoValues", ["PROV-001"], tmp_path)
+    assert statuses["PROV-001"]["status"] == "fail"
+    assert "record no node.meta['val']" in out, out[-3000:]
+    assert "holds no FP8 compute at all" not in out

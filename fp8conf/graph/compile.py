@@ -47,7 +47,7 @@ from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
 from fp8conf.graph.compile_workers import unit_compiler
 from fp8conf.graph.region_compile import compile_regions, cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
-from fp8conf.graph.regions import Region, tag_fp8_regions
+from fp8conf.graph.regions import Region, check_attributed, tag_fp8_regions
 from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
 
@@ -143,6 +143,9 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
         parts = partition_joint(flat, keep_fp8_regions=False) if partition else None
         compiled = _full(flat, parts, names, example_inputs)
     else:
+        # Before the cut: FP8 compute no region can hold would otherwise be compiled as no region
+        # at all, and the partitioner cannot read nodes without meta["val"].
+        check_attributed(flat, strict=strict)
         # Workers start before the cut, so that their start overlaps it.
         compiler = unit_compiler(workers)
         try:

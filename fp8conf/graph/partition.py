@@ -38,6 +38,7 @@ import torch.utils._pytree as pytree
 from fp8conf.graph.block_saves import align_block_saves
 from fp8conf.graph.lazy_code import graph_module
 from fp8conf.graph.share_scales import share_forward_scales
+from fp8conf.log import warn_once
 
 __all__ = ["PartitionedJoint", "partition_joint", "run_partitioned", "inductor_decomposed"]
 
@@ -80,6 +81,13 @@ def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True
         return None
     num_forward_outputs = _forward_output_count(flat, len(primals))
     if num_forward_outputs is None:
+        return None
+    unknown = next((n for n in flat.graph.nodes if n.op in ("placeholder", "call_function") and "val" not in n.meta), None)
+    if unknown is not None:
+        # The partitioner sizes every value it might save from meta["val"].
+        warn_once("uncut joint graph", f"{id(flat)}", f"compile_joint: node '{unknown.name}' records no meta['val'], so the joint graph "
+                  "cannot be cut into forward and backward as torch.compile cuts it; it is compiled whole, keeping every "
+                  "activation alive until the backward. Keep node.meta in rewrites")
         return None
     merged = {}
     if keep_fp8_regions:

@@ -33,6 +33,7 @@ import torch.fx.traceback as fx_traceback
 
 from conformance.api import types as contract
 
+from fp8conf.graph.roles import is_fp8_compute, is_unjudged_scaled_mm
 from fp8conf.quantized.float8 import QuantizationConfig
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "record_forward_provenance",
     "propagate_provenance",
     "node_passes",
+    "unattributed_fp8_compute",
 ]
 
 PROVENANCE_META_KEY = "fp8conf_provenance"
@@ -169,6 +171,37 @@ def _annotated_forward(module, fqn, counters, calls):
             return inner(*args, **kwargs)
 
     return forward
+
+
+def unattributed_fp8_compute(graph: torch.fx.Graph, passes: dict | None = None, provenance_of=None) -> list[contract.Finding]:
+    """One ``VAL-003`` finding per scaled matmul of ``graph`` that no quantized module can be
+    held to: FP8 compute without provenance, and a scaled matmul whose operands record no
+    ``node.meta["val"]`` (whether it computes in FP8 cannot be told, so neither validation nor
+    region tagging can account for it). Strict passes refuse such a graph; others warn."""
+    provenance_of = provenance_of or get_provenance
+    passes = node_passes(graph) if passes is None else passes
+    found = []
+    for node in graph.nodes:
+        if is_unjudged_scaled_mm(node):
+            missing = [a.name for a in node.args[:2] if isinstance(a, torch.fx.Node) and "val" not in a.meta]
+            found.append(contract.Finding(
+                "VAL-003",
+                f"scaled matmul '{node.name}' ({node.target}) in the {passes[node]} pass: its operand(s) {missing} record no "
+                "node.meta['val'], so whether it computes in FP8, and for which module, cannot be told. A rewrite probably "
+                "made new nodes without their meta; copy node.meta (or run torch.fx.passes.fake_tensor_prop.FakeTensorProp)",
+                pass_name=passes[node],
+                node_name=node.name,
+            ))
+        elif is_fp8_compute(node) and provenance_of(node) is None:
+            found.append(contract.Finding(
+                "VAL-003",
+                f"FP8 compute node '{node.name}' ({node.target}) in the {passes[node]} pass carries no provenance: no "
+                "quantized module claims it, so it would be compiled and validated as unknown code. A rewrite "
+                "probably replaced the node without copying node.meta; copy node.meta['fp8conf_provenance'] onto new nodes",
+                pass_name=passes[node],
+                node_name=node.name,
+            ))
+    return found
 
 
 def node_passes(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:

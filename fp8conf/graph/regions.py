@@ -21,10 +21,11 @@ import warnings
 import torch.fx
 
 from fp8conf import errors
-from fp8conf.graph.provenance import get_provenance, node_passes
+from fp8conf.graph.provenance import get_provenance, node_passes, unattributed_fp8_compute
+from fp8conf.log import warn_once
 from fp8conf.graph.roles import is_fp8_compute, is_fp8_dtype
 
-__all__ = ["REGION_META_KEY", "Region", "identify_fp8_regions", "tag_fp8_regions"]
+__all__ = ["REGION_META_KEY", "Region", "identify_fp8_regions", "tag_fp8_regions", "check_attributed"]
 
 #: Key of the region id fp8conf puts inside ``compile_with_inductor``.
 REGION_META_KEY = "inductor_region"
@@ -148,11 +149,17 @@ def _incomplete(group, computes, passes, pass_name, provenance_of=get_provenance
 def tag_fp8_regions(gm: torch.fx.GraphModule, regions: list[Region] | None = None, *, strict: bool = True) -> list[Region]:
     """Tag every complete region for regional Inductor; report incomplete ones.
 
-    Strict mode raises :class:`~fp8conf.errors.IncompleteRegionError` for the first incomplete
-    region before tagging anything; otherwise each incomplete region is a warning and stays
+    Strict mode raises :class:`~fp8conf.errors.MissingProvenanceError` for FP8 compute no region
+    can hold (no provenance, or operands that record no ``meta["val"]``), as validation does, and
+    :class:`~fp8conf.errors.IncompleteRegionError` for the first incomplete region, before tagging
+    anything; otherwise each is a warning (the former through the ``fp8conf`` logger) and stays
     untagged. Annotations already in ``node.meta["custom"]`` are kept.
     """
-    regions = identify_fp8_regions(gm) if regions is None else regions
+    if regions is None:
+        # Regions a caller identified with provenance of its own are its account; fp8conf's
+        # identification skips what fp8conf's provenance cannot place, and must say so.
+        check_attributed(gm, strict=strict)
+        regions = identify_fp8_regions(gm)
     incomplete = [r for r in regions if not r.complete]
     if incomplete and strict:
         region = incomplete[0]
@@ -171,6 +178,25 @@ def tag_fp8_regions(gm: torch.fx.GraphModule, regions: list[Region] | None = Non
             for node in region.nodes:
                 _tag(node, region.id)
     return regions
+
+
+def check_attributed(gm: torch.fx.GraphModule, *, strict: bool = True) -> None:
+    """FP8 compute no region can hold (no provenance, or no recorded dtype): identification skips
+    it, so a strict pass that went on would compile none of it as FP8 and say nothing. Strict
+    tagging refuses it as validation does; otherwise each is logged, once per node."""
+    unattributed = unattributed_fp8_compute(gm.graph)
+    if unattributed and strict:
+        first = unattributed[0]
+        more = f" ({len(unattributed) - 1} more like it)" if len(unattributed) > 1 else ""
+        raise errors.MissingProvenanceError(
+            f"FP8 region tagging: {first.message}{more}. Strict tagging refuses FP8 compute it cannot attribute; "
+            "strict=False leaves it eager with a warning",
+            pass_name=first.pass_name,
+            node_name=first.node_name,
+            findings=tuple(unattributed),
+        )
+    for finding in unattributed:
+        warn_once("unattributed FP8 compute", f"{id(gm)}:{finding.node_name}", f"[VAL-003] left eager, in no FP8 region: {finding.message}")
 
 
 def _tag(node: torch.fx.Node, region_id: str) -> None:

@@ -62,9 +62,20 @@ def is_fp8_dtype(dtype) -> bool:
     return dtype in FP8_DTYPES
 
 
+def is_scaled_mm(node: torch.fx.Node) -> bool:
+    """A call of one of the scaled matmuls, whatever its operands."""
+    return node.op == "call_function" and str(node.target) in SCALED_MM_TARGETS
+
+
+def is_unjudged_scaled_mm(node: torch.fx.Node) -> bool:
+    """A scaled matmul whose matrix operands record no dtype (no ``node.meta["val"]``): whether
+    it computes in FP8 cannot be told from the graph."""
+    return is_scaled_mm(node) and len(node.args) >= 2 and (_dtype(node.args[0]) is None or _dtype(node.args[1]) is None)
+
+
 def is_fp8_compute(node: torch.fx.Node) -> bool:
     """A scaled matmul whose two matrix operands are both FP8."""
-    if node.op != "call_function" or str(node.target) not in SCALED_MM_TARGETS or len(node.args) < 2:
+    if not is_scaled_mm(node) or len(node.args) < 2:
         return False
     return is_fp8_dtype(_dtype(node.args[0])) and is_fp8_dtype(_dtype(node.args[1]))
 

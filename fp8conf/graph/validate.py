@@ -30,7 +30,7 @@ import torch.fx
 # The report types are the contract's own: a report fp8conf makes is what a backend returns.
 from conformance.api.types import Finding, ValidationReport
 from fp8conf import errors
-from fp8conf.graph.provenance import get_provenance, node_passes
+from fp8conf.graph.provenance import get_provenance, node_passes, unattributed_fp8_compute
 from fp8conf.graph.roles import is_fp8_compute
 from fp8conf.graph.trace import trace_info
 
@@ -84,14 +84,11 @@ def validate_fp8_graph(
     findings: list[Finding] = []
     per_call: collections.Counter = collections.Counter()
     witnesses: dict[tuple[str, str], str] = {}
+    findings.extend(unattributed_fp8_compute(gm.graph, passes))
     for node in gm.graph.nodes:
-        if not is_fp8_compute(node):
-            continue
-        provenance = get_provenance(node)
-        if provenance is None:
-            findings.append(_missing_provenance(node, passes[node]))
-            continue
-        per_call[(provenance.module_fqn, provenance.call, passes[node])] += 1
+        provenance = get_provenance(node) if is_fp8_compute(node) else None
+        if provenance is not None:
+            per_call[(provenance.module_fqn, provenance.call, passes[node])] += 1
     if not info.modules:
         findings.append(
             Finding(
@@ -113,17 +110,6 @@ def validate_fp8_graph(
     for finding in findings:
         warnings.warn(f"[{finding.property_id}] {finding.message}", errors.FP8ValidationWarning, stacklevel=2)
     return report
-
-
-def _missing_provenance(node, pass_name) -> Finding:
-    return Finding(
-        "VAL-003",
-        f"FP8 compute node '{node.name}' ({node.target}) in the {pass_name} pass carries no provenance: no "
-        "quantized module claims it, so it would be compiled and validated as unknown code. A rewrite "
-        f"probably replaced the node without copying node.meta; copy node.meta['fp8conf_provenance'] onto new nodes",
-        pass_name=pass_name,
-        node_name=node.name,
-    )
 
 
 def _expected(config, call) -> dict[str, int]:

@@ -18,3 +18,17 @@ class ValidateReturnsDict(ReferenceBackend):
     def validate(self, gm, *, strict):
         super().validate(gm, strict=strict)
         return {"ok": True}
+
+
+class TraceKeepsNoValues(ReferenceBackend):
+    """Traces with a tracer that keeps no ``node.meta["val"]``: the suite cannot tell FP8 compute
+    from none on its graphs, and must say that, not that the model holds no FP8 compute."""
+
+    name = "misbehaving-trace-keeps-no-values"
+
+    def trace_joint(self, model, args):
+        gm = super().trace_joint(model, args)
+        for node in gm.graph.nodes:
+            if node.op != "placeholder":
+                node.meta.pop("val", None)
+        return gm
