@@ -31,6 +31,7 @@ import re
 import tempfile
 import warnings
 
+from fp8conf.arguments import require
 from fp8conf.artifacts.keys import ENV_KEY, ENV_KEY_FILE, key_id, resolve_key
 from fp8conf.artifacts.signature import QuantizationSignature
 from fp8conf.errors import ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FP8ConfigError
@@ -236,6 +237,7 @@ def read_artifact(path, *, key=None, trust_unsigned: bool = False) -> tuple[Arti
 def read_header(path) -> ArtifactHeader:
     """The header of the artifact at ``path`` after checking its digest, without its MAC: for
     showing and diffing (parsing the header runs nothing); loading checks the MAC too."""
+    require(path, "path", "read_header", "path")
     path = os.fspath(path)
     body, _ = _checked_body(_read_bytes(path), path)
     return _parse_header(_header_bytes(body, path), path)

@@ -230,7 +230,11 @@ class QuantizationSignature:
 
     @classmethod
     def from_json(cls, text: str) -> QuantizationSignature:
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise FP8ConfigError(f"QuantizationSignature.from_json: not JSON ({exc}); pass the text QuantizationSignature.to_json() wrote") from None
+        return cls.from_dict(data)
 
     # -- views ----------------------------------------------------------------------------------
     def to_dict(self) -> dict:

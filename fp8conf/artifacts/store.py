@@ -35,6 +35,7 @@ import tempfile
 import warnings
 from typing import Any, Callable
 
+from fp8conf.arguments import require
 from fp8conf.artifacts.format import FORMAT_VERSION, MECHANISMS, ArtifactHeader, read_artifact, read_header, seal, write_atomic
 from fp8conf.artifacts.keys import ENV_KEY_FILE, resolve_key
 from fp8conf.artifacts.shapes import stale_inputs
@@ -220,6 +221,7 @@ def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> Precompi
     result is specialized to ``example_inputs``, the flat inputs in placeholder order, tensors like
     the traced ones when omitted) or ``"regional"`` (the complete FP8 regions, strictly).
     """
+    require(gm, "graph module", "precompile_joint", "gm")
     from fp8conf.artifacts.regional import flat_callable, region_specs
     from fp8conf.graph.compile import compile_joint
     from fp8conf.graph.trace import trace_info
@@ -289,6 +291,7 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
     ``"graph_pickler"``, ``"regional"`` or ``"auto"`` (the first, falling back to the second with a
     warning when the graph cannot be compiled or saved).
     """
+    require(path, "path", "save_artifact", "path")
     import torch
 
     import fp8conf
@@ -420,6 +423,9 @@ def load_artifact(path, expected_signature: QuantizationSignature, *, key=None, 
     (another signature; naming the differing fields) or :class:`ArtifactError` (not an artifact,
     or torch cannot load it). Nothing of the payload is deserialized before these checks pass.
     """
+    require(path, "path", "load_artifact", "path")
+    require(expected_signature, QuantizationSignature, "load_artifact", "expected_signature",
+            "a QuantizationSignature (QuantizationSignature.from_model(model))")
     path = os.fspath(path)
     header, payload = _verified(path, expected_signature, key, trust_unsigned)
     return _deserialize(path, header, payload)
@@ -491,6 +497,8 @@ def precompile_model(path, model, args, *, strict: bool = True, mechanism: str =
     and save it at ``path`` with the model's quantization signature, signed with ``key`` (see
     :func:`save_artifact`). ``repeat`` and ``per_block`` are :func:`fp8conf.trace_joint`'s: a deep
     model of equal blocks traced at the cost of four."""
+    require(path, "path", "precompile_model", "path")
+    require(model, "model", "precompile_model", "model")
     from fp8conf.graph.trace import trace_joint
     from fp8conf.graph.validate import validate_fp8_graph
 
@@ -507,6 +515,8 @@ def load_for_model(path, model, args=None, *, strict: bool = True, key=None, tru
     :func:`load_artifact`), refusing it with a :class:`~fp8conf.errors.StaleArtifactError` naming
     what differs when it was compiled for other parameter or buffer shapes or dtypes, or (given
     ``args``, the model's positional inputs) other input shapes, before any of it is deserialized."""
+    require(path, "path", "load_for_model", "path")
+    require(model, "model", "load_for_model", "model")
     path = os.fspath(path)
     header, payload = _verified(path, QuantizationSignature.from_model(model, strict=strict), key, trust_unsigned)
     stale = stale_inputs(header, model, args)  # from the header alone: nothing is deserialized yet

@@ -41,6 +41,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
+from fp8conf.arguments import require
 from fp8conf import errors
 from fp8conf.graph.call_inputs import input_check
 from fp8conf.graph.partition import partition_joint, run_partitioned
@@ -125,6 +126,7 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     tensors, which the next call overwrites: clone what a step must keep (its gradients, say)
     before calling again.
     """
+    require(gm, "graph module", "compile_joint", "gm")
     if mode not in MODES:
         raise errors.FP8ConfigError(f"compile_joint(mode={mode!r}): choose one of {MODES}")
     if remainder not in REMAINDERS:

@@ -33,6 +33,7 @@ import torch.fx.traceback as fx_traceback
 
 from conformance.api import types as contract
 
+from fp8conf.arguments import require
 from fp8conf.graph.roles import is_fp8_compute, is_unjudged_scaled_mm
 from fp8conf.quantized.float8 import QuantizationConfig
 
@@ -78,6 +79,7 @@ class CallRecord:
 
 
 def get_provenance(node: torch.fx.Node) -> Provenance | None:
+    require(node, "node", "get_provenance", "node")
     return node.meta.get(PROVENANCE_META_KEY)
 
 
@@ -212,6 +214,7 @@ def node_passes(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
     or when only backward nodes use it: a rebuilt cast of a value saved by the forward pass
     still belongs to the backward.
     """
+    require(graph, "graph", "node_passes", "graph")
     passes, untagged = {}, []
     for node in graph.nodes:
         tag = node.meta.get("partitioner_tag")

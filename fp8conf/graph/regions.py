@@ -20,6 +20,7 @@ import warnings
 
 import torch.fx
 
+from fp8conf.arguments import require
 from fp8conf import errors
 from fp8conf.graph.provenance import get_provenance, node_passes, unattributed_fp8_compute
 from fp8conf.log import warn_once
@@ -52,6 +53,7 @@ def identify_fp8_regions(gm: torch.fx.GraphModule, *, provenance_of=None, passes
     ``module_fqn`` and, optionally, ``call``; equal for nodes of one module call, None for none)
     and ``passes`` (node -> ``"forward"`` / ``"backward"``); fp8conf's own are the default.
     """
+    require(gm, "graph module", "identify_fp8_regions", "gm")
     provenance_of = provenance_of or get_provenance
     passes = passes if passes is not None else node_passes(gm.graph)
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
@@ -155,6 +157,7 @@ def tag_fp8_regions(gm: torch.fx.GraphModule, regions: list[Region] | None = Non
     anything; otherwise each is a warning (the former through the ``fp8conf`` logger) and stays
     untagged. Annotations already in ``node.meta["custom"]`` are kept.
     """
+    require(gm, "graph module", "tag_fp8_regions", "gm")
     if regions is None:
         # Regions a caller identified with provenance of its own are its account; fp8conf's
         # identification skips what fp8conf's provenance cannot place, and must say so.

@@ -21,6 +21,8 @@ import enum
 import torch
 import torch.fx
 
+from fp8conf.arguments import require
+
 __all__ = ["OpRole", "FP8_DTYPES", "SCALED_MM_TARGETS", "is_fp8_dtype", "is_fp8_compute", "classify_node", "op_roles"]
 
 
@@ -75,6 +77,7 @@ def is_unjudged_scaled_mm(node: torch.fx.Node) -> bool:
 
 def is_fp8_compute(node: torch.fx.Node) -> bool:
     """A scaled matmul whose two matrix operands are both FP8."""
+    require(node, "node", "is_fp8_compute", "node")
     if not is_scaled_mm(node) or len(node.args) < 2:
         return False
     return is_fp8_dtype(_dtype(node.args[0])) and is_fp8_dtype(_dtype(node.args[1]))
@@ -82,6 +85,7 @@ def is_fp8_compute(node: torch.fx.Node) -> bool:
 
 def classify_node(node: torch.fx.Node) -> OpRole:
     """The role of ``node`` judged from itself alone (``scale`` needs the graph: see :func:`op_roles`)."""
+    require(node, "node", "classify_node", "node")
     if node.op == "placeholder":
         return OpRole.INPUT_BOUNDARY if is_fp8_dtype(_dtype(node)) else OpRole.OTHER
     if node.op != "call_function":
@@ -97,6 +101,7 @@ def classify_node(node: torch.fx.Node) -> OpRole:
 
 def op_roles(graph: torch.fx.Graph) -> dict[torch.fx.Node, OpRole]:
     """The role of every node; ``scale`` nodes lie between an amax and a compute's scale or a cast."""
+    require(graph, "graph", "op_roles", "graph")
     roles = {node: classify_node(node) for node in graph.nodes}
     after_amax = set()
     for node in graph.nodes:

@@ -40,6 +40,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
+from fp8conf.arguments import require
 from fp8conf import errors
 from fp8conf.graph.compile import compile_joint
 from fp8conf.graph.provenance import get_provenance, node_passes
@@ -118,6 +119,7 @@ def split_stage(gm: torch.fx.GraphModule, *, strict: bool = True) -> StageSplit:
     :class:`~fp8conf.errors.FP8ValidationError` before anything is cut) and is not changed.
     Raises :class:`~fp8conf.errors.FP8GraphSplitError` when the graph cannot be cut correctly.
     """
+    require(gm, "graph module", "split_stage", "gm")
     validate_fp8_graph(gm, strict=strict)
     # The split makes a few objects per node, all of which live as long as the callables; a
     # paused collector doubled its speed per node on 100k-node graphs (benchmarks/bench_passes.py).
@@ -324,4 +326,5 @@ def compile_split(split: StageSplit, *, mode: str = "regional", strict: bool = T
     complete FP8 regions, re-identified in that callable, with FP8 placeholders as boundaries;
     ``"full"``: all of it). Returns the ``fns`` mapping :meth:`StageSplit.run` and the pipeline
     runner take."""
+    require(split, StageSplit, "compile_split", "split", "a StageSplit (what fp8conf.split_stage(gm) returns)")
     return {name: compile_joint(part, mode=mode, strict=strict, cudagraph=cudagraph) for name, part in split.parts.items()}

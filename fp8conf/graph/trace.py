@@ -20,6 +20,7 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 
+from fp8conf.arguments import require
 from fp8conf.errors import FP8TraceError
 from fp8conf.graph.call_inputs import input_check
 from fp8conf.graph.equal_blocks import TRACED_BLOCKS, check_equal_blocks, truncated
@@ -202,12 +203,14 @@ def as_args(args) -> tuple:
 
 
 def trace_info(gm: torch.fx.GraphModule) -> TraceInfo | None:
+    require(gm, "graph module", "trace_info", "gm")
     return gm.meta.get(TRACE_META_KEY)
 
 
 def joint_signature(gm: torch.fx.GraphModule) -> JointSignature | None:
     """The :class:`JointSignature` :func:`trace_joint` stored on ``gm`` (``None`` when the graph
     was not traced by it or a rewrite dropped ``gm.meta``, or it no longer fits the placeholders)."""
+    require(gm, "graph module", "joint_signature", "gm")
     signature = gm.meta.get(JOINT_SIGNATURE_META_KEY)
     if signature is None or len(signature.inputs) != len(gm.graph.find_nodes(op="placeholder")):
         return None
@@ -270,6 +273,7 @@ def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None, per_
     ``per_block`` aside (ones the forward never reads, such as a ``layer_id`` used to initialise
     weights), and the forward must not depend on how many blocks there are.
     """
+    require(model, "model", "trace_joint", "model")
     args = _check_inputs(model, args)
     if per_block and repeat is None:
         raise FP8TraceError("trace_joint(per_block=...) names attributes of repeated blocks: give repeat= too")
@@ -326,6 +330,8 @@ def run_joint(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outpu
     autograd through its nodes (the parameters require grad) would keep every intermediate the
     recorded ops save alive until the results die, several times the step's own memory.
     """
+    require(gm, "graph module", "run_joint", "gm")
+    require(model, "model", "run_joint", "model")
     signature = _require_signature(gm, "run_joint")
     primals, tangents = signature.feed(model, args, grad_outputs)
     input_check(gm, "run_joint", signature=signature)([*primals, *tangents])
@@ -336,6 +342,8 @@ def run_joint(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outpu
 
 def joint_inputs(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outputs) -> tuple[list, list]:
     """The ``(primals, tangents)`` lists a joint graph is called with, in placeholder order."""
+    require(gm, "graph module", "joint_inputs", "gm")
+    require(model, "model", "joint_inputs", "model")
     return _require_signature(gm, "joint_inputs").feed(model, args, grad_outputs)
 
 
@@ -344,6 +352,7 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
     Values in meta (fake tensors, provenance) are shared, not copied; ``gm.meta`` is copied.
     """
+    require(gm, "graph module", "copy_graph_module", "gm")
     graph = torch.fx.Graph()
     graph._codegen = copy.deepcopy(gm.graph._codegen)  # keeps the pytree calling convention
     value, old_output = graph.graph_copy(gm.graph, {}, return_output_node=True)

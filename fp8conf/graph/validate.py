@@ -29,6 +29,7 @@ import torch.fx
 
 # The report types are the contract's own: a report fp8conf makes is what a backend returns.
 from conformance.api.types import Finding, ValidationReport
+from fp8conf.arguments import require
 from fp8conf import errors
 from fp8conf.graph.provenance import get_provenance, node_passes, unattributed_fp8_compute
 from fp8conf.graph.roles import is_fp8_compute
@@ -73,6 +74,7 @@ def validate_fp8_graph(
     other parts of the same step when ``gm`` is one part of it; by default it is read from
     ``gm.meta[SIBLING_COMPUTE_META_KEY]`` (absent: ``gm`` is the whole step).
     """
+    require(gm, "graph module", "validate_fp8_graph", "gm")
     info = trace_info(gm)
     if info is None:
         raise errors.FP8ValidationError(

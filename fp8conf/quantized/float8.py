@@ -14,6 +14,7 @@ import functools
 
 import torch
 
+from fp8conf.arguments import require
 from fp8conf.errors import FP8ConfigError
 
 __all__ = [
@@ -102,6 +103,7 @@ def quantization_config_of(module: torch.nn.Module) -> QuantizationConfig | None
 
 def find_quantized_modules(model: torch.nn.Module) -> dict[str, QuantizationConfig]:
     """Map the FQN of every quantized module in ``model`` to its config, in registration order."""
+    require(model, "model", "find_quantized_modules", "model")
     if not isinstance(model, torch.nn.Module):
         raise FP8ConfigError(f"expected a torch.nn.Module, got {type(model).__qualname__}")
     found = {}

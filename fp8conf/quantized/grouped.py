@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from fp8conf.arguments import require
 from fp8conf.errors import GroupedExpertsError
 
 __all__ = [
@@ -224,6 +225,8 @@ class Float8GroupedExperts(nn.Module):
         super().__init__()
         if recipe not in GROUPED_RECIPES:
             raise GroupedExpertsError(f"Float8GroupedExperts: recipe must be one of {GROUPED_RECIPES}, got {recipe!r}")
+        if not isinstance(weight, torch.Tensor):
+            raise GroupedExpertsError(f"Float8GroupedExperts(weight=...): expected a 3-d Parameter (experts, out, in), got {type(weight).__name__}")
         problem = _dims_problem(weight)
         if problem:
             raise GroupedExpertsError(f"Float8GroupedExperts: {problem}")
@@ -290,6 +293,7 @@ def convert_to_float8_grouped_experts(
         GroupedExpertsError: (a ``ValueError``) naming an experts module whose dims are not
             multiples of 16, or for an unknown ``recipe``.
     """
+    require(model, "model", "convert_to_float8_grouped_experts", "model")
     if recipe not in GROUPED_RECIPES:
         raise GroupedExpertsError(f"convert_to_float8_grouped_experts: recipe must be one of {GROUPED_RECIPES}, got {recipe!r}")
     converted: dict[int, Float8GroupedExperts] = {}

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from fp8conf.arguments import require
 from fp8conf.errors import MXArgumentError, MXConversionError
 from fp8conf.quantized.ops.e8m0 import MX_BLOCK_SIZE, apply_e8m0_scale, scaled_mm_e8m0
 
@@ -237,6 +238,7 @@ class MXLinear(nn.Linear):
     @classmethod
     def from_float(cls, linear: nn.Linear, *, recipe: str = "mxfp8", scale_rounding: str = "floor") -> MXLinear:
         """An ``MXLinear`` that takes over ``linear``'s weight and bias Parameters (no copy)."""
+        require(linear, nn.Linear, "MXLinear.from_float", "linear", "a torch.nn.Linear")
         with torch.device("meta"):
             new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
                       recipe=recipe, scale_rounding=scale_rounding)
@@ -309,6 +311,7 @@ def convert_to_mx_training(
             are not multiples of 32.
         MXArgumentError: for an unknown ``recipe`` or ``scale_rounding``.
     """
+    require(model, "model", "convert_to_mx_training", "model")
     _check_choice("recipe", recipe, RECIPES, "convert_to_mx_training")
     _check_choice("scale_rounding", scale_rounding, SCALE_ROUNDINGS, "convert_to_mx_training")
     converted: dict[int, MXLinear] = {}
