@@ -19,6 +19,7 @@ import contextlib
 import copy
 import dataclasses
 import itertools
+import warnings
 
 import torch
 import torch.fx
@@ -127,7 +128,7 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     meta (fake tensors, provenance objects) is shared, as are parameters and submodules.
     """
     graph = torch.fx.Graph()
-    graph._codegen = copy.deepcopy(gm.graph._codegen)  # keeps the pytree calling convention
+    graph._codegen = copy_codegen(gm.graph._codegen)  # keeps the pytree calling convention
     copied_nodes: dict[torch.fx.Node, torch.fx.Node] = {}
     value, old_output = graph.graph_copy(gm.graph, copied_nodes, return_output_node=True)
     new_output = graph.output(value)
@@ -137,6 +138,14 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     copied = torch.fx.GraphModule(gm, graph)
     copied.meta = _own_containers(gm.meta)
     return copied
+
+
+def copy_codegen(codegen):
+    """A copy of a graph's code generator (its pytree calling convention). torch's own copy of a
+    ``TreeSpec`` makes a check that torch deprecates; the warning says nothing about the backend."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+        return copy.deepcopy(codegen)
 
 
 def _own_containers(value):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from conformance.graphs import copy_codegen
+
 __all__ = [
     "lower_to_high_precision", "lower_grouped_to_high_precision", "rebuild_without_meta", "rebuild_chain_without_meta", "upcast_operand",
     "eliminate_common_subexpressions",
@@ -120,7 +122,7 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphM
     from torch._functorch.compile_utils import fx_graph_cse
 
     graph = fx_graph_cse(gm.graph)
-    graph._codegen = copy.deepcopy(gm.graph._codegen)  # keeps the (primals, tangents) convention
+    graph._codegen = copy_codegen(gm.graph._codegen)  # keeps the (primals, tangents) convention
     new = torch.fx.GraphModule(gm, graph)
     new.meta.update(gm.meta)
     return new

@@ -8,9 +8,11 @@ debugger and can route or silence it like any library's (``logging.getLogger("fp
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import warnings
 
-__all__ = ["logger", "warn_once"]
+__all__ = ["logger", "warn_once", "library_notices_quieted", "quiet_library_notices"]
 
 logger = logging.getLogger("fp8conf")
 
@@ -25,3 +27,46 @@ def warn_once(cause: str, where: str, message: str) -> bool:
     _said.add((cause, where))
     logger.warning("%s", message)
     return True
+
+
+#: (logger, text) of the libraries' load-time notices that say nothing about the user's step:
+#: TorchAO's extensions built for another platform, TorchAO's enums registered with pytree.
+_NOTICES = (
+    ("torchao", "Failed to load"),
+    ("torchao", "Skipping import of cpp extensions"),
+    ("torch.utils._pytree", "is an Enum subclass and is now natively supported"),
+)
+
+
+class _LibraryNotices(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(record.name == name and text in record.getMessage() for name, text in _NOTICES)
+
+
+@contextlib.contextmanager
+def library_notices_quieted():
+    """While inside, the load-time notices of TorchAO and torch that fp8conf's own imports and
+    copies trigger (see ``_NOTICES``; torch's deprecation of ``LeafSpec`` checks, met when a
+    graph's pytree calling convention is copied; ``torch.jit.script_method``, met when Inductor
+    is first imported) are not shown. Only what happens inside is affected: the user's own
+    imports and warnings are left as they are."""
+    notices = _LibraryNotices()
+    loggers = [logging.getLogger(name) for name in {name for name, _ in _NOTICES}]
+    for target in loggers:
+        target.addFilter(notices)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=r".*torch\.jit\.script_method.*", category=DeprecationWarning)
+            yield
+    finally:
+        for target in loggers:
+            target.removeFilter(notices)
+
+
+def quiet_library_notices() -> None:
+    """Keep TorchAO's and torch's load-time notices (``_NOTICES``) out of this process's output
+    for good: for fp8conf's own command line, whose process is fp8conf's."""
+    notices = _LibraryNotices()
+    for name in {name for name, _ in _NOTICES}:
+        logging.getLogger(name).addFilter(notices)

@@ -171,6 +171,10 @@ def module_signature(fqn: str, module) -> ModuleSignature | None:
 
 def _versions() -> dict[str, str]:
     import torch
+
+    from fp8conf.quantized.float8 import import_torchao_quietly
+
+    import_torchao_quietly()
     import torchao
 
     return {"torch": str(torch.__version__), "torchao": str(getattr(torchao, "__version__", "unknown"))}

@@ -41,8 +41,8 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fp8conf.arguments import require
 from fp8conf import errors
+from fp8conf.arguments import require
 from fp8conf.graph.call_inputs import input_check
 from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
@@ -51,6 +51,7 @@ from fp8conf.graph.region_compile import compile_regions, cut_pieces, cut_region
 from fp8conf.graph.regions import Region, check_attributed, tag_fp8_regions
 from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
+from fp8conf.log import library_notices_quieted
 
 __all__ = ["MODES", "REMAINDERS", "CompiledJoint", "compile_joint"]
 
@@ -177,7 +178,9 @@ def _warm_compile_pool() -> None:
     until its processes have imported torch, Inductor compiles the kernels one by one in this
     process (7 s of a regional first step on an H200). The processes start while the joint graph
     is cut and its regions tagged. Without Triton (on CPU) there is no pool and this does nothing."""
-    from torch._inductor.async_compile import maybe_warm_pool
+    with library_notices_quieted():  # Inductor's first import meets torch.jit's deprecation
+        import torch._inductor.compile_fx  # noqa: F401
+        from torch._inductor.async_compile import maybe_warm_pool
 
     maybe_warm_pool()
 

@@ -27,6 +27,7 @@ from fp8conf.graph.equal_blocks import TRACED_BLOCKS, check_equal_blocks, trunca
 from fp8conf.graph.lazy_code import codegen_deferred, graph_module
 from fp8conf.graph.provenance import CallRecord, propagate_provenance, record_forward_provenance
 from fp8conf.graph.repeat import repeat_blocks, repeat_calls
+from fp8conf.log import library_notices_quieted
 from fp8conf.quantized.float8 import QuantizationConfig, find_quantized_modules
 
 __all__ = [
@@ -354,7 +355,8 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """
     require(gm, "graph module", "copy_graph_module", "gm")
     graph = torch.fx.Graph()
-    graph._codegen = copy.deepcopy(gm.graph._codegen)  # keeps the pytree calling convention
+    with library_notices_quieted():  # torch deprecates a check its own TreeSpec copy makes
+        graph._codegen = copy.deepcopy(gm.graph._codegen)  # keeps the pytree calling convention
     value, old_output = graph.graph_copy(gm.graph, {}, return_output_node=True)
     new_output = graph.output(value)
     new_output.meta = dict(old_output.meta)

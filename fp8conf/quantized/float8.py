@@ -16,6 +16,7 @@ import torch
 
 from fp8conf.arguments import require
 from fp8conf.errors import FP8ConfigError
+from fp8conf.log import library_notices_quieted
 
 __all__ = [
     "QuantizationConfig",
@@ -60,8 +61,18 @@ def _recipe_fields(config) -> dict:
     }
 
 
+@functools.cache
+def import_torchao_quietly() -> None:
+    """Import TorchAO (once) without its load-time notices (extensions built for another
+    platform, enums registered with pytree): fp8conf's import of it is not the user's concern.
+    Where the user imported TorchAO first, this does nothing."""
+    with library_notices_quieted():
+        import torchao.float8  # noqa: F401
+
+
 @functools.lru_cache(maxsize=None)
 def _named_recipe_fields() -> tuple[tuple[str, dict], ...]:
+    import_torchao_quietly()
     from torchao.float8 import Float8LinearConfig
 
     return tuple((name, _recipe_fields(Float8LinearConfig.from_recipe_name(name))) for name in FLOAT8_RECIPES)
@@ -77,6 +88,7 @@ def recognize_float8_recipe(config) -> str:
 
 
 def _float8_linear_config(module) -> QuantizationConfig:
+    import_torchao_quietly()
     from torchao.float8.config import ScalingType
 
     config = module.config
@@ -91,6 +103,7 @@ def _float8_linear_config(module) -> QuantizationConfig:
 
 def quantization_config_of(module: torch.nn.Module) -> QuantizationConfig | None:
     """The quantization config of ``module``, or None when it does not compute in FP8."""
+    import_torchao_quietly()
     from torchao.float8.float8_linear import Float8Linear
 
     if isinstance(module, Float8Linear):

@@ -127,6 +127,9 @@ def _explain(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from fp8conf.log import quiet_library_notices
+
+    quiet_library_notices()  # this process is fp8conf's: TorchAO's load-time notices are noise here
     if args.command == "precompile":
         from fp8conf.tools import precompile as precompile_cli
 
