@@ -6,7 +6,8 @@ process per path; it prints one ``STEP`` line per step and ends with ``OK``, or 
 Paths: ``full``, ``regional`` (``compile_joint``), ``full+cg`` / ``regional+cg`` (CUDA graphs),
 ``save`` then ``load`` (a signed regional artifact, written by one process and loaded by another).
 Every step's gradients and output are compared with the eager module's own autograd (TorchAO's
-Float8Linear, no graph), each step with new inputs and output gradients; then the compiled step
+Float8Linear, no graph), each step with new inputs and output gradients (in bf16, both against
+the same eager step in float32: see :func:`compare`); then the compiled step
 is called with a Python float for the output's gradient, which must be refused with fp8conf's
 typed error naming that tangent.
 
@@ -80,12 +81,12 @@ class Llama(torch.nn.Module):
 SHAPES = {"cpu": (64, 2, 4, 2, 128, 128, 2, 32), "cuda": (256, 3, 8, 4, 768, 1024, 4, 256)}
 
 
-def build(device: str) -> torch.nn.Module:
+def build(device: str, dtype: torch.dtype | None = None) -> torch.nn.Module:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     dim, layers, heads, kv_heads, hidden, vocab, _, _ = SHAPES[device]
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
     model = Llama(dim, layers, heads, kv_heads, hidden, vocab).to(device, dtype)
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"), module_filter_fn=lambda m, fqn: fqn != "output")
     return model
@@ -115,19 +116,30 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
-def compare(step: int, got, want, tolerance: float) -> None:
+def compare(step: int, got, want, tolerance: float, truth=None) -> None:
+    """Every gradient and the output of ``got`` against eager's ``want``. In float32 (CPU) the two
+    must agree within ``tolerance``. In bf16 both are measured against ``truth``, the same eager
+    step of a float32 twin of the model: the compiled step may differ from it by at most twice
+    what eager bf16 does, plus ``tolerance`` (a reduction such as a norm weight's gradient carries
+    bf16's rounding of every layer above it, several percent for eager too)."""
     (out,), grads = got
     want_out, want_grads = want
-    worst = ("output", relative_error(out, want_out))
     missing = sorted(set(want_grads) - set(grads))
     if missing:
         raise SystemExit(f"step {step}: no gradient for {missing}")
-    for name, value in want_grads.items():
-        error = relative_error(grads[name], value)
-        if not error <= tolerance:
-            raise SystemExit(f"step {step}: gradient of {name} differs from eager by {error:.3g} (tolerance {tolerance})")
-        worst = max(worst, (name, error), key=lambda item: item[1])
-    print(f"STEP {step} worst {worst[0]} {worst[1]:.2e}", flush=True)
+    worst = ("", -1.0, 1.0)
+    for name in ["output", *want_grads]:
+        value, reference = (out, want_out) if name == "output" else (grads[name], want_grads[name])
+        if truth is None:
+            error, allowed = relative_error(value, reference), tolerance
+        else:
+            exact = truth[0] if name == "output" else truth[1][name]
+            error, allowed = relative_error(value, exact), 2 * relative_error(reference, exact) + tolerance
+        if not error <= allowed:
+            raise SystemExit(f"step {step}: {'the output' if name == 'output' else f'gradient of {name}'} differs by {error:.3g} "
+                             f"({'from eager' if truth is None else 'from the float32 step'}; allowed {allowed:.3g})")
+        worst = max(worst, (name, error, allowed), key=lambda item: item[1] / item[2])
+    print(f"STEP {step} worst {worst[0]} {worst[1]:.2e} of {worst[2]:.2e} allowed", flush=True)
 
 
 def compiled_step(path: str, model, x, grad, artifact: str):
@@ -184,7 +196,8 @@ def main(path: str, device: str, artifact: str) -> None:
         print(f"SAVED in {time.perf_counter() - started:.1f} s\nOK", flush=True)
         return
     step, raw = compiled_step(path, model, x, grad, artifact)
-    tolerance = 3e-2 if device == "cuda" else 1e-3
+    tolerance = 1e-2 if device == "cuda" else 1e-3
+    twin = build(device, torch.float32) if device == "cuda" else None
     for i in range(STEPS):
         x, grad = inputs(device, i)
         got = step(x, grad)
@@ -192,7 +205,8 @@ def main(path: str, device: str, artifact: str) -> None:
             torch.cuda.synchronize()
         if i == 0:
             print(f"FIRST STEP in {time.perf_counter() - started:.1f} s", flush=True)
-        compare(i, got, eager_step(model, x, grad), tolerance)
+        truth = None if twin is None else eager_step(twin, x.float(), grad.float())
+        compare(i, got, eager_step(model, x, grad), tolerance, truth)
     refuses_a_float_tangent(path, model, x, raw)
     print("OK", flush=True)
 

@@ -44,6 +44,7 @@ def _fresh(path: str, device: str, tmp_path: Path, artifact: Path) -> str:
 def _assert_steps(stdout: str) -> None:
     from fresh_steps import STEPS
 
+    print(stdout)  # the worst error of each step against what it was allowed (pytest -rP shows it)
     assert [line.split()[1] for line in stdout.splitlines() if line.startswith("STEP ")] == [str(i) for i in range(STEPS)], stdout
     assert "REFUSED FP8" in stdout or "REFUSED Artifact" in stdout, stdout
 
