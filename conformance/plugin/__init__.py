@@ -3,7 +3,8 @@
 Installed, it changes nothing in a pytest run without ``--fp8-backend``: it registers its
 ``--fp8-*`` options and the names of its markers, loads no Hypothesis profile, gates no test and
 imports neither torch nor Hypothesis. With ``--fp8-backend=NAME`` (an entry point of the group
-``fp8conf.backends``) or ``--fp8-backend=package.module:Class`` it:
+``fp8conf.backends``) or ``--fp8-backend=package.module:Class`` it (an empty value, as an unset
+variable gives, is a usage error, not a run that checks nothing):
 
 * registers the Hypothesis profiles ``fp8conf-dev`` / ``fp8conf-ci`` / ``fp8conf-thorough``
   and loads ``fp8conf-ci`` unless ``--hypothesis-profile`` or ``$FP8CONF_HYPOTHESIS_PROFILE``

@@ -1,4 +1,5 @@
-"""Usage errors found before any test runs: where the report goes and which properties run.
+"""Usage errors found before any test runs: the backend, where the report goes and which
+properties run.
 
 Each is one ``pytest.UsageError`` line (exit status 4), raised while the plugin configures
 itself, so a typo costs seconds, not the run it would otherwise end.
@@ -6,6 +7,7 @@ itself, so a typo costs seconds, not the run it would otherwise end.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 from pathlib import Path
@@ -13,10 +15,29 @@ from pathlib import Path
 import pytest
 
 from conformance.api import PROPERTIES
+from conformance.plugin.loading import ENTRY_POINT_GROUP
 
-__all__ = ["checked_properties", "checked_report_path", "selects"]
+__all__ = ["checked_backend_spec", "checked_properties", "checked_report_path", "selects"]
 
 _AREA = re.compile(r"^[A-Z][A-Z0-9]*$")
+
+
+def checked_backend_spec(config: pytest.Config) -> str | None:
+    """``--fp8-backend`` as given; None without the option.
+
+    An empty or blank value (``--fp8-backend=$BACKEND`` with the variable unset) is refused: taken
+    for "no backend", it would make the run skip every conformance test and exit 0, a green run
+    that checked nothing. Only the option left out keeps the plugin inert.
+    """
+    spec = config.getoption("fp8_backend")
+    if spec is not None and not spec.strip():
+        # Only the names are read: listing must not import any backend's module.
+        names = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP).names)
+        raise pytest.UsageError(
+            f"--fp8-backend is empty; pass an installed backend name (installed: "
+            f"{', '.join(names) or 'none'}) or package.module:Class, or leave the option out"
+        )
+    return spec
 
 
 def _nearest_existing(path: Path) -> Path:
