@@ -9,8 +9,9 @@ variable gives, is a usage error, not a run that checks nothing):
 * registers the Hypothesis profiles ``fp8conf-dev`` / ``fp8conf-ci`` / ``fp8conf-thorough``
   and loads ``fp8conf-ci`` unless ``--hypothesis-profile`` or ``$FP8CONF_HYPOTHESIS_PROFILE``
   picks another (:mod:`~conformance.plugin.profiles`);
-* checks ``--fp8-report``, ``--fp8-expectations`` and ``--fp8-property`` before any test runs
-  (:mod:`~conformance.plugin.usage`) and keeps only the tests of ``--fp8-property``;
+* checks ``--fp8-report`` (by creating its files), ``--fp8-expectations`` and ``--fp8-property``
+  before any test runs (:mod:`~conformance.plugin.usage`) and keeps only the tests of
+  ``--fp8-property``;
 * loads and instantiates the backend once per session (fixture ``fp8_backend``;
   :mod:`~conformance.plugin.loading`);
 * collects ``conformance/properties/`` of the installed package when no test path is given;
