@@ -354,6 +354,9 @@ def test_report_files_and_summary(suite, xdist):
     summary = report["summary"]
     assert (summary["must_passed"], summary["must_applicable"]) == (2, 4)
     assert summary["must_score"] == 0.5
+    # PROV-004 (MUST) skipped: not checked, so counted against the score, with its reason.
+    assert (summary["must_total"], summary["must_skipped"]) == (5, 1)
+    assert summary["must_skipped_reasons"] == {"not today": ["PROV-004"]}
     assert report["backend"]["name"] == "fake" and report["backend"]["version"] == "1.2"
     assert {"python", "torch", "torchao", "hypothesis_profile"} <= set(report["environment"])
     assert report["environment"]["hypothesis_profile"] == "fp8conf-ci"
@@ -362,14 +365,14 @@ def test_report_files_and_summary(suite, xdist):
     markdown = (suite.path / "out" / "conf.md").read_text()
     assert "| PROV-002 | MUST | provenance | fail | 2 |" in markdown
     assert "| VAL-001 | | validation | not_supported | 1 |" in markdown
-    assert "MUST score: 2/4" in markdown
+    assert "**MUST score: 2/5 passed, 1 skipped [not today: PROV-004] (backend fake 1.2)**" in markdown
 
     result.stdout.fnmatch_lines(
         [
             "*fp8conf conformance*",
             "PROV-003 *MUST *provenance *error *1 *0",
             "PROV-001 *MUST *provenance *pass *3",
-            "MUST score: 2/4 (backend fake 1.2)",
+            "MUST score: 2/5 passed, 1 skipped [not today: PROV-004] (backend fake 1.2)",
         ]
     )
 
