@@ -17,7 +17,9 @@ otherwise) and that they were written by a holder of the key (the MAC, under the
 :mod:`fp8conf.artifacts.keys`: :class:`ArtifactAuthenticityError` otherwise). Only then is the
 header parsed, as bounded ASCII JSON checked field by field; the payload is left to the caller.
 An unsigned artifact carries 32 zero bytes as its MAC and loads only when the caller says it
-trusts unsigned artifacts, with a warning.
+trusts unsigned artifacts, with a warning. Trusting unsigned artifacts never extends to one that
+carries a MAC: a MAC that does not verify under the loader's key (another key, or altered and
+re-hashed), or that no key is there to verify, is always refused.
 """
 
 from __future__ import annotations
@@ -172,26 +174,34 @@ def verify_mac(body: bytes, mac: bytes, key: bytes | None) -> str:
     return "valid" if hmac.compare_digest(hmac.new(key, body, hashlib.sha256).digest(), mac) else "invalid"
 
 
+# A MAC claims that a holder of the key wrote the file. Trusting files that make no such claim
+# must never let through one whose claim fails, or that no key is there to check.
+_NOT_UNSIGNED = "; trust_unsigned=True / --trust-unsigned loads only files without a MAC, never one whose MAC cannot be verified."
+
+
 def _refuse_unauthentic(status: str, body: bytes, key: bytes | None, path: str, trust_unsigned: bool) -> None:
     signed_with = _peek_key_id(body)
     mine = key_id(key) if key is not None else None
-    reason = {
-        "unsigned": "it is unsigned",
-        "no-key": f"it is signed (key id {signed_with}) but no key was given to verify it (key=, ${ENV_KEY} or ${ENV_KEY_FILE})",
-        "invalid": f"its MAC is not valid under your key (key id {mine}; the artifact names key id {signed_with}): "
-                   "it was signed with another key, or altered and re-hashed by someone without your key",
-    }[status]
-    if trust_unsigned:
-        warnings.warn(
-            f"loading artifact {path!r} although {reason}: its payload is executable code and runs with your "
-            "permissions; load only artifacts whose origin you trust (trust_unsigned=True / --trust-unsigned)",
-            stacklevel=3,
-        )
-        return
+    if status == "unsigned":
+        if trust_unsigned:
+            warnings.warn(
+                f"loading artifact {path!r} although it is unsigned: its payload is executable code and runs with your "
+                "permissions; load only artifacts whose origin you trust (trust_unsigned=True / --trust-unsigned)",
+                stacklevel=3,
+            )
+            return
+        reason = "it is unsigned"
+        advice = ("Load artifacts signed with your key (`fp8conf precompile keygen`, then save with it), or pass "
+                  "trust_unsigned=True / --trust-unsigned if you trust where this file came from.")
+    elif status == "no-key":
+        reason = f"it is signed (key id {signed_with}) but no key was given to verify it (key=, ${ENV_KEY} or ${ENV_KEY_FILE})"
+        advice = "Give the key it was signed with" + _NOT_UNSIGNED
+    else:
+        reason = (f"its MAC is not valid under your key (key id {mine}; the artifact names key id {signed_with}): "
+                  "it was signed with another key, or altered and re-hashed by someone without your key")
+        advice = "Load it with the key it was signed with, or save it again with yours" + _NOT_UNSIGNED
     raise ArtifactAuthenticityError(
-        f"artifact {path!r} is refused: {reason}. Its payload is executable code and was not deserialized. "
-        "Load artifacts signed with your key (`fp8conf precompile keygen`, then save with it), or pass "
-        "trust_unsigned=True / --trust-unsigned if you trust where this file came from.",
+        f"artifact {path!r} is refused: {reason}. Its payload is executable code and was not deserialized. {advice}",
         path=path, signed_with=signed_with, loader_key=mine,
     )
 
@@ -217,7 +227,7 @@ def _header_bytes(body: bytes, path: str) -> bytes:
 def read_artifact(path, *, key=None, trust_unsigned: bool = False) -> tuple[ArtifactHeader, bytes]:
     """``(header, payload)`` of the artifact at ``path`` once its digest and its MAC under ``key``
     (see :func:`fp8conf.artifacts.keys.resolve_key`) are verified; ``trust_unsigned`` loads one
-    without a valid MAC, with a warning."""
+    that carries no MAC, with a warning, and never one whose MAC does not verify."""
     path = os.fspath(path)
     data = _read_bytes(path)
     body, mac = _checked_body(data, path)

@@ -2,8 +2,9 @@
 
 An artifact is executable code: loading one runs the compiled graph it holds (Inductor's generated
 code, or a pickled graph), with your permissions. fp8conf signs every artifact it saves with an
-HMAC-SHA256 under your key and loads only artifacts whose MAC verifies, unless --trust-unsigned
-is given (which warns). Make a key once and point the environment at it:
+HMAC-SHA256 under your key and loads only artifacts whose MAC verifies; --trust-unsigned (which
+warns) also loads one that carries no MAC, never one whose MAC does not verify. Make a key once
+and point the environment at it:
 
     fp8conf precompile keygen --out ~/.fp8conf-artifact.key     # 32 random bytes, mode 0600
     export FP8CONF_ARTIFACT_KEY_FILE=~/.fp8conf-artifact.key    # or FP8CONF_ARTIFACT_KEY=<hex>
@@ -81,7 +82,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     load.add_argument("artifact")
     load.add_argument("--run", action="store_true", help="also run the loaded graph once (tangents of ones)")
     load.add_argument("--trust-unsigned", action="store_true",
-                      help="load it even without a valid MAC: its code runs with your permissions; only for files whose origin you trust")
+                      help="load it even when it carries no MAC (never one whose MAC does not verify): its code runs with "
+                           "your permissions; only for files whose origin you trust")
 
     diff = actions.add_parser("diff", help="field-by-field diff of two quantization signatures")
     diff.add_argument("left", help="artifact or signature JSON file")
@@ -265,8 +267,8 @@ def _show(args) -> int:
     status = {
         "valid": f"signed, key id {header.key_id}: the MAC verifies under your key",
         "unsigned": "UNSIGNED: loads only with --trust-unsigned",
-        "no-key": f"signed, key id {header.key_id}: not verified (no key given)",
-        "invalid": f"signed, key id {header.key_id}: the MAC does NOT verify under your key; load refuses it",
+        "no-key": f"signed, key id {header.key_id}: not verified (no key given); load needs the key, also with --trust-unsigned",
+        "invalid": f"signed, key id {header.key_id}: the MAC does NOT verify under your key; load refuses it, also with --trust-unsigned",
     }[mac_status(args.artifact, key=args.key_file)]
     print(f"{args.artifact}: fp8conf artifact v{header.format_version}, {header.mechanism}, payload {header.payload_size} bytes, written by fp8conf {header.fp8conf_version}")
     print(status)
