@@ -19,6 +19,7 @@ The branches are siblings, so catching one never swallows another stage's failur
     |-- ArtifactError             a precompiled artifact that cannot be saved or loaded
     |   |-- ArtifactIntegrityError     truncated, corrupt or altered: its digest does not match
     |   |-- ArtifactAuthenticityError  no valid MAC under the loader's key: it may run anyone's code
+    |   |-- ArtifactKeyError           a key or key file that cannot be used (also an FP8ConfigError)
     |   |-- FingerprintMismatchError   built for another configuration (conformance FingerprintMismatch)
     |   `-- StaleArtifactError         built for other parameter, buffer or input shapes
     |-- MXArgumentError           an argument of an MX op or helper (also a ValueError)
@@ -46,6 +47,7 @@ __all__ = [
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactAuthenticityError",
+    "ArtifactKeyError",
     "FingerprintMismatchError",
     "StaleArtifactError",
     "MXArgumentError",
@@ -204,6 +206,16 @@ class ArtifactAuthenticityError(ArtifactError):
         super().__init__(message, path=path)
         self.signed_with = signed_with
         self.loader_key = loader_key
+
+
+class ArtifactKeyError(ArtifactError, FP8ConfigError):
+    """A key that cannot sign or verify artifacts: a key file that cannot be read, is not a
+    regular file or is far larger than a key, text that is not hex, or too few bytes. It is also
+    an :class:`FP8ConfigError`, what these mistakes raised before they had a type of their own.
+
+    Attributes:
+        path: the key file's path, or ``None`` (no file).
+    """
 
 
 class FingerprintMismatchError(ArtifactError, contract.FingerprintMismatch):

@@ -19,7 +19,9 @@ header parsed, as bounded ASCII JSON checked field by field; the payload is left
 An unsigned artifact carries 32 zero bytes as its MAC and loads only when the caller says it
 trusts unsigned artifacts, with a warning. Trusting unsigned artifacts never extends to one that
 carries a MAC: a MAC that does not verify under the loader's key (another key, or altered and
-re-hashed), or that no key is there to verify, is always refused.
+re-hashed), or that no key is there to verify, is always refused. The file itself is read as
+:mod:`fp8conf.artifacts.reading` reads it: a regular file only, of at most
+``$FP8CONF_ARTIFACT_MAX_BYTES`` bytes, checked before a byte is read.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import tempfile
 import warnings
 
 from fp8conf.artifacts.keys import ENV_KEY, ENV_KEY_FILE, key_id, resolve_key
+from fp8conf.artifacts.reading import ENV_MAX_ARTIFACT_BYTES, max_artifact_bytes, read_regular_file
 from fp8conf.artifacts.signature import QuantizationSignature
 from fp8conf.errors import ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FP8ConfigError
 
@@ -46,6 +49,7 @@ __all__ = [
     "write_atomic",
     "read_artifact",
     "read_header",
+    "parse_header",
     "verify_mac",
 ]
 
@@ -133,11 +137,15 @@ def write_atomic(path: str, data: bytes) -> None:
 
 
 def _read_bytes(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ArtifactError(f"cannot read artifact {path!r}: {exc}", path=path) from exc
+    data, _ = read_regular_file(
+        path, name=f"artifact {path!r}", limit=max_artifact_bytes(),
+        over_limit=f"; if it is an artifact you expect, set {ENV_MAX_ARTIFACT_BYTES} to at least {{size}}",
+        error=lambda message: ArtifactError(message, path=path),
+    )
+    return _checked_magic(data, path)
+
+
+def _checked_magic(data: bytes, path: str) -> bytes:
     if not data.startswith(_MAGIC_PREFIX):
         raise ArtifactError(f"{path!r} is not an fp8conf artifact (bad magic bytes); save one with `fp8conf precompile save`", path=path)
     if not data.startswith(ARTIFACT_MAGIC):
@@ -247,7 +255,13 @@ def read_header(path) -> ArtifactHeader:
     """The header of the artifact at ``path`` after checking its digest, without its MAC: for
     showing and diffing (parsing the header runs nothing); loading checks the MAC too."""
     path = os.fspath(path)
-    body, _ = _checked_body(_read_bytes(path), path)
+    return parse_header(_read_bytes(path), path)
+
+
+def parse_header(data: bytes, path) -> ArtifactHeader:
+    """:func:`read_header` of an artifact file's bytes ``data``, already read from ``path``."""
+    path = os.fspath(path)
+    body, _ = _checked_body(_checked_magic(data, path), path)
     return _parse_header(_header_bytes(body, path), path)
 
 

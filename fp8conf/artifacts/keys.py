@@ -10,7 +10,8 @@ read (:func:`generate_key_file`, ``fp8conf precompile keygen --out FILE``) and f
 * ``FP8CONF_ARTIFACT_KEY_FILE``: the path of a key file.
 
 Anyone holding the key can write artifacts this process will run: keep it as secret as the
-permission to run code on the machines that load them.
+permission to run code on the machines that load them. A key file is read as
+:mod:`fp8conf.artifacts.reading` reads any file: a regular file only, of at most 4096 bytes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import secrets
 import stat
 import warnings
 
-from fp8conf.errors import FP8ConfigError
+from fp8conf.artifacts.reading import MAX_KEY_FILE_BYTES, read_regular_file
+from fp8conf.errors import ArtifactKeyError
 
 __all__ = ["ENV_KEY", "ENV_KEY_FILE", "KEY_BYTES", "generate_key_file", "read_key_file", "resolve_key", "key_id"]
 
@@ -32,13 +34,13 @@ KEY_BYTES = 32
 _MIN_KEY_BYTES = 16  # below this a MAC key can be guessed
 
 
-def _parse(text: str, where: str) -> bytes:
+def _parse(text: str, where: str, path: str | None = None) -> bytes:
     try:
         key = bytes.fromhex(text.strip())
     except ValueError:
-        raise FP8ConfigError(f"artifact key from {where} is not hex text; make one with `fp8conf precompile keygen --out FILE`") from None
+        raise ArtifactKeyError(f"artifact key from {where} is not hex text; make one with `fp8conf precompile keygen --out FILE`", path=path) from None
     if len(key) < _MIN_KEY_BYTES:
-        raise FP8ConfigError(f"artifact key from {where} has {len(key)} bytes; at least {_MIN_KEY_BYTES} are needed ({KEY_BYTES} from keygen)")
+        raise ArtifactKeyError(f"artifact key from {where} has {len(key)} bytes; at least {_MIN_KEY_BYTES} are needed ({KEY_BYTES} from keygen)", path=path)
     return key
 
 
@@ -50,9 +52,9 @@ def generate_key_file(path) -> bytes:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise FP8ConfigError(f"{path!r} exists; fp8conf never overwrites a key file (remove it first if you mean to replace the key)") from None
+        raise ArtifactKeyError(f"{path!r} exists; fp8conf never overwrites a key file (remove it first if you mean to replace the key)", path=path) from None
     except OSError as exc:
-        raise FP8ConfigError(f"cannot create key file {path!r}: {exc}") from None
+        raise ArtifactKeyError(f"cannot create key file {path!r}: {exc.strerror}", path=path) from None
     with os.fdopen(fd, "w") as f:
         f.write(key.hex() + "\n")
     os.chmod(path, 0o600)  # O_CREAT's mode is masked by the umask
@@ -60,18 +62,23 @@ def generate_key_file(path) -> bytes:
 
 
 def read_key_file(path) -> bytes:
-    """The key in the key file at ``path``; warns when others may read the file."""
+    """The key in the key file at ``path``, a regular file of at most 4096 bytes; warns when
+    others may read the file."""
     path = os.fspath(path)
-    try:
-        with open(path, encoding="ascii") as f:
-            text = f.read()
-        mode = os.stat(path).st_mode
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FP8ConfigError(f"cannot read artifact key file {path!r}: {exc}") from None
+    data, info = read_regular_file(
+        path, name=f"artifact key file {path!r}", limit=MAX_KEY_FILE_BYTES,
+        over_limit=" of a key file, which holds 64 hex digits; give the file `fp8conf precompile keygen` wrote",
+        error=lambda message: ArtifactKeyError(message, path=path),
+    )
+    mode = info.st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         warnings.warn(f"artifact key file {path!r} is readable by others (mode {stat.S_IMODE(mode):o}): anyone who reads it can "
                       f"write artifacts you will run; chmod 600 it", stacklevel=2)
-    return _parse(text, f"key file {path!r}")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise ArtifactKeyError(f"artifact key file {path!r} is not ASCII hex text; make one with `fp8conf precompile keygen --out FILE`", path=path) from None
+    return _parse(text, f"key file {path!r}", path)
 
 
 def resolve_key(key=None) -> bytes | None:
@@ -79,12 +86,12 @@ def resolve_key(key=None) -> bytes | None:
     ``FP8CONF_ARTIFACT_KEY``, else ``FP8CONF_ARTIFACT_KEY_FILE``, else ``None``."""
     if isinstance(key, (bytes, bytearray)):
         if len(key) < _MIN_KEY_BYTES:
-            raise FP8ConfigError(f"artifact key has {len(key)} bytes; at least {_MIN_KEY_BYTES} are needed")
+            raise ArtifactKeyError(f"artifact key has {len(key)} bytes; at least {_MIN_KEY_BYTES} are needed")
         return bytes(key)
     if key is not None:
         if isinstance(key, str) or hasattr(key, "__fspath__"):
             return read_key_file(key)
-        raise FP8ConfigError(f"key must be bytes or the path of a key file, got {type(key).__qualname__}")
+        raise ArtifactKeyError(f"key must be bytes or the path of a key file, got {type(key).__qualname__}")
     if os.environ.get(ENV_KEY):
         return _parse(os.environ[ENV_KEY], f"${ENV_KEY}")
     if os.environ.get(ENV_KEY_FILE):

@@ -10,6 +10,8 @@ and point the environment at it:
     export FP8CONF_ARTIFACT_KEY_FILE=~/.fp8conf-artifact.key    # or FP8CONF_ARTIFACT_KEY=<hex>
 
 Whoever holds the key can write artifacts your trainers will run: keep it like a deploy credential.
+Artifacts and key files are read only when they are regular files; an artifact over
+FP8CONF_ARTIFACT_MAX_BYTES (default 4 GiB) is refused before it is read.
 
 The model comes from --model package.module:factory, a callable taking no arguments that returns
 (model, args) (load and diff also accept one returning the model alone):
@@ -28,7 +30,8 @@ Exit status:
   0  success (diff: the signatures are identical)
   1  the artifact was built for another configuration: fingerprint or shapes differ (diff: different)
   2  usage or bad input: a bad argument or --model (or a model fp8conf cannot trace or validate),
-     a file that is not an fp8conf artifact of this format
+     a file that is not an fp8conf artifact of this format (or not a regular file, or over the size
+     bound), a key or key file that cannot be used
   3  integrity or authenticity: a truncated, corrupt or altered artifact, or one without a valid MAC
 """
 
@@ -158,17 +161,21 @@ def format_diff(differences) -> str:
 
 def _operand(path: str):
     """``(signature, label)`` of an artifact or a signature JSON file."""
-    from fp8conf.artifacts.format import ARTIFACT_MAGIC, read_header
+    from fp8conf.artifacts.format import parse_header
+    from fp8conf.artifacts.reading import ENV_MAX_ARTIFACT_BYTES, max_artifact_bytes, read_regular_file
     from fp8conf.artifacts.signature import QuantizationSignature
+    from fp8conf.errors import ArtifactError
 
-    with open(path, "rb") as f:
-        start = f.read(len(ARTIFACT_MAGIC))
-    if start.startswith(b"FP8CONF-ARTIFACT"):
-        header = read_header(path)
+    raw, _ = read_regular_file(
+        path, name=f"diff operand {path!r}", limit=max_artifact_bytes(),
+        over_limit=f"; if it is a file you expect, set {ENV_MAX_ARTIFACT_BYTES} to at least {{size}}",
+        error=lambda message: ArtifactError(message, path=path),
+    )
+    if raw.startswith(b"FP8CONF-ARTIFACT"):
+        header = parse_header(raw, path)
         return header.signature, f"artifact {path} ({header.mechanism})"
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise _UsageError(f"{path} is neither an fp8conf artifact nor a signature JSON file ({_one_line(exc)})") from None
     if isinstance(data, dict) and "signature" in data and "modules" not in data:
