@@ -1,5 +1,5 @@
-"""What fp8conf reads as an artifact or a key file: only a regular file, and only up to a bound
-checked before reading.
+"""What fp8conf reads as an artifact or a key file: only a regular file, only up to a bound
+checked before reading, and no key material in any message.
 
 A path that names a FIFO blocks a plain ``open()`` for ever, and one that names ``/dev/zero``
 (through a symlink, say) reads until memory runs out. Those cases run in a process of their
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pathlib
 import resource
+import stat
 import subprocess
 import sys
 
@@ -20,8 +21,8 @@ import pytest
 import fp8conf
 from conformance.models import build_model
 from fingerprint_models import SPEC_A
-from fp8conf import ArtifactError, ArtifactKeyError, QuantizationSignature
-from fp8conf.artifacts.keys import read_key_file
+from fp8conf import ArtifactError, ArtifactKeyError, KeyFilePermissionError, QuantizationSignature
+from fp8conf.artifacts.keys import ENV_KEY_FILE_SHARED, generate_key_file, read_key_file
 from fp8conf.artifacts.reading import ENV_MAX_ARTIFACT_BYTES
 from fp8conf.tools.cli import main
 
@@ -31,7 +32,7 @@ _MEMORY_LIMIT = 3 << 30  # bytes of address space for a bounded process: torch i
 
 @pytest.fixture(autouse=True)
 def _loader_key(monkeypatch):
-    for name in ("FP8CONF_ARTIFACT_KEY_FILE", ENV_MAX_ARTIFACT_BYTES):
+    for name in ("FP8CONF_ARTIFACT_KEY_FILE", ENV_KEY_FILE_SHARED, ENV_MAX_ARTIFACT_BYTES):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FP8CONF_ARTIFACT_KEY", KEY.hex())
 
@@ -99,7 +100,7 @@ def test_a_key_file_that_is_not_a_regular_file_is_refused_without_reading(genuin
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("fp8conf.errors.ArtifactKeyError: ") and "is not a regular file" in last, proc.stderr
     proc = _bounded("-m", "fp8conf.tools.cli", "precompile", "show", str(genuine[0]), "--key-file", str(path))
-    assert proc.returncode == 2 and "is not a regular file" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "--key-file" in proc.stderr and "is not a regular file" in proc.stderr, proc.stderr
     proc = _bounded("-m", "fp8conf.tools.cli", "precompile", "show", str(genuine[0]), env={"FP8CONF_ARTIFACT_KEY": "",
                     "FP8CONF_ARTIFACT_KEY_FILE": str(path)})
     assert proc.returncode == 2 and "is not a regular file" in proc.stderr, proc.stderr
@@ -137,4 +138,76 @@ def test_a_key_file_far_larger_than_a_key_is_refused_before_reading(tmp_path):
     path.write_text("ab" * 50_000 + "\n")  # valid hex: read whole, it would be a 50 kB key
     os.chmod(path, 0o600)
     with pytest.raises(ArtifactKeyError, match=r"is 100001 bytes, over the bound of \d+ bytes of a key file"):
+        read_key_file(path)
+
+
+# --- no key material in any message -------------------------------------------------------------
+
+
+def _assert_no_key_in(text: str) -> None:
+    hex_key = KEY.hex()
+    chunks = {hex_key[i:i + 8] for i in range(0, len(hex_key) - 7)}
+    leaked = [chunk for chunk in chunks if chunk in text.lower()]
+    assert not leaked, f"key material in the message: {text}"
+
+
+def test_a_key_given_where_a_key_file_path_is_expected_is_never_echoed(genuine, monkeypatch, capsys):
+    path, model = genuine
+    signature = QuantizationSignature.from_model(model)
+    with pytest.raises(ArtifactKeyError) as info:
+        fp8conf.load_artifact(path, signature, key=KEY.hex())
+    _assert_no_key_in(str(info.value))
+    assert "key=" in str(info.value) and "bytes.fromhex" in str(info.value) and info.value.path is None
+    assert main(["precompile", "show", str(path), "--key-file", KEY.hex()]) == 2
+    err = capsys.readouterr().err
+    _assert_no_key_in(err)
+    assert "--key-file" in err and "FP8CONF_ARTIFACT_KEY" in err
+    monkeypatch.setenv("FP8CONF_ARTIFACT_KEY", "")
+    monkeypatch.setenv("FP8CONF_ARTIFACT_KEY_FILE", f"  {KEY.hex().upper()}\n")
+    with pytest.raises(ArtifactKeyError) as info:
+        fp8conf.load_artifact(path, signature)
+    _assert_no_key_in(str(info.value))
+    assert "$FP8CONF_ARTIFACT_KEY_FILE" in str(info.value)
+
+
+def test_a_key_file_path_that_cannot_be_a_key_is_named(tmp_path):
+    with pytest.raises(ArtifactKeyError, match="missing.key") as info:
+        read_key_file(tmp_path / "missing.key")
+    assert info.value.path == str(tmp_path / "missing.key")
+
+
+# --- key file permissions -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620], ids=["group-read", "world-read", "group-write"])
+def test_a_key_file_others_may_read_or_write_is_refused(tmp_path, mode, capsys):
+    path = tmp_path / "k.key"
+    key = generate_key_file(path)
+    os.chmod(path, mode)
+    with pytest.raises(KeyFilePermissionError) as info:
+        read_key_file(path)
+    message = str(info.value)
+    assert f"mode {mode:o}" in message and f"chmod 600 {path}" in message and ENV_KEY_FILE_SHARED in message
+    assert (info.value.path, info.value.mode) == (str(path), mode)
+    assert isinstance(info.value, ArtifactError) and isinstance(info.value, fp8conf.FP8ConfigError)
+    assert main(["precompile", "keygen", "--out", str(tmp_path / "other.key")]) == 0
+    assert main(["precompile", "show", str(tmp_path / "missing.fp8"), "--key-file", str(path)]) == 2
+    assert f"chmod 600 {path}" in capsys.readouterr().err
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode and key  # nothing was changed behind the user's back
+
+
+def test_a_shared_key_file_is_read_when_the_owner_says_so(tmp_path, monkeypatch):
+    path = tmp_path / "k.key"
+    key = generate_key_file(path)
+    os.chmod(path, 0o644)
+    with pytest.warns(UserWarning, match=f"mode 644.*{ENV_KEY_FILE_SHARED}"):
+        assert read_key_file(path, allow_shared=True) == key
+    monkeypatch.setenv(ENV_KEY_FILE_SHARED, "1")
+    with pytest.warns(UserWarning, match="others may read"):
+        assert read_key_file(path) == key
+    monkeypatch.setenv(ENV_KEY_FILE_SHARED, "yes")
+    with pytest.raises(ArtifactKeyError, match=f"{ENV_KEY_FILE_SHARED}='yes': set it to 1"):
+        read_key_file(path)
+    monkeypatch.setenv(ENV_KEY_FILE_SHARED, "0")
+    with pytest.raises(KeyFilePermissionError):
         read_key_file(path)

@@ -383,11 +383,11 @@ def test_a_model_fp8conf_refuses_is_bad_input(tmp_path, capsys):
     assert "NoQuantizedModulesError" in capsys.readouterr().err
 
 
-def test_a_key_file_others_can_read_is_warned_about(tmp_path):
+def test_a_key_file_others_can_read_is_refused(tmp_path):
     path = tmp_path / "k.key"
     generate_key_file(path)
     os.chmod(path, 0o644)
-    with pytest.warns(UserWarning, match="readable by others"):
+    with pytest.raises(fp8conf.KeyFilePermissionError, match=f"mode 644.*chmod 600 {path}"):
         read_key_file(path)
     path.write_text("abcd\n")
     os.chmod(path, 0o600)

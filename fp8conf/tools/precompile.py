@@ -10,8 +10,9 @@ and point the environment at it:
     export FP8CONF_ARTIFACT_KEY_FILE=~/.fp8conf-artifact.key    # or FP8CONF_ARTIFACT_KEY=<hex>
 
 Whoever holds the key can write artifacts your trainers will run: keep it like a deploy credential.
-Artifacts and key files are read only when they are regular files; an artifact over
-FP8CONF_ARTIFACT_MAX_BYTES (default 4 GiB) is refused before it is read.
+A key file others may read or write is refused (chmod 600 it; FP8CONF_ARTIFACT_KEY_FILE_SHARED=1
+reads it anyway, with a warning). Artifacts and key files are read only when they are regular
+files; an artifact over FP8CONF_ARTIFACT_MAX_BYTES (default 4 GiB) is refused before it is read.
 
 The model comes from --model package.module:factory, a callable taking no arguments that returns
 (model, args) (load and diff also accept one returning the model alone):
@@ -31,7 +32,7 @@ Exit status:
   1  the artifact was built for another configuration: fingerprint or shapes differ (diff: different)
   2  usage or bad input: a bad argument or --model (or a model fp8conf cannot trace or validate),
      a file that is not an fp8conf artifact of this format (or not a regular file, or over the size
-     bound), a key or key file that cannot be used
+     bound), a key or key file that cannot be used (unreadable, not a key, others may read it)
   3  integrity or authenticity: a truncated, corrupt or altered artifact, or one without a valid MAC
 """
 
@@ -206,14 +207,25 @@ def run(args) -> int:
         return EXIT_USAGE
 
 
+def _key(args) -> bytes | None:
+    """The key of ``--key-file``, read before anything else is (None without the option: the
+    environment's key applies)."""
+    if args.key_file is None:
+        return None
+    from fp8conf.artifacts.keys import read_key_file
+
+    return read_key_file(args.key_file, given_as="--key-file")
+
+
 def _save(args) -> int:
     from fp8conf.artifacts.store import precompile_model
 
+    key = _key(args)
     model, model_args = _model_and_args(args.model)
     if model_args is None:
         raise _UsageError(f"--model {args.model} must return (model, args) to be traced")
     header = precompile_model(args.out, model, model_args, strict=args.strict, mechanism=args.mechanism,
-                              key=args.key_file, unsigned=args.unsigned, repeat=args.repeat)
+                              key=key, unsigned=args.unsigned, repeat=args.repeat)
     signed = f"signed with key id {header.key_id}" if header.key_id else "UNSIGNED (loads only with --trust-unsigned)"
     print(f"saved {args.out}: {header.mechanism}, {header.payload_size} bytes, fingerprint {header.fingerprint}, {signed}")
     print(header.signature.summary())
@@ -227,8 +239,9 @@ def _load(args) -> int:
 
     from fp8conf.artifacts.store import load_for_model
 
+    key = _key(args)
     model, model_args = _model_and_args(args.model)
-    compiled = load_for_model(args.artifact, model, model_args, strict=args.strict, key=args.key_file, trust_unsigned=args.trust_unsigned)
+    compiled = load_for_model(args.artifact, model, model_args, strict=args.strict, key=key, trust_unsigned=args.trust_unsigned)
     checked = "parameter, buffer and input shapes" if model_args is not None else "parameter and buffer shapes"
     print(f"loaded {args.artifact}: {compiled.mechanism}; fingerprint {compiled.signature.sha256} and {checked} match the current model")
     if args.run:
@@ -267,6 +280,7 @@ def _diff(args) -> int:
 def _show(args) -> int:
     from fp8conf.artifacts.format import mac_status, read_header
 
+    key = _key(args)
     header = read_header(args.artifact)
     if args.json:
         print(header.signature.to_json())
@@ -276,7 +290,7 @@ def _show(args) -> int:
         "unsigned": "UNSIGNED: loads only with --trust-unsigned",
         "no-key": f"signed, key id {header.key_id}: not verified (no key given); load needs the key, also with --trust-unsigned",
         "invalid": f"signed, key id {header.key_id}: the MAC does NOT verify under your key; load refuses it, also with --trust-unsigned",
-    }[mac_status(args.artifact, key=args.key_file)]
+    }[mac_status(args.artifact, key=key)]
     print(f"{args.artifact}: fp8conf artifact v{header.format_version}, {header.mechanism}, payload {header.payload_size} bytes, written by fp8conf {header.fp8conf_version}")
     print(status)
     print(f"fingerprint {header.fingerprint}")
