@@ -119,7 +119,8 @@ def read_key_file(path, *, allow_shared: bool | None = None, given_as: str | Non
         error=lambda message: ArtifactKeyError(message, path=path),
     )
     mode = stat.S_IMODE(info.st_mode)
-    if mode & _OTHERS:
+    # Windows reports no group or other bits of its own (its ACLs decide): only POSIX modes say.
+    if os.name == "posix" and mode & _OTHERS:
         exposed = f"its group or others may read or write it (mode {mode:o})"
         risk = "whoever reads it can write artifacts you will run"
         if not shared_ok:
