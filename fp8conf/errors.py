@@ -19,6 +19,8 @@ The branches are siblings, so catching one never swallows another stage's failur
     |-- ArtifactError             a precompiled artifact that cannot be saved or loaded
     |   |-- ArtifactIntegrityError     truncated, corrupt or altered: its digest does not match
     |   |-- ArtifactAuthenticityError  no valid MAC under the loader's key: it may run anyone's code
+    |   |-- ArtifactKeyError           a key or key file that cannot be used (also an FP8ConfigError)
+    |   |   `-- KeyFilePermissionError a key file others than its owner may read or write
     |   |-- FingerprintMismatchError   built for another configuration (conformance FingerprintMismatch)
     |   `-- StaleArtifactError         built for other parameter, buffer or input shapes
     |-- MXArgumentError           an argument of an MX op or helper (also a ValueError)
@@ -46,6 +48,8 @@ __all__ = [
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactAuthenticityError",
+    "ArtifactKeyError",
+    "KeyFilePermissionError",
     "FingerprintMismatchError",
     "StaleArtifactError",
     "MXArgumentError",
@@ -204,6 +208,33 @@ class ArtifactAuthenticityError(ArtifactError):
         super().__init__(message, path=path)
         self.signed_with = signed_with
         self.loader_key = loader_key
+
+
+class ArtifactKeyError(ArtifactError, FP8ConfigError):
+    """A key that cannot sign or verify artifacts: a key file that cannot be read, is not a
+    regular file or is far larger than a key, text that is not hex, too few bytes, or a key given
+    where a key file's path is expected. It is also an :class:`FP8ConfigError`, what these
+    mistakes raised before they had a type of their own. No message holds key material.
+
+    Attributes:
+        path: the key file's path, or ``None`` (no file, or a value that may be a key itself).
+    """
+
+
+class KeyFilePermissionError(ArtifactKeyError):
+    """A key file that others than its owner may read or write: whoever reads the key can write
+    artifacts the loader runs. Refused unless the owner says the sharing is meant
+    (:func:`fp8conf.artifacts.keys.read_key_file`'s ``allow_shared``,
+    ``FP8CONF_ARTIFACT_KEY_FILE_SHARED=1``).
+
+    Attributes:
+        path: the key file's path.
+        mode: its permission bits (``0o644``).
+    """
+
+    def __init__(self, message: str, *, path: str, mode: int):
+        super().__init__(message, path=path)
+        self.mode = mode
 
 
 class FingerprintMismatchError(ArtifactError, contract.FingerprintMismatch):

@@ -188,6 +188,31 @@ def test_trust_unsigned_loads_an_unsigned_artifact_with_a_warning_naming_the_ris
     assert "loaded" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("how", ["another-key", "rehashed", "no-loader-key"])
+def test_trust_unsigned_never_loads_a_file_that_carries_a_mac_it_cannot_verify(genuine, evil, marker, tmp_path, monkeypatch, how):
+    """``trust_unsigned`` trusts a file without a MAC, nothing else: a MAC that fails under the
+    loader's key says someone tried to pass the file off as signed, and a MAC with no key to check
+    it is not "unsigned" either."""
+    if how == "rehashed":  # a genuine file's header altered, digest recomputed, its MAC kept
+        parts = parts_of(genuine[0].read_bytes())
+        parts.header["note"] = "altered"
+        body = parts.body()
+        data = body + hashlib.sha256(body).digest() + genuine[0].read_bytes()[-32:]
+    else:
+        data = evil.sealed(OTHER_KEY if how == "another-key" else KEY)
+    if how == "no-loader-key":
+        monkeypatch.delenv("FP8CONF_ARTIFACT_KEY")
+    path = _write(tmp_path, data)
+    model = build_model(SPEC_A)[0]
+    match = "no key was given" if how == "no-loader-key" else "not valid under your key"
+    with pytest.raises(ArtifactAuthenticityError, match=match):
+        fp8conf.load_artifact(path, QuantizationSignature.from_model(model), trust_unsigned=True)
+    with pytest.raises(ArtifactAuthenticityError, match="--trust-unsigned loads only files without a MAC"):
+        fp8conf.load_for_model(path, model, trust_unsigned=True)
+    assert main(["precompile", "load", str(path), "--model", "fingerprint_models:model_a", "--trust-unsigned"]) == 3
+    assert not marker.exists(), "the payload of a file with a failing MAC ran under trust_unsigned"
+
+
 # --- integrity: every header field, and every other part of the file ----------------------------
 
 
@@ -358,11 +383,11 @@ def test_a_model_fp8conf_refuses_is_bad_input(tmp_path, capsys):
     assert "NoQuantizedModulesError" in capsys.readouterr().err
 
 
-def test_a_key_file_others_can_read_is_warned_about(tmp_path):
+def test_a_key_file_others_can_read_is_refused(tmp_path):
     path = tmp_path / "k.key"
     generate_key_file(path)
     os.chmod(path, 0o644)
-    with pytest.warns(UserWarning, match="readable by others"):
+    with pytest.raises(fp8conf.KeyFilePermissionError, match=f"mode 644.*chmod 600 {path}"):
         read_key_file(path)
     path.write_text("abcd\n")
     os.chmod(path, 0o600)

@@ -93,6 +93,30 @@ def test_bad_backend_is_a_clean_usage_error(suite, spec, message):
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
 
 
+@pytest.mark.parametrize("value", ["", "  "], ids=["empty", "blank"])
+def test_an_empty_backend_is_a_usage_error_before_any_test(suite, value):
+    """``--fp8-backend=$UNSET_VARIABLE`` must not be a green run that checked nothing."""
+    suite.makepyfile(test_never="def test_never():\n    raise AssertionError('ran')\n")
+    for args in (["--pyargs", "conformance"], ["test_never.py"]):
+        result = suite.runpytest_subprocess("-p", "no:cacheprovider", f"--fp8-backend={value}", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+        result.stderr.fnmatch_lines(
+            ["ERROR: --fp8-backend is empty; pass an installed backend name (installed: *reference*) "
+             "or package.module:Class, or leave the option out"]
+        )
+        assert "ran" not in result.stdout.str() and "Traceback" not in result.stderr.str()
+
+
+def test_fp8conf_check_refuses_an_empty_backend_alike(suite):
+    proc = subprocess.run(
+        [sys.executable, "-m", "fp8conf.tools.cli", "check", "--backend", "", "--report", "r.json"],
+        capture_output=True, text=True, cwd=suite.path,
+    )
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert "ERROR: --fp8-backend is empty; pass an installed backend name" in proc.stderr
+    assert not (suite.path / "r.json").exists()
+
+
 def test_report_without_backend_is_a_usage_error(suite):
     result = run(suite, "--fp8-report=r.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -330,6 +354,9 @@ def test_report_files_and_summary(suite, xdist):
     summary = report["summary"]
     assert (summary["must_passed"], summary["must_applicable"]) == (2, 4)
     assert summary["must_score"] == 0.5
+    # PROV-004 (MUST) skipped: not checked, so counted against the score, with its reason.
+    assert (summary["must_total"], summary["must_skipped"]) == (5, 1)
+    assert summary["must_skipped_reasons"] == {"not today": ["PROV-004"]}
     assert report["backend"]["name"] == "fake" and report["backend"]["version"] == "1.2"
     assert {"python", "torch", "torchao", "hypothesis_profile"} <= set(report["environment"])
     assert report["environment"]["hypothesis_profile"] == "fp8conf-ci"
@@ -338,14 +365,14 @@ def test_report_files_and_summary(suite, xdist):
     markdown = (suite.path / "out" / "conf.md").read_text()
     assert "| PROV-002 | MUST | provenance | fail | 2 |" in markdown
     assert "| VAL-001 | | validation | not_supported | 1 |" in markdown
-    assert "MUST score: 2/4" in markdown
+    assert "**MUST score: 2/5 passed, 1 skipped [not today: PROV-004] (backend fake 1.2)**" in markdown
 
     result.stdout.fnmatch_lines(
         [
             "*fp8conf conformance*",
             "PROV-003 *MUST *provenance *error *1 *0",
             "PROV-001 *MUST *provenance *pass *3",
-            "MUST score: 2/4 (backend fake 1.2)",
+            "MUST score: 2/5 passed, 1 skipped [not today: PROV-004] (backend fake 1.2)",
         ]
     )
 

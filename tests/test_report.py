@@ -159,7 +159,7 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
             "*fp8conf conformance*",
             "property *level *capability *status *tests *examples",
             "PROV-001 *MUST *provenance *pass *1 *25",
-            "MUST score: 2/3 (backend fake 1.2)",
+            "MUST score: 2/3 passed (backend fake 1.2)",
             "PROV-002 fail: test_props.py::test_PROV_002_fails",
             "  replay: pytest --fp8-backend=fakebackends:Fake 'test_props.py::test_PROV_002_fails' "
             "--hypothesis-profile=fp8conf-ci",

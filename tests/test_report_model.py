@@ -146,8 +146,35 @@ def test_must_summary_counts_xpass_as_passed_and_xfail_as_applicable():
     }
     summary = must_summary(rows)
     assert (summary["must_passed"], summary["must_applicable"], summary["must_score"]) == (2, 4, 0.5)
+    assert (summary["must_total"], summary["must_skipped"]) == (5, 1)
+    assert summary["must_skipped_reasons"] == {"no reason given": ["F"]}
     assert summary["statuses"]["not_supported"] == 1 and sum(summary["statuses"].values()) == 7
     assert must_summary({"E": rows["E"]})["must_score"] is None
+
+
+def test_must_summary_counts_skipped_must_properties_grouped_by_reason():
+    """A MUST property skipped for want of a GPU was not checked: it counts in the total the
+    score is read against, with its reason, never silently left out."""
+    rows = {
+        "NUM-004": {"level": "MUST", "status": "skipped", "reason": "fp8_sm89: CUDA is not available"},
+        "MOE-008": {"level": "MUST", "status": "skipped", "reason": "fp8_sm90: CUDA is not available"},
+        "MX-009": {"level": "MUST", "status": "skipped",
+                   "reason": "fp8_sm100: needs compute capability 10.0, the device has 9.0"},
+        "PROV-001": {"level": "MUST", "status": "pass"},
+        "PROV-005": {"level": "SHOULD", "status": "skipped", "reason": "fp8_gpu: CUDA is not available"},
+    }
+    summary = must_summary(rows)
+    assert (summary["must_passed"], summary["must_total"], summary["must_skipped"]) == (1, 4, 3)
+    assert (summary["must_applicable"], summary["must_score"]) == (1, 1.0)  # as before: over those that ran
+    assert summary["must_skipped_reasons"] == {
+        "CUDA is not available": ["NUM-004", "MOE-008"],
+        "needs compute capability 10.0, the device has 9.0": ["MX-009"],
+    }
+    report = {"summary": summary, "backend": {"name": "fake", "version": "1.2"}}
+    assert render.score_line(report) == (
+        "MUST score: 1/4 passed, 3 skipped [CUDA is not available: NUM-004, MOE-008; "
+        "needs compute capability 10.0, the device has 9.0: MX-009] (backend fake 1.2)"
+    )
 
 
 def _report(records):
@@ -191,6 +218,7 @@ def test_build_report_rows_follow_the_registry_and_list_the_untested(report):
     assert report["properties"]["PROV-002"]["tests"] == 2
     assert report["untested"] == [pid for pid in PROPERTIES if pid not in report["properties"]]
     assert (report["summary"]["must_passed"], report["summary"]["must_applicable"]) == (1, 2)
+    assert (report["summary"]["must_total"], report["summary"]["must_skipped"]) == (2, 0)
     json.dumps(report)  # JSON-ready
 
 
@@ -200,7 +228,7 @@ def test_markdown_has_the_table_the_notes_and_each_failure(report):
     # Failures first; not_supported collapses to one row and one note per capability.
     assert text.index("| PROV-002 |") < text.index("| PROV-001 |")
     assert "| VAL-001 | | validation | not_supported | 1 | 0 | no validation |" in text
-    assert "**MUST score: 1/2 (backend fake 1.2)**" in text
+    assert "**MUST score: 1/2 passed (backend fake 1.2)**" in text
     assert "- not_supported  validation: VAL-001: no validation" in text
     assert "not_supported: not_supported" not in text
     assert "### PROV-002 (fail)" in text and "```python\nx = 3\n```" in text
@@ -228,7 +256,7 @@ def test_print_summary_lists_rows_score_and_replay(report, tmp_path):
     assert terminal.lines[2].split() == ["PROV-002", "MUST", "provenance", "fail", "2", "14"]
     assert terminal.lines[3].split()[:4] == ["PROV-001", "MUST", "provenance", "pass"]
     assert "not_supported  validation: VAL-001: no validation" in terminal.lines
-    assert "MUST score: 1/2 (backend fake 1.2)" in terminal.lines
+    assert "MUST score: 1/2 passed (backend fake 1.2)" in terminal.lines
     assert "PROV-002 fail: t.py::test_b" in terminal.lines
     assert f"  replay: {FAILURE['command']}" in terminal.lines
     assert terminal.lines[-1] == f"report: {tmp_path / 'r.json'} and {tmp_path / 'r.md'}"
@@ -237,7 +265,7 @@ def test_print_summary_lists_rows_score_and_replay(report, tmp_path):
 def test_print_summary_without_rows():
     terminal = RecordingTerminal()
     render.print_summary(terminal, _report({}), None)
-    assert terminal.lines[1:] == ["no fp8_property test ran", "MUST score: 0/0 (backend fake 1.2)"]
+    assert terminal.lines[1:] == ["no fp8_property test ran", "MUST score: 0/0 passed (backend fake 1.2)"]
 
 
 def test_markdown_path_and_write_report(report, tmp_path):

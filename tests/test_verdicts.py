@@ -220,6 +220,9 @@ def test_fp8_property_selects_by_citation_not_by_name(suite):
         (["--fp8-property=prov"], "ERROR: --fp8-property prov: not a property or area*"),
         (["--fp8-report=out"], "ERROR: --fp8-report=out: */out is a directory; give a file path*"),
         (["--fp8-report=afile/r.json"], "ERROR: --fp8-report=afile/r.json: * cannot be created: */afile is not a directory*"),
+        # os.access says yes to root for any path; only creating the file tells.
+        (["--fp8-report=/proc/r.json"], "ERROR: --fp8-report=/proc/r.json: /proc/r.json cannot be created: No such file or directory; give a file path in a writable folder"),
+        (["--fp8-report="], "ERROR: --fp8-report is empty; give a file path, or leave the option out"),
         (["--fp8-expectations=latin1.json"], "ERROR: --fp8-expectations: */latin1.json: not UTF-8 text (byte 0xe9 at offset 17); save it as UTF-8"),
         (["--fp8-expectations=bad.json"], "ERROR: --fp8-expectations: */bad.json: not valid JSON*"),
         (["--fp8-shrink-seconds=-1"], "ERROR: --fp8-shrink-seconds must be 0 or more seconds, got -1"),
@@ -235,6 +238,21 @@ def test_usage_errors_come_before_any_test(suite, args, message):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
     assert "ran" not in result.stdout.str() and "Traceback" not in result.stderr.str()
+
+
+def test_checking_the_report_path_leaves_no_trace(suite):
+    """The check creates the report file to prove it can; a file that was there keeps its
+    bytes, and a file or folder the check made is gone again when the run ends early."""
+    suite.mkdir("kept")
+    (suite.path / "kept" / "r.json").write_text("earlier report")
+    for report in ("kept/r.json", "new/sub/r.json"):
+        result = suite.runpytest_subprocess(
+            "-p", "no:cacheprovider", FAKE, f"--fp8-report={report}", "--fp8-property=PROV-999"
+        )
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["ERROR: --fp8-property PROV-999: *"])
+    assert (suite.path / "kept" / "r.json").read_text() == "earlier report"
+    assert not (suite.path / "kept" / "r.md").exists() and not (suite.path / "new").exists()
 
 
 def test_fp8_property_needs_a_backend(suite):

@@ -3,13 +3,15 @@
 Installed, it changes nothing in a pytest run without ``--fp8-backend``: it registers its
 ``--fp8-*`` options and the names of its markers, loads no Hypothesis profile, gates no test and
 imports neither torch nor Hypothesis. With ``--fp8-backend=NAME`` (an entry point of the group
-``fp8conf.backends``) or ``--fp8-backend=package.module:Class`` it:
+``fp8conf.backends``) or ``--fp8-backend=package.module:Class`` it (an empty value, as an unset
+variable gives, is a usage error, not a run that checks nothing):
 
 * registers the Hypothesis profiles ``fp8conf-dev`` / ``fp8conf-ci`` / ``fp8conf-thorough``
   and loads ``fp8conf-ci`` unless ``--hypothesis-profile`` or ``$FP8CONF_HYPOTHESIS_PROFILE``
   picks another (:mod:`~conformance.plugin.profiles`);
-* checks ``--fp8-report``, ``--fp8-expectations`` and ``--fp8-property`` before any test runs
-  (:mod:`~conformance.plugin.usage`) and keeps only the tests of ``--fp8-property``;
+* checks ``--fp8-report`` (by creating its files), ``--fp8-expectations`` and ``--fp8-property``
+  before any test runs (:mod:`~conformance.plugin.usage`) and keeps only the tests of
+  ``--fp8-property``;
 * loads and instantiates the backend once per session (fixture ``fp8_backend``;
   :mod:`~conformance.plugin.loading`);
 * collects ``conformance/properties/`` of the installed package when no test path is given;

@@ -14,7 +14,7 @@ import pytest
 
 import conformance
 from conformance.api import SPEC_VERSION, Backend
-from conformance.plugin import gating, profiles
+from conformance.plugin import gating, profiles, usage
 from conformance.plugin.loading import ENTRY_POINT_GROUP, load_backend
 
 __all__ = [
@@ -46,7 +46,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"check this backend: an entry point of group {ENTRY_POINT_GROUP!r} or "
         "package.module:Class. Without test paths, runs the suite's own property tests. "
         "Only with it does the plugin do anything (Hypothesis profiles fp8conf-dev/-ci/"
-        "-thorough, fp8_gpu/fp8_sm* gating, the report).",
+        "-thorough, fp8_gpu/fp8_sm* gating, the report); an empty value is a usage error.",
     )
     group.addoption(
         "--fp8-report",
@@ -113,7 +113,8 @@ def pytest_load_initial_conftests(
     # makes it an ordinary argument: the conftest.py of the properties dir loads as an initial
     # conftest, while the rootdir, already decided, stays the user's.
     namespace = early_config.known_args_namespace
-    if getattr(namespace, "fp8_backend", None) and not namespace.file_or_dir:
+    spec = getattr(namespace, "fp8_backend", None)
+    if spec and spec.strip() and not namespace.file_or_dir:
         args.append(str(PROPERTIES_DIR))
         namespace.file_or_dir = [str(PROPERTIES_DIR)]
 
@@ -122,8 +123,8 @@ def pytest_load_initial_conftests(
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     gating.add_markers(config)
-    spec = config.getoption("fp8_backend")
-    if not spec:
+    spec = usage.checked_backend_spec(config)
+    if spec is None:
         for option in ("report", "expectations", "spec_version", "property"):
             if config.getoption("fp8_" + option):
                 raise pytest.UsageError(f"--fp8-{option.replace('_', '-')} needs --fp8-backend")

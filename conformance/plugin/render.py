@@ -47,11 +47,17 @@ class Terminal(Protocol):
 
 
 def score_line(report: dict[str, Any]) -> str:
+    """``MUST score: 45/47 passed, 2 skipped [CUDA is not available: NUM-004, MOE-008]
+    (backend ...)``: skipped MUST properties count in the total and are named with their reason.
+    A report written before those fields existed reads as passed out of applicable."""
     summary, backend = report["summary"], report["backend"]
-    return (
-        f"MUST score: {summary['must_passed']}/{summary['must_applicable']} "
-        f"(backend {backend['name']} {backend['version']})"
-    )
+    total = summary.get("must_total", summary["must_applicable"])
+    text = f"MUST score: {summary['must_passed']}/{total} passed"
+    reasons = summary.get("must_skipped_reasons") or {}
+    if reasons:
+        groups = "; ".join(f"{reason}: {', '.join(ids)}" for reason, ids in reasons.items())
+        text += f", {summary['must_skipped']} skipped [{groups}]"
+    return text + f" (backend {backend['name']} {backend['version']})"
 
 
 def _table_line(cells: tuple) -> str:

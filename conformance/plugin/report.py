@@ -11,10 +11,11 @@ Neither touches pytest's or Hypothesis's state: they work on plain data.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from typing import Any, Mapping
 
-from conformance.plugin.gating import NOT_IN_SPEC, NOT_SUPPORTED
+from conformance.plugin.gating import GPU_MARKERS, NOT_IN_SPEC, NOT_SUPPORTED
 
 __all__ = [
     "PROPERTY_KEY",
@@ -40,6 +41,8 @@ _RANK = {status: rank for rank, status in enumerate(STATUSES)}
 FAILED = ("fail", "error")
 #: Version of the report's JSON layout: bumped when a field changes meaning or goes away.
 REPORT_SCHEMA_VERSION = 1
+
+_GPU_MARKER_PREFIX = re.compile(rf"^(?:{'|'.join(map(re.escape, GPU_MARKERS))}): ")
 
 #: Key of the ``user_properties`` entries that carry a test's property IDs.
 PROPERTY_KEY = "fp8_property"
@@ -160,18 +163,37 @@ def property_row(
     return row
 
 
+def _grouping_reason(row: Mapping[str, Any]) -> str:
+    """A skipped row's reason without the GPU marker that gave it, so that properties skipped
+    for one cause (no CUDA device) group together whichever compute capability they need."""
+    reason = row.get("reason") or "no reason given"
+    return _GPU_MARKER_PREFIX.sub("", reason)
+
+
 def must_summary(rows: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    """MUST properties passed out of those applicable, and the count of each status."""
+    """MUST properties passed out of those checked or skipped, the skipped ones grouped by
+    reason, and the count of each status.
+
+    A skipped MUST property (a GPU test on a machine without one) was not checked: it counts in
+    ``must_total``, the number the score is read against, so "45/47 passed, 2 skipped" never
+    reads as a full score. ``must_applicable`` and ``must_score`` keep their first meaning, the
+    properties that ran to a verdict and the share of them that passed.
+    """
     # An expected failure is applicable and not passed; an xpass passed all its tests.
-    applicable = [
-        row for row in rows.values()
-        if row["level"] == "MUST" and row["status"] not in ("not_supported", "skipped")
-    ]
+    must = [(pid, row) for pid, row in rows.items() if row["level"] == "MUST"]
+    applicable = [row for _, row in must if row["status"] not in ("not_supported", "skipped")]
+    skipped = [(pid, row) for pid, row in must if row["status"] == "skipped"]
     passed = sum(row["status"] in ("pass", "xpass") for row in applicable)
+    reasons: dict[str, list[str]] = {}
+    for property_id, row in skipped:
+        reasons.setdefault(_grouping_reason(row), []).append(property_id)
     return {
         "must_passed": passed,
         "must_applicable": len(applicable),
         "must_score": passed / len(applicable) if applicable else None,
+        "must_skipped": len(skipped),
+        "must_total": len(applicable) + len(skipped),
+        "must_skipped_reasons": reasons,
         "statuses": dict(Counter(row["status"] for row in rows.values())),
     }
 

@@ -17,7 +17,11 @@ otherwise) and that they were written by a holder of the key (the MAC, under the
 :mod:`fp8conf.artifacts.keys`: :class:`ArtifactAuthenticityError` otherwise). Only then is the
 header parsed, as bounded ASCII JSON checked field by field; the payload is left to the caller.
 An unsigned artifact carries 32 zero bytes as its MAC and loads only when the caller says it
-trusts unsigned artifacts, with a warning.
+trusts unsigned artifacts, with a warning. Trusting unsigned artifacts never extends to one that
+carries a MAC: a MAC that does not verify under the loader's key (another key, or altered and
+re-hashed), or that no key is there to verify, is always refused. The file itself is read as
+:mod:`fp8conf.artifacts.reading` reads it: a regular file only, of at most
+``$FP8CONF_ARTIFACT_MAX_BYTES`` bytes, checked before a byte is read.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import warnings
 
 from fp8conf.arguments import require
 from fp8conf.artifacts.keys import ENV_KEY, ENV_KEY_FILE, key_id, resolve_key
+from fp8conf.artifacts.reading import ENV_MAX_ARTIFACT_BYTES, max_artifact_bytes, read_regular_file
 from fp8conf.artifacts.signature import QuantizationSignature
 from fp8conf.errors import ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FP8ConfigError
 
@@ -45,6 +50,7 @@ __all__ = [
     "write_atomic",
     "read_artifact",
     "read_header",
+    "parse_header",
     "verify_mac",
 ]
 
@@ -132,11 +138,15 @@ def write_atomic(path: str, data: bytes) -> None:
 
 
 def _read_bytes(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ArtifactError(f"cannot read artifact {path!r}: {exc}", path=path) from exc
+    data, _ = read_regular_file(
+        path, name=f"artifact {path!r}", limit=max_artifact_bytes(),
+        over_limit=f"; if it is an artifact you expect, set {ENV_MAX_ARTIFACT_BYTES} to at least {{size}}",
+        error=lambda message: ArtifactError(message, path=path),
+    )
+    return _checked_magic(data, path)
+
+
+def _checked_magic(data: bytes, path: str) -> bytes:
     if not data.startswith(_MAGIC_PREFIX):
         raise ArtifactError(f"{path!r} is not an fp8conf artifact (bad magic bytes); save one with `fp8conf precompile save`", path=path)
     if not data.startswith(ARTIFACT_MAGIC):
@@ -173,26 +183,34 @@ def verify_mac(body: bytes, mac: bytes, key: bytes | None) -> str:
     return "valid" if hmac.compare_digest(hmac.new(key, body, hashlib.sha256).digest(), mac) else "invalid"
 
 
+# A MAC claims that a holder of the key wrote the file. Trusting files that make no such claim
+# must never let through one whose claim fails, or that no key is there to check.
+_NOT_UNSIGNED = "; trust_unsigned=True / --trust-unsigned loads only files without a MAC, never one whose MAC cannot be verified."
+
+
 def _refuse_unauthentic(status: str, body: bytes, key: bytes | None, path: str, trust_unsigned: bool) -> None:
     signed_with = _peek_key_id(body)
     mine = key_id(key) if key is not None else None
-    reason = {
-        "unsigned": "it is unsigned",
-        "no-key": f"it is signed (key id {signed_with}) but no key was given to verify it (key=, ${ENV_KEY} or ${ENV_KEY_FILE})",
-        "invalid": f"its MAC is not valid under your key (key id {mine}; the artifact names key id {signed_with}): "
-                   "it was signed with another key, or altered and re-hashed by someone without your key",
-    }[status]
-    if trust_unsigned:
-        warnings.warn(
-            f"loading artifact {path!r} although {reason}: its payload is executable code and runs with your "
-            "permissions; load only artifacts whose origin you trust (trust_unsigned=True / --trust-unsigned)",
-            stacklevel=3,
-        )
-        return
+    if status == "unsigned":
+        if trust_unsigned:
+            warnings.warn(
+                f"loading artifact {path!r} although it is unsigned: its payload is executable code and runs with your "
+                "permissions; load only artifacts whose origin you trust (trust_unsigned=True / --trust-unsigned)",
+                stacklevel=3,
+            )
+            return
+        reason = "it is unsigned"
+        advice = ("Load artifacts signed with your key (`fp8conf precompile keygen`, then save with it), or pass "
+                  "trust_unsigned=True / --trust-unsigned if you trust where this file came from.")
+    elif status == "no-key":
+        reason = f"it is signed (key id {signed_with}) but no key was given to verify it (key=, ${ENV_KEY} or ${ENV_KEY_FILE})"
+        advice = "Give the key it was signed with" + _NOT_UNSIGNED
+    else:
+        reason = (f"its MAC is not valid under your key (key id {mine}; the artifact names key id {signed_with}): "
+                  "it was signed with another key, or altered and re-hashed by someone without your key")
+        advice = "Load it with the key it was signed with, or save it again with yours" + _NOT_UNSIGNED
     raise ArtifactAuthenticityError(
-        f"artifact {path!r} is refused: {reason}. Its payload is executable code and was not deserialized. "
-        "Load artifacts signed with your key (`fp8conf precompile keygen`, then save with it), or pass "
-        "trust_unsigned=True / --trust-unsigned if you trust where this file came from.",
+        f"artifact {path!r} is refused: {reason}. Its payload is executable code and was not deserialized. {advice}",
         path=path, signed_with=signed_with, loader_key=mine,
     )
 
@@ -218,7 +236,7 @@ def _header_bytes(body: bytes, path: str) -> bytes:
 def read_artifact(path, *, key=None, trust_unsigned: bool = False) -> tuple[ArtifactHeader, bytes]:
     """``(header, payload)`` of the artifact at ``path`` once its digest and its MAC under ``key``
     (see :func:`fp8conf.artifacts.keys.resolve_key`) are verified; ``trust_unsigned`` loads one
-    without a valid MAC, with a warning."""
+    that carries no MAC, with a warning, and never one whose MAC does not verify."""
     path = os.fspath(path)
     data = _read_bytes(path)
     body, mac = _checked_body(data, path)
@@ -239,7 +257,13 @@ def read_header(path) -> ArtifactHeader:
     showing and diffing (parsing the header runs nothing); loading checks the MAC too."""
     require(path, "path", "read_header", "path")
     path = os.fspath(path)
-    body, _ = _checked_body(_read_bytes(path), path)
+    return parse_header(_read_bytes(path), path)
+
+
+def parse_header(data: bytes, path) -> ArtifactHeader:
+    """:func:`read_header` of an artifact file's bytes ``data``, already read from ``path``."""
+    path = os.fspath(path)
+    body, _ = _checked_body(_checked_magic(data, path), path)
     return _parse_header(_header_bytes(body, path), path)
 
 

@@ -2,13 +2,17 @@
 
 An artifact is executable code: loading one runs the compiled graph it holds (Inductor's generated
 code, or a pickled graph), with your permissions. fp8conf signs every artifact it saves with an
-HMAC-SHA256 under your key and loads only artifacts whose MAC verifies, unless --trust-unsigned
-is given (which warns). Make a key once and point the environment at it:
+HMAC-SHA256 under your key and loads only artifacts whose MAC verifies; --trust-unsigned (which
+warns) also loads one that carries no MAC, never one whose MAC does not verify. Make a key once
+and point the environment at it:
 
     fp8conf precompile keygen --out ~/.fp8conf-artifact.key     # 32 random bytes, mode 0600
     export FP8CONF_ARTIFACT_KEY_FILE=~/.fp8conf-artifact.key    # or FP8CONF_ARTIFACT_KEY=<hex>
 
 Whoever holds the key can write artifacts your trainers will run: keep it like a deploy credential.
+A key file others may read or write is refused (chmod 600 it; FP8CONF_ARTIFACT_KEY_FILE_SHARED=1
+reads it anyway, with a warning). Artifacts and key files are read only when they are regular
+files; an artifact over FP8CONF_ARTIFACT_MAX_BYTES (default 4 GiB) is refused before it is read.
 
 The model comes from --model package.module:factory, a callable taking no arguments that returns
 (model, args) (load and diff also accept one returning the model alone):
@@ -27,7 +31,8 @@ Exit status:
   0  success (diff: the signatures are identical)
   1  the artifact was built for another configuration: fingerprint or shapes differ (diff: different)
   2  usage or bad input: a bad argument or --model (or a model fp8conf cannot trace or validate),
-     a file that is not an fp8conf artifact of this format
+     a file that is not an fp8conf artifact of this format (or not a regular file, or over the size
+     bound), a key or key file that cannot be used (unreadable, not a key, others may read it)
   3  integrity or authenticity: a truncated, corrupt or altered artifact, or one without a valid MAC
 """
 
@@ -81,7 +86,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     load.add_argument("artifact")
     load.add_argument("--run", action="store_true", help="also run the loaded graph once (tangents of ones)")
     load.add_argument("--trust-unsigned", action="store_true",
-                      help="load it even without a valid MAC: its code runs with your permissions; only for files whose origin you trust")
+                      help="load it even when it carries no MAC (never one whose MAC does not verify): its code runs with "
+                           "your permissions; only for files whose origin you trust")
 
     diff = actions.add_parser("diff", help="field-by-field diff of two quantization signatures")
     diff.add_argument("left", help="artifact or signature JSON file")
@@ -156,17 +162,21 @@ def format_diff(differences) -> str:
 
 def _operand(path: str):
     """``(signature, label)`` of an artifact or a signature JSON file."""
-    from fp8conf.artifacts.format import ARTIFACT_MAGIC, read_header
+    from fp8conf.artifacts.format import parse_header
+    from fp8conf.artifacts.reading import ENV_MAX_ARTIFACT_BYTES, max_artifact_bytes, read_regular_file
     from fp8conf.artifacts.signature import QuantizationSignature
+    from fp8conf.errors import ArtifactError
 
-    with open(path, "rb") as f:
-        start = f.read(len(ARTIFACT_MAGIC))
-    if start.startswith(b"FP8CONF-ARTIFACT"):
-        header = read_header(path)
+    raw, _ = read_regular_file(
+        path, name=f"diff operand {path!r}", limit=max_artifact_bytes(),
+        over_limit=f"; if it is a file you expect, set {ENV_MAX_ARTIFACT_BYTES} to at least {{size}}",
+        error=lambda message: ArtifactError(message, path=path),
+    )
+    if raw.startswith(b"FP8CONF-ARTIFACT"):
+        header = parse_header(raw, path)
         return header.signature, f"artifact {path} ({header.mechanism})"
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise _UsageError(f"{path} is neither an fp8conf artifact nor a signature JSON file ({_one_line(exc)})") from None
     if isinstance(data, dict) and "signature" in data and "modules" not in data:
@@ -197,14 +207,25 @@ def run(args) -> int:
         return EXIT_USAGE
 
 
+def _key(args) -> bytes | None:
+    """The key of ``--key-file``, read before anything else is (None without the option: the
+    environment's key applies)."""
+    if args.key_file is None:
+        return None
+    from fp8conf.artifacts.keys import read_key_file
+
+    return read_key_file(args.key_file, given_as="--key-file")
+
+
 def _save(args) -> int:
     from fp8conf.artifacts.store import precompile_model
 
+    key = _key(args)
     model, model_args = _model_and_args(args.model)
     if model_args is None:
         raise _UsageError(f"--model {args.model} must return (model, args) to be traced")
     header = precompile_model(args.out, model, model_args, strict=args.strict, mechanism=args.mechanism,
-                              key=args.key_file, unsigned=args.unsigned, repeat=args.repeat)
+                              key=key, unsigned=args.unsigned, repeat=args.repeat)
     signed = f"signed with key id {header.key_id}" if header.key_id else "UNSIGNED (loads only with --trust-unsigned)"
     print(f"saved {args.out}: {header.mechanism}, {header.payload_size} bytes, fingerprint {header.fingerprint}, {signed}")
     print(header.signature.summary())
@@ -218,8 +239,9 @@ def _load(args) -> int:
 
     from fp8conf.artifacts.store import load_for_model
 
+    key = _key(args)
     model, model_args = _model_and_args(args.model)
-    compiled = load_for_model(args.artifact, model, model_args, strict=args.strict, key=args.key_file, trust_unsigned=args.trust_unsigned)
+    compiled = load_for_model(args.artifact, model, model_args, strict=args.strict, key=key, trust_unsigned=args.trust_unsigned)
     checked = "parameter, buffer and input shapes" if model_args is not None else "parameter and buffer shapes"
     print(f"loaded {args.artifact}: {compiled.mechanism}; fingerprint {compiled.signature.sha256} and {checked} match the current model")
     if args.run:
@@ -258,6 +280,7 @@ def _diff(args) -> int:
 def _show(args) -> int:
     from fp8conf.artifacts.format import mac_status, read_header
 
+    key = _key(args)
     header = read_header(args.artifact)
     if args.json:
         print(header.signature.to_json())
@@ -265,9 +288,9 @@ def _show(args) -> int:
     status = {
         "valid": f"signed, key id {header.key_id}: the MAC verifies under your key",
         "unsigned": "UNSIGNED: loads only with --trust-unsigned",
-        "no-key": f"signed, key id {header.key_id}: not verified (no key given)",
-        "invalid": f"signed, key id {header.key_id}: the MAC does NOT verify under your key; load refuses it",
-    }[mac_status(args.artifact, key=args.key_file)]
+        "no-key": f"signed, key id {header.key_id}: not verified (no key given); load needs the key, also with --trust-unsigned",
+        "invalid": f"signed, key id {header.key_id}: the MAC does NOT verify under your key; load refuses it, also with --trust-unsigned",
+    }[mac_status(args.artifact, key=key)]
     print(f"{args.artifact}: fp8conf artifact v{header.format_version}, {header.mechanism}, payload {header.payload_size} bytes, written by fp8conf {header.fp8conf_version}")
     print(status)
     print(f"fingerprint {header.fingerprint}")
