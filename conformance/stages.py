@@ -66,17 +66,29 @@ def _tensors(value) -> list:
 
 
 class _watched:
-    """Wraps each callable's ``forward`` while the runner runs, recording (name, args, result)."""
+    """Wraps each callable's ``forward`` while the runner runs, recording (name, args, result).
+
+    A callable's own code may call ``self.forward`` again: a graph module whose code is written
+    on first call (torch's deferred graph modules, which fp8conf's split parts are) writes it,
+    then calls itself. Such a nested call runs the class's ``forward`` (the code just written)
+    and is not recorded: it is the same call of the part."""
 
     def __init__(self, split, calls):
         self.parts, self.calls = split.parts, calls
+        self.running: set[str] = set()
 
     def __enter__(self):
         for name, part in self.parts.items():
             inner = part.forward
 
-            def forward(*args, _inner=inner, _name=name, **kwargs):
-                result = _inner(*args, **kwargs)
+            def forward(*args, _inner=inner, _name=name, _part=part, **kwargs):
+                if _name in self.running:
+                    return type(_part).forward(_part, *args, **kwargs)
+                self.running.add(_name)
+                try:
+                    result = _inner(*args, **kwargs)
+                finally:
+                    self.running.discard(_name)
                 self.calls.append((_name, args, result))
                 return result
 

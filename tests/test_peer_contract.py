@@ -98,3 +98,25 @@ def test_the_run_device_is_the_one_serving_names_and_cpu_otherwise():
     with harness.serving(MakeFxBackend(), "cuda"):
         assert harness.device() == "cuda"
     assert harness.device() == "cpu"
+
+
+def test_the_watch_sees_deferred_graph_modules_such_as_fp8confs_own_split_parts():
+    # fp8conf's split parts write their code on first call and then call self.forward again;
+    # a watch that only replaced forward on the instance recursed forever on them.
+    import fp8conf
+    from stack_steps import DIM, TOKENS, traced
+
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    model, x, gm = traced(1)
+    parts = fp8conf.split_stage(gm)
+    deferred = [p for p in parts.parts.values() if isinstance(p, _LazyGraphModule) and p._needs_recompile()]
+    assert deferred, "the parts were to write their code on first call"
+    split = StageSplit(parts.forward, parts.backward_input, parts.backward_weight, run=lambda primals, tangents: parts.run(primals, tangents))
+    step, violation = split_step(split)
+    grad = torch.randn(TOKENS, DIM)
+    (out,), grads = fp8conf.run_joint(gm, model, (x,), (grad,), fn=step)
+    assert violation() is None
+    (want,), want_grads = fp8conf.run_joint(gm, model, (x,), (grad,))
+    torch.testing.assert_close(out, want)
+    assert grads.keys() == want_grads.keys()
