@@ -161,15 +161,29 @@ def _own_containers(value):
 
 
 def live_nodes(gm: torch.fx.GraphModule) -> set:
-    """Nodes the graph's outputs depend on (a functional graph's dead code computes nothing)."""
-    output = gm.graph.find_nodes(op="output")[0]
-    found, stack = set(), [output]
+    """The nodes that run: those the graph's outputs depend on, every node with a side effect
+    (an in-place or otherwise mutating op, as torch's dead-code elimination judges it:
+    ``Node.is_impure``, random ops not counted as such) and everything those depend on. A
+    functional graph's dead code computes nothing; a ``make_fx`` graph's in-place ``mul_`` on a
+    value nothing returns still runs, and torch's partitioner keeps it. The same definition
+    serves a stage graph and its callables alike (SPEC.md, "Counting what runs")."""
+    roots = [node for node in gm.graph.nodes if node.op == "output" or _has_side_effect(node)]
+    found, stack = set(), roots
     while stack:
         node = stack.pop()
         if node not in found:
             found.add(node)
             stack.extend(node.all_input_nodes)
     return found
+
+
+def _has_side_effect(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    try:
+        return node.is_impure(impure_random=False)
+    except TypeError:  # a torch whose is_impure takes no impure_random
+        return isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
 
 
 @dataclasses.dataclass

@@ -61,3 +61,22 @@ def test_a_backend_without_e8m0_is_never_asked_for_its_op():
             raise AssertionError("e8m0_op() of a backend that does not claim e8m0")
 
     assert Fp8Ops.of(Float8()) == Fp8Ops()
+
+
+def test_what_runs_is_what_the_outputs_need_plus_side_effects_and_their_inputs():
+    from conformance.graphs import live_nodes
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(x, w):
+        kept = x * 2  # only an in-place op, whose result nothing returns, uses it
+        kept.mul_(w)
+        x.sin()  # dead: pure, and nothing uses it
+        return x + w
+
+    gm = make_fx(step)(torch.randn(4), torch.randn(4))
+    names = {n.name: n for n in gm.graph.nodes}
+    live = {n.name for n in live_nodes(gm)}
+    in_place = [n for n in names if n.startswith("mul_")]
+    assert in_place and set(in_place) <= live, (in_place, live)
+    assert "mul" in live  # what the in-place op needs runs too
+    assert not any(n.startswith("sin") for n in live), live

@@ -72,7 +72,8 @@ def _pass_of(backend, node) -> str:
 
 
 def _by_pass(backend, gm, select) -> dict[str, list]:
-    """The live nodes of the stage graph that ``select`` picks, by pass."""
+    """The nodes that run in the stage graph (:func:`conformance.graphs.live_nodes`) that
+    ``select`` picks, by pass."""
     live = live_nodes(gm)
     found = {p: [] for p in PASSES}
     for node in gm.graph.nodes:
@@ -88,9 +89,14 @@ def _per_pass(backend, gm, split, select) -> list[tuple[str, list, list]]:
 
 
 def _in_parts(split, select) -> dict[str, list]:
-    """What ``select`` picks in the callables, the forward callable against the forward pass
-    and dI plus dW against the backward pass."""
-    pick = lambda part: [n for n in part.graph.nodes if select(n)]
+    """What ``select`` picks among the nodes that run in the callables (the stage graph's
+    definition: :func:`conformance.graphs.live_nodes`), the forward callable against the forward
+    pass and dI plus dW against the backward pass."""
+
+    def pick(part):
+        live = live_nodes(part)
+        return [n for n in part.graph.nodes if n in live and select(n)]
+
     return {"forward": pick(split.forward), "backward": pick(split.backward_input) + pick(split.backward_weight)}
 
 
