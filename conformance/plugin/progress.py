@@ -20,12 +20,14 @@ __all__ = ["ProgressLines", "progress_line"]
 
 def progress_line(report: Any) -> str | None:
     """The line of a finished test's report; None for a phase that says nothing new (a
-    passing setup or teardown) and for a test citing no property."""
+    passing setup or teardown), for a test citing no property and for a ``not_supported`` one."""
     if not isinstance(report, pytest.TestReport):
         return None  # a collect report
     ids = [value for key, value in report.user_properties if key == PROPERTY_KEY]
     status = outcome_status(report)
-    if not ids or status is None:
+    if not ids or status is None or status == "not_supported":
+        # A property of a capability the backend does not claim ran nothing; the summary gives
+        # them one line per capability instead of one per test.
         return None
     if report.when == "teardown" and status == "error":
         status = "error in teardown"
