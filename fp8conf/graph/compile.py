@@ -178,11 +178,11 @@ def _warm_compile_pool() -> None:
     until its processes have imported torch, Inductor compiles the kernels one by one in this
     process (7 s of a regional first step on an H200). The processes start while the joint graph
     is cut and its regions tagged. Without Triton (on CPU) there is no pool and this does nothing."""
-    with library_notices_quieted():  # Inductor's first import meets torch.jit's deprecation
-        import torch._inductor.compile_fx  # noqa: F401
-        from torch._inductor.async_compile import maybe_warm_pool
+    from torch._inductor.async_compile import maybe_warm_pool
 
     maybe_warm_pool()
+    with library_notices_quieted():  # Inductor's first import meets torch.jit's deprecation
+        import torch._inductor.compile_fx  # noqa: F401
 
 
 def _full(flat, parts, names, example_inputs) -> CompiledJoint:
