@@ -12,7 +12,7 @@ import contextlib
 import logging
 import warnings
 
-__all__ = ["logger", "warn_once", "library_notices_quieted", "quiet_library_notices"]
+__all__ = ["logger", "warn_once", "library_notices_quieted"]
 
 logger = logging.getLogger("fp8conf")
 
@@ -62,11 +62,3 @@ def library_notices_quieted():
     finally:
         for target in loggers:
             target.removeFilter(notices)
-
-
-def quiet_library_notices() -> None:
-    """Keep TorchAO's and torch's load-time notices (``_NOTICES``) out of this process's output
-    for good: for fp8conf's own command line, whose process is fp8conf's."""
-    notices = _LibraryNotices()
-    for name in {name for name, _ in _NOTICES}:
-        logging.getLogger(name).addFilter(notices)

@@ -83,3 +83,85 @@ def test_the_contract_imports_without_torch_fp8conf_hypothesis_or_pytest():
 def test_the_blocker_blocks():
     proc = _import_blocked("conformance.harness")
     assert proc.returncode != 0 and "is blocked" in proc.stderr, proc.stderr[-2000:]
+
+
+# --- no import cycles, lazy imports included -------------------------------------------------
+
+
+def _import_graph(root: Path, packages=("fp8conf", "conformance")) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` it imports, at module level or inside a function
+    (a lazy import hides a cycle from Python, not from a reader)."""
+    modules = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                # A module importing its own package's __init__ (or a parent's) is no cycle edge.
+                if target and target != name and not name.startswith(target + "."):
+                    edges[name].add(target)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_round_a_cycle():
+    edges = _import_graph(ROOT)
+    assert len(edges) > 50 and any(edges.values()), "the scan sees the packages"
+    cycles = _cycles(edges)
+    assert not cycles, "import cycles (lazy imports count):\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_scan_sees_a_cycle_through_a_lazy_import(tmp_path):
+    package = tmp_path / "fp8conf"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from fp8conf import b\n")
+    (package / "b.py").write_text("def f():\n    from fp8conf.a import x\n")
+    (package / "c.py").write_text("from . import a\n")
+    assert _cycles(_import_graph(tmp_path, ("fp8conf",))) == [["fp8conf.a", "fp8conf.b"]]

@@ -15,6 +15,7 @@ import pytest
 import conformance
 from conformance.api import SPEC_VERSION, Backend
 from conformance.plugin import gating, profiles, usage
+from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS
 from conformance.plugin.loading import ENTRY_POINT_GROUP, load_backend
 
 __all__ = [
@@ -30,8 +31,6 @@ __all__ = [
 
 #: The suite's own property tests, collected when ``--fp8-backend`` comes without test paths.
 PROPERTIES_DIR = Path(conformance.__file__).resolve().parent / "properties"
-#: Default of ``--fp8-shrink-seconds``: seconds Hypothesis may shrink one failing test.
-DEFAULT_SHRINK_SECONDS = 10.0
 #: Default of ``--fp8-timeout``: seconds per example of a conformance test (a plain test is one
 #: example); the timer restarts at every Hypothesis example.
 DEFAULT_TIMEOUT = 300.0
@@ -114,6 +113,9 @@ def pytest_load_initial_conftests(
     # conftest, while the rootdir, already decided, stays the user's.
     namespace = early_config.known_args_namespace
     spec = getattr(namespace, "fp8_backend", None)
+    if spec is not None:
+        # Before the properties' conftest imports Hypothesis: a missing extra is one line.
+        usage.require_suite_dependencies()
     if spec and spec.strip() and not namespace.file_or_dir:
         args.append(str(PROPERTIES_DIR))
         namespace.file_or_dir = [str(PROPERTIES_DIR)]

@@ -25,7 +25,7 @@ from hypothesis.statistics import collector
 
 from conformance import replay, watchdog
 from conformance import notes
-from conformance.plugin.hooks import DEFAULT_SHRINK_SECONDS
+from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS
 from conformance.plugin.report import DEVICE_KEY, EXAMPLES_KEY, NOTE_KEY, REPRODUCER_KEY, TIMEOUT_KEY
 
 __all__ = [

@@ -14,13 +14,15 @@ from typing import Any
 
 import pytest
 
-__all__ = ["DEFAULT_PROFILE", "PROFILE_ENV", "PROFILE_NAMES", "load_profile", "register_profiles"]
+__all__ = ["DEFAULT_PROFILE", "DEFAULT_SHRINK_SECONDS", "PROFILE_ENV", "PROFILE_NAMES", "load_profile", "register_profiles"]
 
 #: Environment variable naming the Hypothesis profile to load instead of ``fp8conf-ci``.
 PROFILE_ENV = "FP8CONF_HYPOTHESIS_PROFILE"
 #: The profile of ``pytest --fp8-backend`` and ``fp8conf check`` alike: derandomized, so the
 #: same backend gets the same verdict from either entry point and from one run to the next.
 DEFAULT_PROFILE = "fp8conf-ci"
+#: Default of ``--fp8-shrink-seconds``: seconds Hypothesis may shrink one failing test.
+DEFAULT_SHRINK_SECONDS = 10.0
 PROFILE_NAMES = ("fp8conf-dev", "fp8conf-ci", "fp8conf-thorough", "fp8conf-mutants")
 #: The names these profiles had before they carried fp8conf's prefix.
 _LEGACY_NAMES = {name.removeprefix("fp8conf-"): name for name in PROFILE_NAMES}

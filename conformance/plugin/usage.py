@@ -17,7 +17,30 @@ import pytest
 from conformance.api import PROPERTIES
 from conformance.plugin.loading import ENTRY_POINT_GROUP
 
-__all__ = ["checked_backend_spec", "checked_properties", "checked_report_path", "selects"]
+__all__ = ["checked_backend_spec", "checked_properties", "checked_report_path", "require_suite_dependencies", "selects"]
+
+#: What a run of the suite imports beyond pytest, by import name, and the extra that installs it.
+_SUITE_MODULES = ("hypothesis",)
+SUITE_EXTRA = "fp8conf[conformance]"
+
+
+def require_suite_dependencies() -> None:
+    """Refuse a run whose suite cannot import what it needs, before anything else: fp8conf
+    installed without its ``conformance`` extra has the plugin (inert) but not Hypothesis."""
+    import importlib.util
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except ImportError:
+            return True
+
+    missing = [name for name in _SUITE_MODULES if absent(name)]
+    if missing:
+        raise pytest.UsageError(
+            f"--fp8-backend: the conformance suite needs {', '.join(missing)}, which is not installed; "
+            f"pip install '{SUITE_EXTRA}'"
+        )
 
 _AREA = re.compile(r"^[A-Z][A-Z0-9]*$")
 

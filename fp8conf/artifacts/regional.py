@@ -33,6 +33,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from fp8conf.artifacts.envelope import (
+    check_signature_describes, describe_graph, deserialize_guarded, resolve_signing_key, signature_of_header, verified,
+)
 from fp8conf.artifacts.format import FORMAT_VERSION, ArtifactHeader, seal, write_atomic
 from fp8conf.artifacts.signature import QuantizationSignature
 from fp8conf.errors import ArtifactError, ArtifactIntegrityError, FP8ConfigError
@@ -294,7 +297,6 @@ def save_split_artifact(path, gm, split, signature: QuantizationSignature, fns: 
     :func:`fp8conf.save_artifact` signs. ``fns`` is what ``fp8conf.compile_split(split,
     mode="regional")`` returned (compiled here when omitted)."""
     import fp8conf
-    from fp8conf.artifacts.store import _check_signature_describes, _describe, _signing_key
     from fp8conf.graph.split import StageSplit, compile_split
     from fp8conf.graph.trace import trace_info
 
@@ -303,10 +305,10 @@ def save_split_artifact(path, gm, split, signature: QuantizationSignature, fns: 
         raise FP8ConfigError(f"save_split_artifact: expected a StageSplit from fp8conf.split_stage, got {type(split).__qualname__}")
     if not isinstance(signature, QuantizationSignature):
         raise FP8ConfigError(f"save_split_artifact: signature must be a QuantizationSignature, got {type(signature).__qualname__}")
-    signing_key = _signing_key(key, unsigned, path)
+    signing_key = resolve_signing_key(key, unsigned, path)
     info = trace_info(gm)
-    _check_signature_describes(signature, info.modules if info else None, path)
-    inputs, outputs = _describe(gm)
+    check_signature_describes(signature, info.modules if info else None, path)
+    inputs, outputs = describe_graph(gm)
     if fns is None:
         from fp8conf.graph.region_compile import for_artifacts
 
@@ -341,14 +343,13 @@ def _graph_of(compiled):
 def load_split_artifact(path, expected_signature: QuantizationSignature, *, key=None, trust_unsigned: bool = False) -> PrecompiledSplit:
     """Load a split saved by :func:`save_split_artifact`, after the checks of
     :func:`fp8conf.load_artifact` (digest, MAC, fingerprint); nothing is compiled."""
-    from fp8conf.artifacts.store import _deserialize_guarded, _verified
     from fp8conf.graph.split import StageSplit
 
     path = os.fspath(path)
-    header, payload = _verified(path, expected_signature, key, trust_unsigned)
+    header, payload = verified(path, expected_signature, key, trust_unsigned)
     if header.split is None:
         raise ArtifactError(f"artifact {path!r} holds a {header.mechanism} joint graph, not a GraphPP split; load it with fp8conf.load_artifact", path=path)
-    graphs = _deserialize_guarded(path, header, lambda: unpack_parts(payload, header, path))
+    graphs = deserialize_guarded(path, header, lambda: unpack_parts(payload, header, path))
     fns = {name: flat_callable(graph) for name, graph in graphs.items()}
     layout = header.split
     stage = StageSplit(
@@ -356,7 +357,5 @@ def load_split_artifact(path, expected_signature: QuantizationSignature, *, key=
         tuple(layout["saved_for_input"]), tuple(layout["saved_for_weight"]), tuple(layout["input_grads"]),
         tuple(layout["param_grads"]), tuple(None if slot is None else tuple(slot) for slot in layout["output_layout"]),
     )
-    from fp8conf.artifacts.store import _signature_of_header
-
-    joint = _signature_of_header(header.inputs, header.outputs)
+    joint = signature_of_header(header.inputs, header.outputs)
     return PrecompiledSplit(fns, stage, {p["name"]: p["regions"] for p in header.parts}, joint, header.signature)

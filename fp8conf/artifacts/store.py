@@ -36,11 +36,13 @@ import warnings
 from typing import Any, Callable
 
 from fp8conf.arguments import require
-from fp8conf.artifacts.format import FORMAT_VERSION, MECHANISMS, ArtifactHeader, read_artifact, read_header, seal, write_atomic
-from fp8conf.artifacts.keys import ENV_KEY_FILE, resolve_key
+from fp8conf.artifacts.envelope import (
+    check_signature_describes, describe_graph, deserialize_guarded, resolve_signing_key, signature_of_header, verified,
+)
+from fp8conf.artifacts.format import FORMAT_VERSION, MECHANISMS, ArtifactHeader, read_header, seal, write_atomic
 from fp8conf.artifacts.shapes import stale_inputs
-from fp8conf.artifacts.signature import QuantizationSignature, describe_changes, format_differences
-from fp8conf.errors import ArtifactError, FingerprintMismatchError, FP8ConfigError, StaleArtifactError
+from fp8conf.artifacts.signature import QuantizationSignature
+from fp8conf.errors import ArtifactError, FP8ConfigError, StaleArtifactError
 
 __all__ = [
     "PrecompiledJoint",
@@ -51,72 +53,6 @@ __all__ = [
     "precompile_model",
     "load_for_model",
 ]
-
-
-# --- describing the flat graph ------------------------------------------------------------------
-
-
-def _tensor_spec(val) -> dict:
-    if val is None or not hasattr(val, "shape"):
-        return {}
-    return {"shape": [int(s) for s in val.shape], "dtype": str(val.dtype)}
-
-
-_INPUT_KINDS = {"param": "param", "buffer": "buffer", "input": "input", "tangent": "tangent", "other": "flat"}
-_OUTPUT_KINDS = {"output": "output", "param_grad": "grad", "input_grad": "grad", "other": "flat"}
-
-
-def _describe(gm) -> tuple[list[dict], list[dict]]:
-    """The header's description of every flat input and output: the joint signature, with the
-    traced shape and dtype of each input."""
-    signature = _joint_signature(gm)
-    inputs = []
-    for spec, node in zip(signature.inputs, gm.graph.find_nodes(op="placeholder")):
-        entry = {"kind": _INPUT_KINDS[spec.kind]}
-        entry.update({"target": spec.target} if spec.target is not None else {"index": spec.index})
-        inputs.append({**entry, **_tensor_spec(node.meta.get("val"))})
-    outputs = []
-    for i, spec in enumerate(signature.outputs):
-        if spec is None:
-            outputs.append({"kind": "none", "index": i})
-        elif spec.kind in ("param_grad", "input_grad"):
-            outputs.append({"kind": "grad", "target": spec.target})
-        else:
-            outputs.append({"kind": _OUTPUT_KINDS[spec.kind], "index": spec.index})
-    return inputs, outputs
-
-
-def _joint_signature(gm):
-    from fp8conf.graph.trace import joint_signature
-
-    signature = joint_signature(gm)
-    if signature is None:
-        raise ArtifactError(
-            "cannot describe the graph's inputs and outputs: it carries no joint signature (gm.meta); "
-            "trace it with fp8conf.trace_joint and keep gm.meta in rewrites"
-        )
-    return signature
-
-
-def _signature_of_header(inputs: list[dict], outputs: list[dict]):
-    """The :class:`~fp8conf.JointSignature` an artifact header describes."""
-    from fp8conf.graph.trace import JointInput, JointOutput, JointSignature
-
-    kinds = {v: k for k, v in _INPUT_KINDS.items()}
-    joint_inputs = tuple(JointInput(kinds.get(e["kind"], "other"), e.get("target"), e.get("index")) for e in inputs)
-    joint_outputs = []
-    for i, e in enumerate(outputs):
-        if e["kind"] == "none":
-            joint_outputs.append(None)
-        elif e["kind"] == "grad":
-            target = e["target"]
-            is_input = target.startswith("input.")
-            joint_outputs.append(JointOutput("input_grad" if is_input else "param_grad", target, int(target[6:]) if is_input else None))
-        elif e["kind"] == "output":
-            joint_outputs.append(JointOutput("output", index=e["index"]))
-        else:
-            joint_outputs.append(JointOutput("other", index=i))
-    return JointSignature(joint_inputs, tuple(joint_outputs))
 
 
 def _inputs_from_specs(specs: list[dict]) -> list:
@@ -160,7 +96,7 @@ class PrecompiledJoint:
         self._fn = fn
         self.inputs = inputs
         self.outputs = outputs
-        self.joint_signature = _signature_of_header(inputs, outputs)
+        self.joint_signature = signature_of_header(inputs, outputs)
         self.mechanism = mechanism
         self.artifact = artifact  # torch's CompiledArtifact, when there is one
         self.graph = graph  # the flat GraphModule, for the graph_pickler mechanism
@@ -228,7 +164,7 @@ def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> Precompi
 
     if mode not in ("full", "regional"):
         raise FP8ConfigError(f"precompile_joint(mode={mode!r}): choose 'full' or 'regional'")
-    inputs, outputs = _describe(gm)
+    inputs, outputs = describe_graph(gm)
     info = trace_info(gm)
     modules = info.modules if info else None
     if mode == "full":
@@ -241,43 +177,6 @@ def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> Precompi
         compiled = compile_joint(gm, mode="regional", strict=True, partition=False)
     flat = flat_callable(compiled.artifact)
     return PrecompiledJoint(flat, inputs, outputs, "regional", artifact=compiled.artifact, modules=modules, regions=region_specs(compiled))
-
-
-def _check_signature_describes(signature: QuantizationSignature, modules, path) -> None:
-    """Refuse to save a graph under a signature that does not describe its quantized modules."""
-    if modules is None:
-        return
-    described = {m.fqn: m for m in signature.modules}
-    wrong = []
-    for fqn, config in modules.items():
-        m = described.get(fqn)
-        if m is None:
-            wrong.append(f"{fqn!r} is quantized in the graph but not in the signature")
-        elif (m.kind, m.recipe, m.emulate) != (config.kind, config.recipe, config.emulate):
-            wrong.append(
-                f"{fqn!r} is {config.kind}/{config.recipe}/emulate={config.emulate} in the graph but "
-                f"{m.kind}/{m.recipe}/emulate={m.emulate} in the signature"
-            )
-    if wrong:
-        raise ArtifactError(
-            f"cannot save artifact {path!r}: the signature does not describe the traced graph: " + "; ".join(wrong)
-            + ". Build the signature from the model that was traced.",
-            path=str(path),
-        )
-
-
-def _signing_key(key, unsigned: bool, path: str) -> bytes | None:
-    if unsigned:
-        if key is not None:
-            raise FP8ConfigError("save_artifact: pass a key or unsigned=True, not both")
-        return None
-    found = resolve_key(key)
-    if found is None:
-        raise FP8ConfigError(
-            f"cannot save artifact {path!r}: no key to sign it with. Make one with `fp8conf precompile keygen --out FILE` "
-            f"and set ${ENV_KEY_FILE}=FILE (or pass key=); unsigned=True writes an artifact that loads only with trust_unsigned=True"
-        )
-    return found
 
 
 def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, example_inputs=None, *, mechanism: str = "auto",
@@ -297,7 +196,7 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
     import fp8conf
 
     path = os.fspath(path)
-    signing_key = _signing_key(key, unsigned, path)
+    signing_key = resolve_signing_key(key, unsigned, path)
     if not isinstance(signature, QuantizationSignature):
         raise FP8ConfigError(f"save_artifact: signature must be a QuantizationSignature, got {type(signature).__qualname__}")
     if mechanism not in (*MECHANISMS, "auto"):
@@ -307,15 +206,15 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         compiled = gm_or_compiled
         if mechanism not in ("auto", compiled.mechanism):
             raise ArtifactError(f"save_artifact: this PrecompiledJoint is saved with {compiled.mechanism}, not {mechanism}; pass the traced graph", path=path)
-        _check_signature_describes(signature, compiled.modules, path)
+        check_signature_describes(signature, compiled.modules, path)
         payload, parts, pieces = _compiled_payload(compiled, path)
         inputs, outputs, used = compiled.inputs, compiled.outputs, compiled.mechanism
     elif isinstance(gm_or_compiled, torch.fx.GraphModule):
         from fp8conf.graph.trace import trace_info
 
         info = trace_info(gm_or_compiled)
-        _check_signature_describes(signature, info.modules if info else None, path)
-        inputs, outputs = _describe(gm_or_compiled)
+        check_signature_describes(signature, info.modules if info else None, path)
+        inputs, outputs = describe_graph(gm_or_compiled)
         payload, used, parts, pieces, note = _compile_for_saving(gm_or_compiled, mechanism, example_inputs, path)
     else:
         raise FP8ConfigError(f"save_artifact: expected a torch.fx.GraphModule from trace_joint or a PrecompiledJoint, got {type(gm_or_compiled).__qualname__}")
@@ -388,31 +287,6 @@ def _pickled_graph_payload(gm, path) -> bytes:
 
 
 
-def _mismatch(path, header: ArtifactHeader, expected: QuantizationSignature) -> FingerprintMismatchError:
-    differences = header.signature.diff(expected)
-    message = (
-        f"artifact {path!r} was built for another FP8 configuration and is not used:\n"
-        + "\n".join(f"  {line}" for line in describe_changes(differences))
-        + f"\nFields that differ ({len(differences)}):\n"
-        + format_differences(differences, left="artifact", right="current", limit=40)
-        + f"\nFingerprint {header.fingerprint[:16]} (artifact) != {expected.sha256[:16]} (current). "
-        "Recompile and save it again (`fp8conf precompile save`) for the current configuration."
-    )
-    return FingerprintMismatchError(
-        message, path=path, differences=differences, artifact_fingerprint=header.fingerprint, current_fingerprint=expected.sha256,
-    )
-
-
-def _verified(path, expected_signature, key, trust_unsigned) -> tuple[ArtifactHeader, bytes]:
-    """The header and payload of an artifact that is intact, authentic and built for ``expected_signature``."""
-    if not isinstance(expected_signature, QuantizationSignature):
-        raise FP8ConfigError(f"load_artifact: expected_signature must be a QuantizationSignature, got {type(expected_signature).__qualname__}")
-    header, payload = read_artifact(path, key=key, trust_unsigned=trust_unsigned)
-    if header.signature != expected_signature or header.fingerprint != expected_signature.sha256:
-        raise _mismatch(path, header, expected_signature)
-    return header, payload
-
-
 def load_artifact(path, expected_signature: QuantizationSignature, *, key=None, trust_unsigned: bool = False) -> PrecompiledJoint:
     """Load the artifact at ``path`` if, and only if, it is intact, signed with ``key`` (bytes or
     a key file; by default the environment's) and was built for ``expected_signature``.
@@ -427,7 +301,7 @@ def load_artifact(path, expected_signature: QuantizationSignature, *, key=None, 
     require(expected_signature, QuantizationSignature, "load_artifact", "expected_signature",
             "a QuantizationSignature (QuantizationSignature.from_model(model))")
     path = os.fspath(path)
-    header, payload = _verified(path, expected_signature, key, trust_unsigned)
+    header, payload = verified(path, expected_signature, key, trust_unsigned)
     return _deserialize(path, header, payload)
 
 
@@ -435,27 +309,9 @@ def _deserialize(path: str, header: ArtifactHeader, payload: bytes) -> Precompil
     if header.split is not None:
         raise ArtifactError(f"artifact {path!r} holds a GraphPP split; load it with fp8conf.artifacts.regional.load_split_artifact", path=path)
     loaders = {"standalone_compile": _load_standalone, "graph_pickler": _load_pickled_graph, "regional": _load_regional}
-    compiled = _deserialize_guarded(path, header, lambda: loaders[header.mechanism](payload, header, path))
+    compiled = deserialize_guarded(path, header, lambda: loaders[header.mechanism](payload, header, path))
     compiled.signature = header.signature
     return compiled
-
-
-def _deserialize_guarded(path: str, header: ArtifactHeader, load: Callable):
-    """``load()``, torch's failures as an :class:`ArtifactError` naming the artifact."""
-    _register_fp8conf_ops()
-    try:
-        return load()
-    except ArtifactError:
-        raise
-    except Exception as exc:
-        raise ArtifactError(f"torch could not load artifact {path!r} ({header.mechanism}): {type(exc).__name__}: {exc}", path=path) from exc
-
-
-def _register_fp8conf_ops() -> None:
-    try:  # graphs may call fp8conf's custom ops, which must be registered before loading
-        import fp8conf.quantized.ops  # noqa: F401
-    except Exception:
-        pass
 
 
 def _load_standalone(payload: bytes, header: ArtifactHeader, path: str) -> PrecompiledJoint:
@@ -503,7 +359,7 @@ def precompile_model(path, model, args, *, strict: bool = True, mechanism: str =
     from fp8conf.graph.validate import validate_fp8_graph
 
     path = os.fspath(path)
-    signing_key = _signing_key(key, unsigned, path)  # before the compile it would waste
+    signing_key = resolve_signing_key(key, unsigned, path)  # before the compile it would waste
     signature = QuantizationSignature.from_model(model, strict=strict)
     gm = trace_joint(model, args, repeat=repeat, per_block=per_block)
     validate_fp8_graph(gm, strict=strict)  # a strict artifact is one whose graph passed strict validation
@@ -518,7 +374,7 @@ def load_for_model(path, model, args=None, *, strict: bool = True, key=None, tru
     require(path, "path", "load_for_model", "path")
     require(model, "model", "load_for_model", "model")
     path = os.fspath(path)
-    header, payload = _verified(path, QuantizationSignature.from_model(model, strict=strict), key, trust_unsigned)
+    header, payload = verified(path, QuantizationSignature.from_model(model, strict=strict), key, trust_unsigned)
     stale = stale_inputs(header, model, args)  # from the header alone: nothing is deserialized yet
     if stale:
         lines = "\n".join(f"  {name}: {old} (artifact) -> {new} (current)" for name, old, new in stale)

@@ -37,32 +37,18 @@ from collections.abc import Callable
 
 import torch
 
+from fp8conf.graph import region_compile
+
 __all__ = ["InProcessCompiler", "WorkerPool", "unit_compiler"]
+
+#: Compiles each unit here, when it is submitted (kept with the units it compiles).
+InProcessCompiler = region_compile.InProcessCompiler
 
 
 def _cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-class InProcessCompiler:
-    """Compiles each unit here, when it is submitted."""
-
-    def submit(self, submodule: torch.fx.GraphModule, fake_inputs) -> Callable:
-        from fp8conf.graph.region_compile import compile_unit
-
-        return compile_unit(submodule, fake_inputs)
-
-    @staticmethod
-    def result(compiled) -> Callable:
-        finish = getattr(compiled, "finish", None)  # an inner-compiled unit's kernels, built meanwhile
-        if finish is not None:
-            finish()
-        return compiled
-
-    def close(self) -> None:
-        pass
 
 
 class WorkerPool:

@@ -34,7 +34,8 @@ import torch.utils._pytree as pytree
 from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.graph.regions import Region
 
-__all__ = ["REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions",
+__all__ = [
+    "InProcessCompiler", "REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions",
            "cut_regions", "cut_pieces", "CutUnits", "compile_unit", "standalone_unit", "InnerCompiledUnit", "for_artifacts",
            "bundles_units", "region_call", "pack_inputs", "tracing_fake_mode"]
 
@@ -147,13 +148,28 @@ class CutUnits:
         return _flat_callable(gm)
 
 
+class InProcessCompiler:
+    """Compiles each unit here, when it is submitted."""
+
+    def submit(self, submodule: torch.fx.GraphModule, fake_inputs) -> Callable:
+        return compile_unit(submodule, fake_inputs)
+
+    @staticmethod
+    def result(compiled) -> Callable:
+        finish = getattr(compiled, "finish", None)  # an inner-compiled unit's kernels, built meanwhile
+        if finish is not None:
+            finish()
+        return compiled
+
+    def close(self) -> None:
+        pass
+
+
 def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception], Exception], compiler) -> CutUnits:
     """Cut each group of nodes (convex, disjoint) out of ``gm`` into one submodule and submit each
     structurally distinct submodule to ``compiler`` once. ``error(index, exc)`` builds the
     exception raised when Inductor rejects ``groups[index]``."""
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
-
-    from fp8conf.graph.compile_workers import InProcessCompiler
 
     compiler = compiler or InProcessCompiler()
     names = {n.name for group in groups for n in group}

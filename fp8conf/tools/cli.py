@@ -125,17 +125,38 @@ def _explain(args) -> int:
     return 0
 
 
+def _absent(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is None
+    except ImportError:
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from fp8conf.log import quiet_library_notices
+    from fp8conf.log import library_notices_quieted
 
-    quiet_library_notices()  # this process is fp8conf's: TorchAO's load-time notices are noise here
+    # While fp8conf's command runs, TorchAO's load-time notices are noise; the filter goes with it.
+    with library_notices_quieted():
+        return _run(args)
+
+
+def _run(args) -> int:
     if args.command == "precompile":
         from fp8conf.tools import precompile as precompile_cli
 
         return precompile_cli.run(args)
     if args.command == "explain":
         return _explain(args)
+    missing = [name for name in ("pytest", "hypothesis") if _absent(name)]
+    if args.workers and _absent("xdist"):
+        missing.append("pytest-xdist")
+    if missing:
+        print(f"fp8conf check: the conformance suite needs {', '.join(missing)}, which is not installed; "
+              "pip install 'fp8conf[conformance]'", file=sys.stderr)
+        return 2
     import pytest
 
     pytest_args = [
