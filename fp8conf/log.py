@@ -12,7 +12,7 @@ import contextlib
 import logging
 import warnings
 
-__all__ = ["logger", "warn_once", "library_notices_quieted"]
+__all__ = ["logger", "warn_once", "fell_back", "library_notices_quieted"]
 
 logger = logging.getLogger("fp8conf")
 
@@ -27,6 +27,17 @@ def warn_once(cause: str, where: str, message: str) -> bool:
     _said.add((cause, where))
     logger.warning("%s", message)
     return True
+
+
+def fell_back(path: str, reason: str, loss: str) -> str:
+    """Say (once per process for each path and reason) that ``path``, a fast path of fp8conf's,
+    was not taken for ``reason``, and what that costs (``loss``); returns the line, for the
+    compiled object to count (``CompiledJoint.fallbacks``)."""
+    import torch
+
+    line = f"{path}: {reason}"
+    warn_once("fallback", line, f"fp8conf fell back from its {path} path: {reason}; {loss} (torch {torch.__version__})")
+    return line
 
 
 #: (logger, text) of the libraries' load-time notices that say nothing about the user's step:

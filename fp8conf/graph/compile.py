@@ -51,7 +51,7 @@ from fp8conf.graph.region_compile import compile_regions, cut_pieces, cut_region
 from fp8conf.graph.regions import Region, check_attributed, tag_fp8_regions
 from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
-from fp8conf.log import library_notices_quieted
+from fp8conf.log import fell_back, library_notices_quieted
 
 __all__ = ["MODES", "REMAINDERS", "CompiledJoint", "compile_joint"]
 
@@ -77,6 +77,10 @@ class CompiledJoint:
         inductor_compiles: how many graphs Inductor compiled: 1 or 2 (forward, backward) for
             ``full``; for ``regional``, one per structurally distinct unit, region or remainder
             piece, however often it recurs.
+        fallbacks: the fast paths this compile should have taken and did not, each as
+            ``"path: reason"`` (a unit called through torch's wrappers, a backward that cannot
+            free saved values as it goes); each is also logged once through the ``fp8conf``
+            logger. Empty on a torch whose internals fp8conf knows.
     """
 
     fn: Callable
@@ -86,6 +90,7 @@ class CompiledJoint:
     eager_nodes: frozenset[str]
     artifact: Any = None
     inductor_compiles: int = 1
+    fallbacks: tuple[str, ...] = ()
 
     def __call__(self, *args):
         return self.fn(*args)
@@ -160,11 +165,12 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
         if parts is not None:
             forward_fn, backward_fn = compiled.fn
             boxed = _boxed_graph(parts.backward)
+            fallbacks = compiled.fallbacks if boxed is not None else (*compiled.fallbacks, _unboxed("torch.fx's boxed code generator is missing"))
             fn = run_partitioned(parts, forward_fn, boxed or backward_fn, boxed_backward=boxed is not None)
             # A node merged into another runs where that one does.
             merged = {name for name, twin in parts.merged.items() if twin in compiled.compiled_nodes}
             compiled = dataclasses.replace(compiled, fn=fn, compiled_nodes=compiled.compiled_nodes | merged,
-                                           eager_nodes=compiled.eager_nodes - merged)
+                                           eager_nodes=compiled.eager_nodes - merged, fallbacks=fallbacks)
     fn = compiled.fn
     if cudagraph:
         fn = _cuda_graphed(fn, _static_inputs(gm))
@@ -217,8 +223,13 @@ def _full(flat, parts, names, example_inputs) -> CompiledJoint:
     # inputs; only a graph with none (a joint graph's halves take them as inputs) can skip them.
     stateless = not any(True for _ in parts.backward.parameters()) and not any(True for _ in parts.backward.buffers())
     boxed = _boxed_entry(backward) if stateless else None
+    fallbacks = () if boxed is not None or not stateless else (_unboxed("no function down the compiled artifact's __wrapped__ chain takes one list"),)
     fn = run_partitioned(parts, forward, boxed or backward, boxed_backward=boxed is not None)
-    return CompiledJoint(fn, "full", (), names, frozenset(), (forward, backward), 2)
+    return CompiledJoint(fn, "full", (), names, frozenset(), (forward, backward), 2, fallbacks)
+
+
+def _unboxed(reason: str) -> str:
+    return fell_back("boxed backward", reason, "the compiled backward keeps every saved value alive until it returns (a higher peak)")
 
 
 def _records_fakes(graph: torch.fx.GraphModule) -> bool:
@@ -336,7 +347,7 @@ def _regional(gm, graphs, names, strict, remainder, compiler) -> CompiledJoint:
     with ``compiler`` (here, or in worker processes side by side:
     :mod:`fp8conf.graph.compile_workers`); ``fn`` is one flat callable, or a list of them when
     several graphs are given."""
-    regions, fns, compiled_names, distinct = _compile_units(graphs, strict, remainder, compiler)
+    regions, fns, compiled_names, distinct, fallbacks = _compile_units(graphs, strict, remainder, compiler)
     tagged = {n.name for r in regions if r.complete for n in r.nodes}
     left_eager = tagged - compiled_names
     if left_eager and strict:
@@ -351,7 +362,7 @@ def _regional(gm, graphs, names, strict, remainder, compiler) -> CompiledJoint:
     fn = fns[0] if len(fns) == 1 else fns
     # The graphs now call their regions' compiled code: what a regional artifact saves.
     artifact = graphs[0] if len(graphs) == 1 else tuple(graphs)
-    return CompiledJoint(fn, "regional", tuple(regions), compiled, names - compiled, artifact, distinct)
+    return CompiledJoint(fn, "regional", tuple(regions), compiled, names - compiled, artifact, distinct, tuple(fallbacks))
 
 
 def _compile_units(graphs, strict, remainder, compiler):
@@ -381,7 +392,8 @@ def _compile_units(graphs, strict, remainder, compiler):
     # One dynamo-disable frame per graph: the regions called straight through Inductor's code
     # (fp8conf.graph.fast_call) no longer pass through the artifact's own.
     fns = [torch._dynamo.disable(cut.bind()) for cut in cuts]
-    return regions, fns, compiled_names, len(cache)
+    fallbacks = list(dict.fromkeys(line for cut in cuts for line in cut.fallbacks))
+    return regions, fns, compiled_names, len(cache), fallbacks
 
 
 def _region_error(region: Region, exc: Exception) -> errors.RegionCompileError:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.fx
 
-__all__ = ["fast_entry", "graph_allows_fast_call"]
+__all__ = ["fast_entry", "fast_entry_or_reason", "graph_allows_fast_call"]
 
 #: Names the runtime wrapper's generated code binds only when it has work of its own to do:
 #: write back mutated inputs, bump their versions, regenerate aliased outputs, mark dynamic
@@ -40,21 +40,34 @@ def fast_entry(artifact) -> Callable | None:
     calls Inductor's generated code directly, or ``None`` when a layer in between might do work.
     Its ``boxed`` attribute takes the inputs as one list instead and empties it, so that a caller
     holding no other reference lets Inductor's code free each input after its last use."""
+    return fast_entry_or_reason(artifact)[0]
+
+
+def fast_entry_or_reason(artifact) -> tuple[Callable | None, str | None]:
+    """:func:`fast_entry`, and when there is none, why: the layer of torch's wrappers that
+    might do work or that this walk does not know (another torch's layout, say)."""
     try:
         from torch._inductor.output_code import CompiledFxGraph
     except ImportError:
-        return None
+        return None, "torch._inductor.output_code.CompiledFxGraph is gone"
     layer = artifact
     try:
         for _ in range(16):
             if isinstance(layer, CompiledFxGraph):
-                return _direct_call(layer)
-            layer = _next_layer(layer)
-            if layer is None:
-                return None
-    except Exception:  # noqa: BLE001 - a layout this walk does not know: the artifact call is always right
-        return None
-    return None
+                direct = _direct_call(layer)
+                return (direct, None) if direct is not None else (None, "Inductor's compiled graph has no current_callable")
+            following = _next_layer(layer)
+            if following is None:
+                return None, f"a wrapper layer it cannot see through or that has work to do ({_name_of(layer)})"
+            layer = following
+    except Exception as exc:  # noqa: BLE001 - a layout this walk does not know: the artifact call is always right
+        return None, f"walking torch's wrappers failed at {_name_of(layer)}: {type(exc).__name__}: {exc}"
+    return None, "more than 16 wrapper layers above Inductor's code"
+
+
+def _name_of(layer) -> str:
+    code = getattr(layer, "__code__", None)
+    return f"function {code.co_name}" if code is not None else type(layer).__qualname__
 
 
 def _direct_call(graph) -> Callable | None:

@@ -31,7 +31,8 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
+from fp8conf.graph.fast_call import fast_entry_or_reason, graph_allows_fast_call
+from fp8conf.log import fell_back
 from fp8conf.graph.regions import Region
 
 __all__ = [
@@ -121,6 +122,8 @@ class CutUnits:
 
     def __init__(self, gm, calls: list, cache: dict, compiler, names: set[str]):
         self._gm, self._calls, self._cache, self._compiler, self.names = gm, calls, cache, compiler, names
+        #: Fast paths not taken where they should have been, each a line (see fp8conf.log.fell_back).
+        self.fallbacks: list[str] = []
 
     def bind(self) -> Callable:
         """Wait for the units' compiled code and replace each submodule call by a call of it;
@@ -137,7 +140,13 @@ class CutUnits:
                 except Exception as exc:
                     raise compiled.error(exc) from exc
                 self._cache[key] = compiled
-            fast = fast_entry(compiled) if FAST_CALLS and graph_allows_fast_call(submodule, fake_inputs) else None
+            fast = None
+            if FAST_CALLS and graph_allows_fast_call(submodule, fake_inputs):
+                fast, reason = fast_entry_or_reason(compiled)
+                if fast is None:
+                    # Nothing in the unit needs torch's wrappers, yet they cannot be skipped.
+                    self.fallbacks.append(fell_back("fast call", reason, "compiled units are called through torch's wrappers "
+                                                    "(more host time per call)"))
             with gm.graph.inserting_after(node):
                 call = gm.graph.call_function(region_call(compiled, fast), args=node.args, kwargs=node.kwargs)
             call.meta = node.meta

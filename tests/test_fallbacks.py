@@ -1,0 +1,54 @@
+"""Fast paths that fall back say so: once through the ``fp8conf`` logger, and counted on the
+compiled object, so that a torch whose internals moved costs speed or memory loudly.
+
+On the torch this project tests with, every fast path is taken: a compile reports no fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import fp8conf
+from fp8conf import log
+from fp8conf.graph import fast_call
+from stack_steps import assert_matches_eager, traced
+
+
+@pytest.fixture
+def fresh_log(monkeypatch, caplog):
+    monkeypatch.setattr(log, "_said", set())  # what this process already said is said again here
+    caplog.set_level(logging.WARNING, logger="fp8conf")
+    return caplog
+
+
+@pytest.mark.parametrize("mode", ["regional", "full"])
+def test_every_fast_path_is_taken_on_this_torch(mode, fresh_log):
+    model, x, gm = traced(2)
+    compiled = fp8conf.compile_joint(gm, mode=mode)
+    assert compiled.fallbacks == ()
+    assert not [r for r in fresh_log.records if r.name == "fp8conf"]
+
+
+def test_a_unit_whose_wrappers_cannot_be_seen_through_falls_back_once_and_says_so(monkeypatch, fresh_log):
+    # As on a torch whose wrapper layers this module does not know.
+    monkeypatch.setattr(fast_call, "_next_layer", lambda layer: None)
+    model, x, gm = traced(2)
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    assert len(compiled.fallbacks) == 1 and compiled.fallbacks[0].startswith("fast call: a wrapper layer"), compiled.fallbacks
+    said = [r.getMessage() for r in fresh_log.records if r.name == "fp8conf"]
+    assert len(said) == 1, said  # every unit fell back, for one reason: one line
+    assert "fell back from its fast call path" in said[0] and "torch " in said[0]
+    assert_matches_eager(gm, model, x, compiled.fn, seed=0)  # slower, never wrong
+
+
+def test_a_backward_that_cannot_be_called_boxed_says_the_memory_saving_is_lost(monkeypatch, fresh_log):
+    from fp8conf.graph import compile as compile_module
+
+    monkeypatch.setattr(compile_module, "_boxed_graph", lambda gm: None)
+    model, x, gm = traced(2)
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    assert any(f.startswith("boxed backward:") for f in compiled.fallbacks), compiled.fallbacks
+    assert any("keeps every saved value alive" in r.getMessage() for r in fresh_log.records if r.name == "fp8conf")
+    assert_matches_eager(gm, model, x, compiled.fn, seed=0)
