@@ -45,7 +45,7 @@ ORACLE_KEY = "conformance.issued_by"
 #: Which call of the module issued a node: the module's own call counter while tracing.
 ORACLE_CALL_KEY = "conformance.call"
 #: torch's scaled matmuls, in every overload.
-_TORCH_SCALED_MM = ("aten._scaled_mm.", "aten._scaled_mm_v2.", "aten._scaled_grouped_mm.")
+_TORCH_SCALED_MM = ("aten._scaled_mm.", "aten._scaled_mm_v2.", "aten._scaled_grouped_mm.", "aten._scaled_grouped_mm_v2.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +88,18 @@ def is_fp8_compute(node: torch.fx.Node, ops: Fp8Ops) -> bool:
         and _is_fp8(node.args[0])
         and _is_fp8(node.args[1])
     )
+
+
+def scale_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The scales a scaled matmul reads: ``args[2]`` and ``args[3]`` of the first API; the
+    tensors of the ``scale_a`` and ``scale_b`` lists (``args[2]``, ``args[5]``) of the second
+    (``_scaled_mm_v2``, ``_scaled_grouped_mm_v2``, what ``F.scaled_mm`` lowers to)."""
+    if str(node.target).split(".")[-2].endswith("_v2"):
+        picked = [node.args[i] if len(node.args) > i else node.kwargs.get(k) for i, k in ((2, "scale_a"), (5, "scale_b"))]
+        values = [v for group in picked for v in (group if isinstance(group, (list, tuple)) else [group])]
+    else:
+        values = [node.args[i] if len(node.args) > i else node.kwargs.get(k) for i, k in ((2, "scale_a"), (3, "scale_b"))]
+    return [v for v in values if isinstance(v, torch.fx.Node)]
 
 
 def fp8_compute_nodes(gm: torch.fx.GraphModule, ops: Fp8Ops) -> list[torch.fx.Node]:
@@ -286,7 +298,7 @@ def incompleteness(nodes: set, is_backward, ops: Fp8Ops) -> str | None:
     if not computes:
         return "it holds no FP8 compute"
     entering = [(n, i) for n in nodes for i in n.all_input_nodes if i not in nodes and _is_fp8(i)]
-    entering += [(c, a) for c in computes for a in c.args[2:4] if isinstance(a, torch.fx.Node) and a not in nodes]
+    entering += [(c, a) for c in computes for a in scale_operands(c) if a not in nodes]
     for consumer, value in entering:
         if value.op == "placeholder" or is_backward(value) != is_backward(consumer):
             continue

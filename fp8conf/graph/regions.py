@@ -24,7 +24,7 @@ from fp8conf.arguments import require
 from fp8conf import errors
 from fp8conf.graph.provenance import get_provenance, node_passes, unattributed_fp8_compute
 from fp8conf.log import warn_once
-from fp8conf.graph.roles import is_fp8_compute, is_fp8_dtype
+from fp8conf.graph.roles import is_fp8_compute, is_fp8_dtype, scale_operands
 
 __all__ = ["REGION_META_KEY", "Region", "identify_fp8_regions", "tag_fp8_regions", "check_attributed"]
 
@@ -129,10 +129,10 @@ def _incomplete(group, computes, passes, pass_name, provenance_of=get_provenance
     # scales the matmuls consume; high-precision inputs (activations, weights) may come from
     # anywhere.
     entering = [(node, i) for node in group for i in node.all_input_nodes if i not in group]
-    entering += [(c, a) for c in computes for a in c.args[2:4] if isinstance(a, torch.fx.Node) and a not in group]
+    entering += [(c, a) for c in computes for a in scale_operands(c) if a not in group]
     for consumer, value in entering:
         fp8 = is_fp8_dtype(getattr(value.meta.get("val"), "dtype", None))
-        if consumer in computes and value in consumer.args[2:4]:
+        if consumer in computes and value in scale_operands(consumer):
             kind = "scale"
         elif fp8:
             kind = "FP8 value"

@@ -23,7 +23,7 @@ import torch.fx
 
 from fp8conf.arguments import require
 
-__all__ = ["OpRole", "FP8_DTYPES", "SCALED_MM_TARGETS", "is_fp8_dtype", "is_fp8_compute", "classify_node", "op_roles"]
+__all__ = ["OpRole", "FP8_DTYPES", "SCALED_MM_TARGETS", "is_fp8_dtype", "is_fp8_compute", "scale_operands", "classify_node", "op_roles"]
 
 
 class OpRole(str, enum.Enum):
@@ -47,6 +47,7 @@ SCALED_MM_TARGETS = frozenset(
         "aten._scaled_mm.default",
         "aten._scaled_mm_v2.default",
         "aten._scaled_grouped_mm.default",
+        "aten._scaled_grouped_mm_v2.default",
         "fp8conf.scaled_mm_e8m0.default",
     }
 )
@@ -67,6 +68,26 @@ def is_fp8_dtype(dtype) -> bool:
 def is_scaled_mm(node: torch.fx.Node) -> bool:
     """A call of one of the scaled matmuls, whatever its operands."""
     return node.op == "call_function" and str(node.target) in SCALED_MM_TARGETS
+
+
+def scale_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The scales a scaled matmul reads: ``scale_a`` and ``scale_b``, two tensors for the first
+    API (``_scaled_mm``, ``_scaled_grouped_mm``, fp8conf's e8m0 op), two lists of tensors for the
+    second (``_scaled_mm_v2``, ``_scaled_grouped_mm_v2``: what ``F.scaled_mm`` and
+    ``F.scaled_grouped_mm`` lower to, ``(a, b, scale_a[], recipe_a[], swizzle_a[], scale_b[], ...)``)."""
+    if str(node.target).endswith("_v2.default"):
+        values = [*_as_list(_argument(node, 2, "scale_a")), *_as_list(_argument(node, 5, "scale_b"))]
+    else:
+        values = [_argument(node, 2, "scale_a"), _argument(node, 3, "scale_b")]
+    return [v for v in values if isinstance(v, torch.fx.Node)]
+
+
+def _argument(node: torch.fx.Node, position: int, name: str):
+    return node.args[position] if len(node.args) > position else node.kwargs.get(name)
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def is_unjudged_scaled_mm(node: torch.fx.Node) -> bool:
@@ -110,7 +131,7 @@ def op_roles(graph: torch.fx.Graph) -> dict[torch.fx.Node, OpRole]:
     feeds_scale = set()
     for node in reversed(graph.nodes):
         if roles[node] is OpRole.COMPUTE:
-            feeds_scale.update(a for a in node.args[2:4] if isinstance(a, torch.fx.Node))
+            feeds_scale.update(scale_operands(node))
         elif roles[node] is OpRole.CAST or node in feeds_scale:
             feeds_scale.update(node.all_input_nodes)
     for node in graph.nodes:
