@@ -52,3 +52,24 @@ def test_a_backward_that_cannot_be_called_boxed_says_the_memory_saving_is_lost(m
     assert any(f.startswith("boxed backward:") for f in compiled.fallbacks), compiled.fallbacks
     assert any("keeps every saved value alive" in r.getMessage() for r in fresh_log.records if r.name == "fp8conf")
     assert_matches_eager(gm, model, x, compiled.fn, seed=0)
+
+
+def test_doctor_shows_every_fast_path_on_here(capsys):
+    from fp8conf.tools.cli import main
+
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "torch    " in out and "torchao  " in out and "device   " in out
+    assert out.count("\non   ") == 2 and "OFF" not in out, out
+
+
+def test_doctor_names_a_fast_path_that_is_off_and_an_untested_torch(monkeypatch, capsys):
+    from fp8conf.tools import doctor
+    from fp8conf.tools.cli import main
+
+    monkeypatch.setattr(fast_call, "_next_layer", lambda layer: None)
+    monkeypatch.setattr(doctor, "TESTED", {"torch": ("2.99",), "torchao": doctor.TESTED["torchao"]})
+    assert main(["doctor"]) == 1
+    captured = capsys.readouterr()
+    assert "OFF  fast call" in captured.out and "regional: a wrapper layer" in captured.out, captured.out
+    assert "is not among the tested releases (2.99)" in captured.err

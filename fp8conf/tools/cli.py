@@ -5,6 +5,8 @@ FP8 regions, and manage precompiled FP8 artifacts.
 summary table; it is ``pytest --fp8-backend=NAME`` with the suite's defaults filled in, so
 every pytest option still works after ``--``. ``fp8conf precompile save|load|diff|show`` handles
 precompiled artifacts and their quantization fingerprints (see :mod:`fp8conf.tools.precompile`).
+``fp8conf doctor`` shows the versions, the device and whether each fast path is on
+(:mod:`fp8conf.tools.doctor`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
         help="package.module:function returning (model, args); default: a 6-block example model",
     )
     explain.add_argument("--out", default="fp8-regions.html", help="HTML file to write (default: fp8-regions.html)")
+    commands.add_parser(
+        "doctor", help="show versions, the device and whether each of fp8conf's fast paths is on here",
+        description="Python, torch, TorchAO and the device; then each fast path of the reference's compile "
+        "(taken or not, with the reason) for a small FP8 model compiled here. Exit status 1 when one is off.",
+    )
     return parser
 
 
@@ -150,6 +157,10 @@ def _run(args) -> int:
         return precompile_cli.run(args)
     if args.command == "explain":
         return _explain(args)
+    if args.command == "doctor":
+        from fp8conf.tools import doctor
+
+        return doctor.run(args)
     missing = [name for name in ("pytest", "hypothesis") if _absent(name)]
     if args.workers and _absent("xdist"):
         missing.append("pytest-xdist")

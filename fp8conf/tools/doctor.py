@@ -1,0 +1,64 @@
+"""``fp8conf doctor``: what this environment gives fp8conf, and each fast path's state.
+
+The reference's speed and memory savings rest on torch internals (Inductor's compiled-graph
+layout, FX's boxed code generator); on another torch a fast path falls back, correctly but
+slower or with a higher peak, and says so once in the ``fp8conf`` logger. This command shows it
+up front: versions, the device, and for each fast path whether a small FP8 model compiled here
+takes it, with the reason where it does not. An untested torch or TorchAO gets a warning, never
+a refusal. Exit status 0 when every fast path is on, 1 when one is off.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+__all__ = ["TESTED", "diagnose", "run"]
+
+#: The torch and TorchAO releases the project's test matrix runs (tox.ini, the H200 runs).
+TESTED = {"torch": ("2.11", "2.13", "2.14"), "torchao": ("0.17", "0.18")}
+
+
+def _release(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def diagnose() -> dict:
+    """Versions, device and the fast paths a regionally and a fully compiled FP8 block stack
+    take here: ``{"versions": {...}, "device": str, "untested": [...], "paths": {name: reason or None}}``."""
+    import torch
+    import torchao
+
+    from fp8conf.graph.compile import compile_joint
+    from fp8conf.graph.trace import trace_joint
+    from fp8conf.tools.example_models import build_stack
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "torchao": torchao.__version__}
+    untested = [f"{name} {versions[name]}" for name, releases in TESTED.items() if _release(versions[name]) not in releases]
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (no CUDA device)"
+    model = build_stack(32, 2, seed=0)
+    x = torch.randn(16, 32, requires_grad=True)
+    gm = trace_joint(model, (x,))
+    paths = {"fast call (regional units called straight through Inductor's code)": None,
+             "boxed backward (saved values freed as the backward uses them)": None}
+    for mode in ("regional", "full"):
+        for line in compile_joint(gm, mode=mode).fallbacks:
+            name, _, reason = line.partition(": ")
+            key = next(k for k in paths if k.startswith(name))
+            paths[key] = paths[key] or f"{mode}: {reason}"
+    return {"versions": versions, "device": device, "untested": untested, "paths": paths}
+
+
+def run(args=None) -> int:
+    found = diagnose()
+    for name, version in found["versions"].items():
+        print(f"{name:8} {version}")
+    print(f"device   {found['device']}")
+    for item in found["untested"]:
+        tested = ", ".join(TESTED[item.split()[0]])
+        print(f"warning: {item} is not among the tested releases ({tested}); fast paths may fall back (below)", file=sys.stderr)
+    off = 0
+    for name, reason in found["paths"].items():
+        print(f"{'on ' if reason is None else 'OFF'}  {name}{'' if reason is None else f': {reason}'}")
+        off += reason is not None
+    return 1 if off else 0
