@@ -26,6 +26,7 @@ _EXPORTS = {
     "fp8conf.graph.validate": ("Finding", "ValidationReport", "validate_fp8_graph"),
     "fp8conf.graph.regions": ("Region", "identify_fp8_regions", "tag_fp8_regions"),
     "fp8conf.graph.compile": ("CompiledJoint", "compile_joint"),
+    "fp8conf.graph.compile_config": ("CompileConfig",),
     "fp8conf.graph.split": ("StageSplit", "compile_split", "split_stage"),
     "fp8conf.artifacts.signature": ("QuantizationSignature",),
     "fp8conf.artifacts.store": (
@@ -89,6 +90,7 @@ __all__ = [
     "tag_fp8_regions",
     # compile (fp8conf.graph.compile)
     "compile_joint",
+    "CompileConfig",
     "CompiledJoint",
     # GraphPP split (fp8conf.graph.split)
     "split_stage",

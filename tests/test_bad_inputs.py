@@ -97,6 +97,11 @@ BAD_CALLS = {
     "tag_fp8_regions": [("gm=model", lambda: fp8conf.tag_fp8_regions(_model()))],
     "compile_joint": [("gm=model", lambda: fp8conf.compile_joint(_model())),
                       ("mode='fast'", lambda: fp8conf.compile_joint(_gm(), mode="fast"))],
+    "CompileConfig": [("mode='fast'", lambda: fp8conf.CompileConfig(mode="fast")),
+                      ("workers=-1", lambda: fp8conf.CompileConfig(workers=-1)),
+                      ("strict='yes'", lambda: fp8conf.CompileConfig(strict="yes")),
+                      ("config and keywords", lambda: fp8conf.compile_joint(_gm(), fp8conf.CompileConfig(), mode="full")),
+                      ("config of another type", lambda: fp8conf.compile_joint(_gm(), {"mode": "full"}))],
     "split_stage": [("gm=model", lambda: fp8conf.split_stage(_model())),
                     ("untraced gm", lambda: fp8conf.split_stage(_untraced()))],
     "compile_split": [("split=gm", lambda: fp8conf.compile_split(_gm()))],
@@ -145,3 +150,15 @@ def test_a_wrong_type_names_the_function_the_argument_and_what_to_pass(name, cal
     with pytest.raises(fp8conf.FP8ConfigError) as caught:
         call()
     assert all(w in str(caught.value) for w in words), str(caught.value)
+
+
+def test_one_compile_config_reaches_every_part_of_a_split():
+    import dataclasses
+
+    config = fp8conf.CompileConfig(mode="regional", remainder="eager")
+    split = fp8conf.split_stage(_gm())
+    fns = fp8conf.compile_split(split, config)
+    assert {fn.mode for fn in fns.values()} == {"regional"}
+    assert dataclasses.replace(config, mode="full").mode == "full"
+    with pytest.raises(fp8conf.FP8ConfigError, match="not both"):
+        fp8conf.compile_split(split, config, strict=False)

@@ -44,6 +44,7 @@ import torch.utils._pytree as pytree
 from fp8conf import errors
 from fp8conf.arguments import require
 from fp8conf.graph.call_inputs import input_check
+from fp8conf.graph.compile_config import MODES, REMAINDERS, CompileConfig
 from fp8conf.graph.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
 from fp8conf.graph.compile_workers import unit_compiler
@@ -53,11 +54,8 @@ from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
 from fp8conf.log import fell_back, library_notices_quieted
 
-__all__ = ["MODES", "REMAINDERS", "CompiledJoint", "compile_joint"]
+__all__ = ["MODES", "REMAINDERS", "CompileConfig", "CompiledJoint", "compile_joint"]
 
-MODES = ("full", "regional")
-#: What ``regional`` does with the nodes outside the FP8 regions.
-REMAINDERS = ("inductor", "pieces", "eager")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,10 +95,16 @@ class CompiledJoint:
 
 
 @with_collector_paused  # see fp8conf.graph.trace.collector_paused
-def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: bool = True, cudagraph: bool = False,
-                  example_inputs=None, partition: bool = True, remainder: str = "inductor", workers: int = 0) -> CompiledJoint:
+def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None, *, mode: str | None = None, strict: bool | None = None,
+                  cudagraph: bool | None = None, example_inputs=None, partition: bool | None = None, remainder: str | None = None,
+                  workers: int | None = None) -> CompiledJoint:
     """Compile ``gm``, a joint graph made by :func:`fp8conf.trace_joint` or a graph cut from one
     (a GraphPP callable); ``gm`` itself is not changed.
+
+    The settings are ``config`` (a :class:`~fp8conf.CompileConfig`, whose fields document
+    them), or the keywords of the same names, which make one (defaults: ``mode="regional"``,
+    ``strict=True``, ``cudagraph=False``, ``partition=True``, ``remainder="inductor"``,
+    ``workers=0``); not both.
 
     ``mode="full"`` compiles every node, ``"regional"`` only the complete FP8 regions (strictly:
     an incomplete region is an :class:`~fp8conf.errors.IncompleteRegionError`, a tagged region
@@ -133,12 +137,10 @@ def compile_joint(gm: torch.fx.GraphModule, *, mode: str = "regional", strict: b
     before calling again.
     """
     require(gm, "graph module", "compile_joint", "gm")
-    if mode not in MODES:
-        raise errors.FP8ConfigError(f"compile_joint(mode={mode!r}): choose one of {MODES}")
-    if remainder not in REMAINDERS:
-        raise errors.FP8ConfigError(f"compile_joint(remainder={remainder!r}): choose one of {REMAINDERS}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise errors.FP8ConfigError(f"compile_joint(workers={workers!r}): give a number of processes, 0 (this process, the default) or more")
+    config = CompileConfig.of(config, "compile_joint", mode=mode, strict=strict, cudagraph=cudagraph, partition=partition,
+                              remainder=remainder, workers=workers)
+    mode, strict, cudagraph, partition, remainder, workers = (
+        config.mode, config.strict, config.cudagraph, config.partition, config.remainder, config.workers)
     if cudagraph and not torch.cuda.is_available():
         raise errors.FP8ConfigError("compile_joint(cudagraph=True) needs a CUDA device; this torch sees none")
     _warm_compile_pool()

@@ -43,6 +43,7 @@ import torch.utils._pytree as pytree
 from fp8conf.arguments import require
 from fp8conf import errors
 from fp8conf.graph.compile import compile_joint
+from fp8conf.graph.compile_config import CompileConfig
 from fp8conf.graph.provenance import get_provenance, node_passes
 from fp8conf.graph.roles import is_fp8_compute
 from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY, JointSignature, collector_paused, joint_signature, trace_info
@@ -321,10 +322,13 @@ def _compute_per_call(part) -> collections.Counter:
     return found
 
 
-def compile_split(split: StageSplit, *, mode: str = "regional", strict: bool = True, cudagraph: bool = False) -> dict[str, Callable]:
+def compile_split(split: StageSplit, config: CompileConfig | None = None, *, mode: str | None = None, strict: bool | None = None,
+                  cudagraph: bool | None = None) -> dict[str, Callable]:
     """Compile each callable of ``split`` with :func:`fp8conf.compile_joint` (``"regional"``: its
     complete FP8 regions, re-identified in that callable, with FP8 placeholders as boundaries;
-    ``"full"``: all of it). Returns the ``fns`` mapping :meth:`StageSplit.run` and the pipeline
-    runner take."""
+    ``"full"``: all of it), under ``config`` (a :class:`~fp8conf.CompileConfig`) or the keywords
+    that make one (defaults ``mode="regional"``, ``strict=True``, ``cudagraph=False``). Returns
+    the ``fns`` mapping :meth:`StageSplit.run` and the pipeline runner take."""
     require(split, StageSplit, "compile_split", "split", "a StageSplit (what fp8conf.split_stage(gm) returns)")
-    return {name: compile_joint(part, mode=mode, strict=strict, cudagraph=cudagraph) for name, part in split.parts.items()}
+    config = CompileConfig.of(config, "compile_split", mode=mode, strict=strict, cudagraph=cudagraph)
+    return {name: compile_joint(part, config) for name, part in split.parts.items()}

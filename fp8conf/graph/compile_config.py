@@ -1,0 +1,69 @@
+"""How to compile a joint graph, as one frozen value checked when it is made.
+
+:func:`fp8conf.compile_joint`, :func:`fp8conf.compile_split` and the artifact functions take a
+:class:`CompileConfig` (their keyword arguments remain, and make one), so a trainer states its
+compile settings once and hands them on, instead of forwarding loose keywords that one caller
+forgets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fp8conf.errors import FP8ConfigError
+
+__all__ = ["MODES", "REMAINDERS", "CompileConfig"]
+
+MODES = ("full", "regional")
+#: What ``regional`` does with the nodes outside the FP8 regions.
+REMAINDERS = ("inductor", "pieces", "eager")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileConfig:
+    """Settings of one compile. A bad value is an :class:`~fp8conf.errors.FP8ConfigError` when
+    the config is made, before anything is traced or compiled."""
+
+    #: ``"regional"`` compiles the complete FP8 regions (with the rest around them, by
+    #: ``remainder``); ``"full"`` compiles every node, as ``torch.compile`` would.
+    mode: str = "regional"
+    #: Refuse what would lose FP8 silently: an incomplete region, FP8 compute no module can be
+    #: held to, a tagged region left eager. ``False`` leaves them eager and logs each.
+    strict: bool = True
+    #: Capture the compiled step in a CUDA graph and replay it (CUDA only): no host time per
+    #: kernel, at the price of outputs overwritten by the next call.
+    cudagraph: bool = False
+    #: Cut a joint graph into forward and backward as ``torch.compile`` does, so that fewer
+    #: activations stay alive between the passes; ``False`` compiles the joint graph whole.
+    partition: bool = True
+    #: ``regional`` only: ``"inductor"`` compiles each region with the nodes around it (fused
+    #: casts, equal blocks compiled once), ``"pieces"`` each region alone and the rest in
+    #: pieces, ``"eager"`` the regions alone and the rest eagerly.
+    remainder: str = "inductor"
+    #: ``regional`` only: helper processes compiling distinct units beside this one (0: here).
+    workers: int = 0
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise FP8ConfigError(f"CompileConfig(mode={self.mode!r}): choose one of {MODES}")
+        if self.remainder not in REMAINDERS:
+            raise FP8ConfigError(f"CompileConfig(remainder={self.remainder!r}): choose one of {REMAINDERS}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise FP8ConfigError(f"CompileConfig(workers={self.workers!r}): give a number of processes, 0 (this process, the default) or more")
+        for name in ("strict", "cudagraph", "partition"):
+            if not isinstance(getattr(self, name), bool):
+                raise FP8ConfigError(f"CompileConfig({name}={getattr(self, name)!r}): give True or False")
+
+    @classmethod
+    def of(cls, config: CompileConfig | None, where: str, **keywords) -> CompileConfig:
+        """``config``, or one made from ``keywords`` (a function's keyword arguments, each
+        ``None`` where the caller left it out); both at once is a usage error naming ``where``."""
+        given = {name: value for name, value in keywords.items() if value is not None}
+        if config is None:
+            return cls(**given)
+        if not isinstance(config, cls):
+            raise FP8ConfigError(f"{where}(config=...): expected a CompileConfig, got {type(config).__qualname__}")
+        if given:
+            raise FP8ConfigError(f"{where}: pass config= or the keywords {sorted(given)}, not both "
+                                 f"(dataclasses.replace(config, ...) changes a field)")
+        return config
