@@ -324,7 +324,7 @@ def _examples(flat, example_inputs) -> list:
     return examples
 
 
-def _with_convention(gm, flat_fn, check) -> Callable:
+def _with_convention(gm, flat_fn, check=None) -> Callable:
     """``flat_fn`` (flat inputs, flat outputs) called like ``gm``, under ``no_grad``, its inputs
     first checked by ``check`` (:func:`~fp8conf.graph.call_inputs.input_check`): compiled code
     checks them only where it first reads them, in its own terms.
@@ -332,6 +332,7 @@ def _with_convention(gm, flat_fn, check) -> Callable:
     The joint graph already computes the gradients: tracing autograd through it again (the
     parameters require grad) would ask for derivatives of _scaled_mm, which has none."""
     out_spec = getattr(getattr(gm.graph._codegen, "pytree_info", None), "out_spec", None)
+    check = check or input_check(gm, "compiled joint graph", signature=joint_signature(gm))
 
     def run(*args):
         inputs = pytree.arg_tree_leaves(*args)
