@@ -74,6 +74,7 @@ def _refused(property_id, backend, variant: Variant, exc: UnsupportedConfig) -> 
     flipped = sorted({name for _, name in variant.config_fields})
     declared = getattr(backend, "expressible_config_fields", None)
     if flipped and declared is None:
+        note(f"config-field changes the backend refuses as inexpressible (UnsupportedConfig) are not_supported: {', '.join(flipped)}")
         pytest.skip(
             f"{NOT_SUPPORTED} backend {backend.name!r} refuses a config its jobs cannot express "
             f"(Float8LinearConfig {', '.join(flipped)} flipped; UnsupportedConfig: {exc})"
@@ -95,6 +96,7 @@ def _config_fields(fp8_backend, kind):
     flips = [(n,) for n in fields] if kind == "config_field" else [(a, b) for a in fields for b in fields if a != b]
     if not any(flippable(recipe, names) for recipe in FLOAT8_RECIPES for names in flips):
         declared = sorted(fp8_backend.expressible_config_fields or ())
+        note(f"{kind} changes not_supported: the backend's jobs express none (expressible_config_fields {declared})")
         pytest.skip(
             f"{NOT_SUPPORTED} backend {fp8_backend.name!r}'s jobs express no {kind} change: "
             f"expressible_config_fields is {declared}"
