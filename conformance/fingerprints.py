@@ -20,7 +20,8 @@ modules (activations, residuals, plain linears' bias, an extra plain linear). Sh
 model's structure are the trainer's own fingerprint's business, not the quantization signature's.
 
 What a backend's fingerprint covers (``Backend.fingerprint_scope``) decides which of these it
-must ignore: :data:`SCOPE_PROMISES` says, per scope, what each FPR rule may hold it to.
+must ignore: :mod:`conformance.fingerprint_scopes` says, per scope, what each FPR rule may hold
+it to.
 Config-field changes are drawn from the fields the backend's jobs can express
 (``Backend.expressible_config_fields``, :func:`drawable_config_fields`).
 
@@ -53,9 +54,6 @@ __all__ = [
     "CONFIG_KINDS",
     "UNRELATED_KINDS",
     "STRUCTURE_KINDS",
-    "ScopePromises",
-    "SCOPE_PROMISES",
-    "promises_of",
     "CONFIG_FIELDS",
     "NOT_NUMERICS",
     "flippable",
@@ -97,45 +95,6 @@ UNRELATED_KINDS = (
 #: The unrelated kinds that change the model's structure (its buffers, parameters, the ops
 #: around the quantized modules): a whole-step fingerprint may change with them.
 STRUCTURE_KINDS = ("unrelated_buffers", "model_around")
-
-
-@dataclasses.dataclass(frozen=True)
-class ScopePromises:
-    """What a fingerprint scope (``Backend.fingerprint_scope``) promises beyond what every scope
-    does. Every scope's fingerprint changes with every quantization input (FPR-001) and is equal
-    for a model rebuilt alike, in any process and under any ``PYTHONHASHSEED`` (FPR-002); the
-    signature, in every scope, ignores everything unrelated to quantization, structure and
-    registration order included (FPR-002, FPR-003).
-
-    Attributes:
-        registration_order: the fingerprint is equal for the model registered in reverse order
-            (FPR-002).
-        structure: the fingerprint ignores :data:`STRUCTURE_KINDS` changes (FPR-003).
-        global_inputs_in_signature: the signature holds every input of the fingerprint: a global
-            change (``strict``, a version) and a relevant job setting show in it (FPR-005,
-            FPR-006).
-        unrelated_job_settings: the fingerprint ignores job settings unrelated to quantization
-            (FPR-006).
-    """
-
-    registration_order: bool
-    structure: bool
-    global_inputs_in_signature: bool
-    unrelated_job_settings: bool
-
-
-#: Per ``Backend.fingerprint_scope``: a quantization fingerprint is the signature's digest and
-#: promises everything; a whole-step key covers the step's structure and job, its signature
-#: only the quantized modules.
-SCOPE_PROMISES = {
-    "quantization": ScopePromises(True, True, True, True),
-    "whole_step": ScopePromises(False, False, False, False),
-}
-
-
-def promises_of(backend) -> ScopePromises:
-    """What ``backend``'s declared fingerprint scope promises."""
-    return SCOPE_PROMISES[getattr(backend, "fingerprint_scope", "quantization")]
 
 _E4M3, _E5M2 = "float8_e4m3fn", "float8_e5m2"
 

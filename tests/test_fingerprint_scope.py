@@ -24,9 +24,9 @@ from packaging.version import Version
 from conformance.api import FINGERPRINT_SCOPES, Backend, UnsupportedConfig
 from conformance.backends.makefx import MakeFxBackend
 from conformance.backends.reference import ReferenceBackend
+from conformance.fingerprint_scopes import SCOPE_PROMISES
 from conformance.fingerprints import (
     CONFIG_FIELDS,
-    SCOPE_PROMISES,
     STRUCTURE_KINDS,
     UNRELATED_KINDS,
     Variant,

@@ -8,7 +8,7 @@ artifact of a fixed model and loads it under drawn changes); everything else onl
 models and stays fast.
 
 What the rules hold a fingerprint to depends on what the backend declares it covers
-(``Backend.fingerprint_scope``, :data:`conformance.fingerprints.SCOPE_PROMISES`): every scope
+(``Backend.fingerprint_scope``, :data:`conformance.fingerprint_scopes.SCOPE_PROMISES`): every scope
 changes with every quantization input and is equal for models built alike, in any process; only
 a ``"quantization"`` fingerprint must also ignore structure, registration order and unrelated job
 settings. Config-field changes are drawn from what the backend's jobs can express
@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from conformance.api.errors import FingerprintMismatch, UnsupportedConfig
 from conformance.api.types import JobConfigs
+from conformance.fingerprint_scopes import promises_of
 from conformance.fingerprints import (
     ARTIFACT_SPEC,
     CONFIG_KINDS,
@@ -43,7 +44,6 @@ from conformance.fingerprints import (
     fingerprints_in_subprocess,
     flippable,
     json_diff,
-    promises_of,
     quantization_changes,
     reordered,
     unrelated_changes,
