@@ -3,7 +3,8 @@
 The suite never takes the backend's word for what changed: a :class:`Change` is made by the
 suite on real torch objects (a TorchAO recipe, an ``emulate`` flag, a ``Float8LinearConfig``
 field, the set of converted linears, the ``strict`` flag, the torch or torchao version string) and
-carries the words a readable diff or error must name.
+carries the words a readable diff or error must name. Versions change where any reader sees
+them: ``__version__`` and the installed package metadata (:mod:`conformance.versions`).
 
 *Quantization inputs* (FPR-001, FPR-004, FPR-005) are, per quantized module: its FQN (conversion
 moved to another layer with the same config is a change), kind,
@@ -17,6 +18,12 @@ the quantized modules compute: train/eval mode, ``requires_grad`` flags, paramet
 attributes and buffers that are not quantization config, and the model around the quantized
 modules (activations, residuals, plain linears' bias, an extra plain linear). Shapes and the
 model's structure are the trainer's own fingerprint's business, not the quantization signature's.
+
+What a backend's fingerprint covers (``Backend.fingerprint_scope``) decides which of these it
+must ignore: :mod:`conformance.fingerprint_scopes` says, per scope, what each FPR rule may hold
+it to.
+Config-field changes are drawn from the fields the backend's jobs can express
+(``Backend.expressible_config_fields``, :func:`drawable_config_fields`).
 
 ``python -m conformance.fingerprints`` is the child process of FPR-002: it reads a JSON request
 on stdin, builds the models in its own process (with its own ``PYTHONHASHSEED``) and prints the
@@ -39,14 +46,18 @@ from hypothesis import strategies as st
 
 from conformance.models import MX_RECIPES, LayerSpec, ModelSpec, apply_layer, build_model
 from conformance.strategies import ALL_KINDS, FLOAT8_RECIPES, model_specs
+from conformance.versions import current_version, other_version, simulated_versions
 
 __all__ = [
     "ARTIFACT_SPEC",
     "QUANTIZATION_KINDS",
+    "CONFIG_KINDS",
     "UNRELATED_KINDS",
+    "STRUCTURE_KINDS",
     "CONFIG_FIELDS",
     "NOT_NUMERICS",
     "flippable",
+    "drawable_config_fields",
     "Variant",
     "Change",
     "quantization_changes",
@@ -74,8 +85,16 @@ QUANTIZATION_KINDS = (
     "recipe", "emulate", "quantized_set", "moved_conversion", "config_field", "config_field_from_custom", "strict",
     "torchao_version", "torch_version",
 )
+#: Kinds that flip ``Float8LinearConfig`` fields: a trainer whose jobs name recipes cannot
+#: express them (``Backend.expressible_config_fields``).
+CONFIG_KINDS = ("config_field", "config_field_from_custom")
 #: Every kind of unrelated setting the suite changes.
-UNRELATED_KINDS = ("train_eval", "requires_grad", "parameter_values", "unrelated_attributes", "model_around")
+UNRELATED_KINDS = (
+    "train_eval", "requires_grad", "parameter_values", "unrelated_attributes", "unrelated_buffers", "model_around",
+)
+#: The unrelated kinds that change the model's structure (its buffers, parameters, the ops
+#: around the quantized modules): a whole-step fingerprint may change with them.
+STRUCTURE_KINDS = ("unrelated_buffers", "model_around")
 
 _E4M3, _E5M2 = "float8_e4m3fn", "float8_e5m2"
 
@@ -147,6 +166,14 @@ def flippable(recipe: str, names: tuple[str, ...]) -> bool:
     return True
 
 
+def drawable_config_fields(expressible) -> tuple[str, ...]:
+    """The :data:`CONFIG_FIELDS` entries a backend's jobs can express: those whose every field
+    path is in ``expressible`` (``Backend.expressible_config_fields``; None: all of them)."""
+    if expressible is None:
+        return tuple(CONFIG_FIELDS)
+    return tuple(name for name, (paths, _) in CONFIG_FIELDS.items() if set(paths) <= set(expressible))
+
+
 def _replace_paths(config, paths):
     """``config`` with the fields at every dotted path flipped, in one ``replace`` (torchao checks
     that paired fields agree)."""
@@ -166,8 +193,9 @@ class Variant:
         spec: the drawn model.
         strict: the ``strict`` flag it is fingerprinted (saved, loaded) under.
         config_fields: ``(layer index, CONFIG_FIELDS key)`` pairs flipped in that layer's config.
-        versions: ``(module name, version string)`` patched in while fingerprinting.
-        tweaks: changes to the built model: ``"eval"``, ``"freeze:<fqn>"``, ``"attributes"``.
+        versions: ``(package name, version string)`` simulated while fingerprinting.
+        tweaks: changes to the built model: ``"eval"``, ``"freeze:<fqn>"``, ``"attributes"``,
+            ``"buffers"``.
     """
 
     spec: ModelSpec
@@ -204,43 +232,28 @@ class Variant:
                 for p in model.get_submodule(tweak.removeprefix("freeze:")).parameters():
                     p.requires_grad_(False)
             elif tweak == "attributes":
-                model.register_buffer("fpr_unrelated_buffer", torch.arange(3.0))
                 model.fpr_note = "an attribute unrelated to quantization"
                 for fqn in self.spec.quantized_modules():
-                    module = model.get_submodule(fqn)
-                    module.fpr_note = f"note on {fqn}"
-                    module.register_buffer("fpr_unrelated_buffer", torch.zeros(2))
+                    model.get_submodule(fqn).fpr_note = f"note on {fqn}"
+            elif tweak == "buffers":
+                model.register_buffer("fpr_unrelated_buffer", torch.arange(3.0))
+                for fqn in self.spec.quantized_modules():
+                    model.get_submodule(fqn).register_buffer("fpr_unrelated_buffer", torch.zeros(2))
             else:
                 raise ValueError(f"unknown tweak {tweak!r}")
         return model, args
 
-    @contextlib.contextmanager
     def patched(self):
-        """Patch in the variant's version strings while the backend fingerprints the model."""
-        saved = []
-        try:
-            for name, version in self.versions:
-                module = importlib.import_module(name)
-                saved.append((module, module.__version__))
-                module.__version__ = _version_like(module.__version__, version)
-            yield
-        finally:
-            for module, version in reversed(saved):
-                module.__version__ = version
+        """Simulate the variant's versions (``__version__`` and package metadata) while the
+        backend fingerprints the model; undone when the block ends, however it ends."""
+        return simulated_versions(dict(self.versions)) if self.versions else contextlib.nullcontext()
 
     def describe(self) -> str:
         parts = [f"strict={self.strict}"]
         parts += [f"layers.{i}: {name} flipped" for i, name in self.config_fields]
-        parts += [f"{name}.__version__={v!r}" for name, v in self.versions]
+        parts += [f"{name} version {v!r}" for name, v in self.versions]
         parts += list(self.tweaks)
         return ", ".join(parts)
-
-
-def _version_like(original, version: str):
-    try:  # keep torch.__version__ a TorchVersion, comparable as before
-        return type(original)(version)
-    except Exception:
-        return version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,18 +297,20 @@ _FLOAT8_ONLY_KINDS = ("config_field", "config_field_from_custom", "moved_convers
 
 
 @st.composite
-def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None):
+def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None, fields=None):
     """A drawn model and one change of a quantization input of ``kind``; ``before`` has the
     ``strict`` flag given (drawn for the ``strict`` kind when None, else True). Models hold MX
-    layers too where the backend under test converts them (``strategies.supported_kinds``)."""
+    layers too where the backend under test converts them (``strategies.supported_kinds``).
+    ``fields``: the :data:`CONFIG_FIELDS` entries config-field changes may flip (None: all;
+    :func:`drawable_config_fields`)."""
     if specs is None:
         specs = model_specs() if kind in _FLOAT8_ONLY_KINDS else model_specs(kinds=ALL_KINDS)
     spec = draw(specs)
     base = Variant(spec, strict=True if strict is None else strict)
     if kind in ("recipe", "emulate"):
         return _layer_change(draw, kind, spec, base)
-    if kind in ("config_field", "config_field_from_custom"):
-        return _config_field_change(draw, kind, spec, base)
+    if kind in CONFIG_KINDS:
+        return _config_field_change(draw, kind, spec, base, tuple(CONFIG_FIELDS) if fields is None else tuple(fields))
     if kind == "quantized_set":
         return _quantized_set_change(draw, spec, base)
     if kind == "moved_conversion":
@@ -306,9 +321,9 @@ def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None
         return Change(kind, f"strict {strict} -> {not strict}", before, after, (), ("strict",))
     if kind in ("torchao_version", "torch_version"):
         name = kind.removesuffix("_version")
-        version = _current_version(name) + draw(st.sampled_from(["+fpr.other", ".post9"]), label="version suffix")
+        version = other_version(current_version(name), draw(st.sampled_from(["local", "post"]), label="version change"))
         after = dataclasses.replace(base, versions=((name, version),))
-        return Change(kind, f"{name}.__version__ -> {version!r}", base, after, (), (name, version))
+        return Change(kind, f"{name} version -> {version!r} (__version__ and package metadata)", base, after, (), (name, version))
     raise ValueError(f"unknown quantization change kind {kind!r}; known: {QUANTIZATION_KINDS}")
 
 
@@ -329,18 +344,27 @@ def _layer_change(draw, kind, spec, base):
     return Change(kind, f"layers.{i}: emulate {layer.emulate} -> {not layer.emulate}", base, after, fqns, (f"layers.{i}", "emulate"))
 
 
-def _config_field_change(draw, kind, spec, base):
-    """One flipped :data:`CONFIG_FIELDS` entry; ``config_field_from_custom`` flips another one in
-    both models first, so the change goes from a custom config to another custom config and the
-    recipe name cannot stand in for the field."""
-    quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None]
+def _config_field_change(draw, kind, spec, base, fields):
+    """One flipped :data:`CONFIG_FIELDS` entry of ``fields``; ``config_field_from_custom`` flips
+    another one in both models first, so the change goes from a custom config to another custom
+    config and the recipe name cannot stand in for the field. A model none of whose layers'
+    recipes admits such a flip is rejected (only possible when ``fields`` are few)."""
+    from hypothesis import assume
+
+    def pairs(recipe):
+        if kind == "config_field_from_custom":
+            return sorted((a, b) for a in fields for b in fields if a != b and flippable(recipe, (a, b)))
+        return sorted(((), n) for n in fields if flippable(recipe, (n,)))
+
+    quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None and pairs(layer.recipe)]
+    assume(quantized)
     i = draw(st.sampled_from(quantized), label="changed layer")
     recipe = spec.layers[i].recipe
     first = ()
     if kind == "config_field_from_custom":
-        options = sorted(n for n in CONFIG_FIELDS if flippable(recipe, (n,)))
+        options = sorted({a for a, _ in pairs(recipe)})
         first = (draw(st.sampled_from(options), label="config field flipped in both"),)
-    options = sorted(n for n in CONFIG_FIELDS if n not in first and flippable(recipe, first + (n,)))
+    options = sorted(n for n in fields if n not in first and flippable(recipe, first + (n,)))
     name = draw(st.sampled_from(options), label="flipped config field")
     before = dataclasses.replace(base, config_fields=tuple((i, f) for f in first))
     after = dataclasses.replace(base, config_fields=tuple((i, f) for f in first + (name,)))
@@ -381,10 +405,6 @@ def _moved_conversion(draw, spec, base):
     return Change("moved_conversion", f"conversion ({source.recipe!r}, emulate={source.emulate}) moved from layers.{i} to layers.{j}", base, after, fqns, (f"layers.{i}", f"layers.{j}"))
 
 
-def _current_version(name: str) -> str:
-    return str(importlib.import_module(name).__version__)
-
-
 @st.composite
 def unrelated_changes(draw, kind: str, specs=None):
     """A drawn model and one change of a setting unrelated to quantization, of ``kind``."""
@@ -399,7 +419,9 @@ def unrelated_changes(draw, kind: str, specs=None):
         seed = draw(st.integers(1, 1000), label="other seed")
         return Change(kind, f"parameters initialised with seed {spec.seed + seed}", base, Variant(dataclasses.replace(spec, seed=spec.seed + seed)))
     if kind == "unrelated_attributes":
-        return Change(kind, "unrelated attributes and buffers on the root and every quantized module", base, dataclasses.replace(base, tweaks=("attributes",)))
+        return Change(kind, "unrelated attributes on the root and every quantized module", base, dataclasses.replace(base, tweaks=("attributes",)))
+    if kind == "unrelated_buffers":
+        return Change(kind, "unrelated buffers on the root and every quantized module", base, dataclasses.replace(base, tweaks=("buffers",)))
     if kind == "model_around":
         options = [("activation", i) for i in range(len(spec.layers))]
         options += [("bias", i) for i, layer in enumerate(spec.layers) if layer.recipe is None]

@@ -85,10 +85,14 @@ def check(condition: bool, property_id: str, message: str, spec: ModelSpec | Non
         fail(property_id, message, spec)
 
 
-def call_backend(property_id: str, backend, method: str, *args, expect=None, **kwargs):
-    """Call ``backend.method``; any exception fails ``property_id`` naming the method."""
+def call_backend(property_id: str, backend, method: str, *args, expect=None, passing=(), **kwargs):
+    """Call ``backend.method``; any exception fails ``property_id`` naming the method, except
+    those of the classes in ``passing``, which the caller judges (a contract refusal such as
+    ``UnsupportedConfig``)."""
     try:
         result = getattr(backend, method)(*args, **kwargs)
+    except passing:
+        raise
     except Exception as exc:  # a backend bug must not take the session down
         fail(property_id, f"backend {backend.name!r}: {method}() raised {type(exc).__name__}: {exc}")
     if expect is not None and not isinstance(result, expect):

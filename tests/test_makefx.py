@@ -33,6 +33,20 @@ def test_makefx_passes_every_property_it_claims(tmp_path):
     assert statuses["FPR-004"]["status"] == "not_supported"  # artifacts are not claimed
 
 
+def test_makefx_passes_the_fingerprint_rules_as_a_whole_step_key_over_recipe_names(tmp_path):
+    # Its key covers registration order, structure and the whole job, its signature the modules
+    # only: the rules of a whole-step scope pass, saying what they did not compare; its jobs
+    # express no config field, so those changes are not_supported, not failed.
+    statuses, out = run_suite(BACKEND, ["FPR-001", "FPR-002", "FPR-003", "FPR-005", "FPR-006"], tmp_path)
+    for property_id in ("FPR-001", "FPR-002", "FPR-003", "FPR-005", "FPR-006"):
+        assert statuses[property_id]["status"] == "pass", out[-4000:]
+    for property_id in ("FPR-002", "FPR-003", "FPR-005", "FPR-006"):
+        assert any("whole_step" in note for note in statuses[property_id].get("notes", ())), statuses[property_id]
+    for property_id in ("FPR-001", "FPR-005"):
+        assert statuses[property_id]["outcomes"] == {"pass": 7, "not_supported": 2}, statuses[property_id]
+        assert any("expressible_config_fields []" in note for note in statuses[property_id]["notes"])
+
+
 def test_a_backend_reporting_no_region_fails_the_region_rules_saying_so(tmp_path):
     statuses, out = run_suite("mutants.peers:NoRegions", ["REG-002", "REG-005"], tmp_path)
     for property_id in ("REG-002", "REG-005"):

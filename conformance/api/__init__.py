@@ -6,10 +6,11 @@ torch, Hypothesis, pytest or fp8conf.
 """
 
 from conformance.api.backend import Backend
-from conformance.api.errors import ContractError, FingerprintMismatch, SplitFailure, ValidationFailure
+from conformance.api.errors import ContractError, FingerprintMismatch, SplitFailure, UnsupportedConfig, ValidationFailure
 from conformance.api.spec import PROPERTIES, SPEC_VERSION, Property, get_property
 from conformance.api.types import (
     CAPABILITIES,
+    FINGERPRINT_SCOPES,
     PASSES,
     Compiled,
     Finding,
@@ -23,6 +24,7 @@ from conformance.api.types import (
 __all__ = [
     "Backend",
     "CAPABILITIES",
+    "FINGERPRINT_SCOPES",
     "PASSES",
     "Provenance",
     "Finding",
@@ -35,6 +37,7 @@ __all__ = [
     "ValidationFailure",
     "SplitFailure",
     "FingerprintMismatch",
+    "UnsupportedConfig",
     "SPEC_VERSION",
     "Property",
     "PROPERTIES",

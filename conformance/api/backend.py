@@ -22,7 +22,8 @@ Calling conventions:
   otherwise; it must never change the graph.
 * The exceptions a rule asks for come from :mod:`conformance.api.errors`: ``ValidationFailure``
   (strict validation, also from ``split_stage(strict=True)``), ``SplitFailure`` (a stage that
-  cannot be cut) and ``FingerprintMismatch`` (``load_artifact``). The suite catches exactly
+  cannot be cut), ``FingerprintMismatch`` (``load_artifact``) and ``UnsupportedConfig`` (a
+  model whose quantization config the backend's jobs cannot express). The suite catches exactly
   those; a backend whose passes raise their own maps them in its adapter.
 * Models the suite draws hold float8 layers (TorchAO's ``Float8Linear``) and, only for a
   backend that claims ``mx``, MX layers that the backend converts itself (:meth:`Backend.convert_mx`);
@@ -42,6 +43,21 @@ What a backend must record, per property (everything else is optional):
 * on a :class:`~conformance.api.errors.ValidationFailure`: the module and the pass it concerns
   (VAL-002, VAL-006, VAL-007, EMU-002) and the node (VAL-003), each as the error's attribute or
   named in its message; a backend that sets an attribute must set it right.
+
+What a backend declares about its fingerprint (capability ``fingerprint``):
+
+* :attr:`Backend.fingerprint_scope`: what the fingerprint covers, one of
+  :data:`~conformance.api.types.FINGERPRINT_SCOPES`. ``"quantization"`` (the default): the
+  digest of the quantization signature alone, which ignores structure and registration order.
+  ``"whole_step"``: a key of the whole training step, which may also cover the model's
+  structure and registration order and the whole job configuration, while the signature may
+  describe the quantized modules only. FPR-002, FPR-003, FPR-005 and FPR-006 then leave the
+  fingerprint free to change with structure, and the signature free to leave out global inputs.
+* :attr:`Backend.expressible_config_fields`: the ``Float8LinearConfig`` fields (dotted paths,
+  ``"cast_config_input.target_dtype"``) the backend's jobs can set one by one; the suite flips
+  only those. ``None`` (the default): every field; a refusal
+  (:class:`~conformance.api.errors.UnsupportedConfig`) of a model with flipped fields is then
+  ``not_supported``.
 """
 
 from __future__ import annotations
@@ -50,7 +66,9 @@ import abc
 from typing import TYPE_CHECKING, Any
 
 from conformance.api.spec import SPEC_VERSION
-from conformance.api.types import CAPABILITIES, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport
+from conformance.api.types import (
+    CAPABILITIES, FINGERPRINT_SCOPES, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport,
+)
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
     import torch
@@ -73,6 +91,16 @@ class Backend(abc.ABC):
     #: Whether :meth:`provenance` reports the recipe. A backend that records only the module,
     #: kind and emulation sets it False: PROV-002 then checks those, and says so in the report.
     provenance_has_recipe: bool = True
+    #: What :meth:`fingerprint` covers, one of :data:`~conformance.api.types.FINGERPRINT_SCOPES`:
+    #: ``"quantization"`` (the quantization signature alone) or ``"whole_step"`` (a key of the
+    #: whole training step, which may change with the model's structure and registration order
+    #: and with any job setting).
+    fingerprint_scope: str = "quantization"
+    #: The ``Float8LinearConfig`` fields, as dotted paths (``"round_scales_to_power_of_2"``,
+    #: ``"cast_config_input.target_dtype"``), that the backend's jobs can change one by one, or
+    #: None for every field. A trainer that builds configs from recipe names declares
+    #: ``frozenset()``: the suite then draws no config-field change for it.
+    expressible_config_fields: frozenset[str] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -81,6 +109,15 @@ class Backend(abc.ABC):
             raise TypeError(
                 f"{cls.__qualname__}.capabilities names unknown capabilities {sorted(unknown)}; "
                 f"known: {sorted(CAPABILITIES)}"
+            )
+        if cls.fingerprint_scope not in FINGERPRINT_SCOPES:
+            raise TypeError(
+                f"{cls.__qualname__}.fingerprint_scope is {cls.fingerprint_scope!r}; known: {list(FINGERPRINT_SCOPES)}"
+            )
+        fields = cls.expressible_config_fields
+        if fields is not None and (isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
+            raise TypeError(
+                f"{cls.__qualname__}.expressible_config_fields must be None or a set of dotted field paths, got {fields!r}"
             )
 
     # -- tracing and provenance -------------------------------------------------------------
@@ -146,12 +183,15 @@ class Backend(abc.ABC):
         text: a JSON object with sorted keys and ``(",", ":")`` separators, every quantized module
         under a key equal to its FQN (capability ``fingerprint``). ``config`` is one of the
         backend's own job configurations (:meth:`job_configs`); the suite passes it only to a
-        backend that declares some, and otherwise leaves it out."""
+        backend that declares some, and otherwise leaves it out. A model whose quantization
+        config the backend's jobs cannot express raises
+        :class:`~conformance.api.errors.UnsupportedConfig`."""
         raise NotImplementedError(f"backend {self.name!r} does not implement quantization_signature()")
 
     def fingerprint(self, model: torch.nn.Module, *, strict: bool = True, config=None) -> str:
-        """The fingerprint of ``model``'s quantization signature: a hex digest, equal in every
-        process for equal configs (capability ``fingerprint``; ``config`` as above)."""
+        """The fingerprint of ``model``: a hex digest, equal in every process for equal models
+        built alike (capability ``fingerprint``; ``config`` as above). What it covers is
+        :attr:`fingerprint_scope`'s: the quantization signature alone, or the whole step."""
         raise NotImplementedError(f"backend {self.name!r} does not implement fingerprint()")
 
     def job_configs(self) -> JobConfigs | None:
@@ -170,7 +210,9 @@ class Backend(abc.ABC):
         callable ``fn(args, grad_outputs) -> (outputs, grads)`` (the ``run_joint`` convention, with
         ``model``'s current parameters). An artifact of another fingerprint raises
         :class:`~conformance.api.errors.FingerprintMismatch` naming the differing fields (in
-        ``fields``, or else in its message) and is never used (capability ``artifacts``)."""
+        ``fields``, or else in its message) and is never used (capability ``artifacts``). A model
+        whose quantization config the backend's jobs cannot express may raise
+        :class:`~conformance.api.errors.UnsupportedConfig` instead."""
         raise NotImplementedError(f"backend {self.name!r} does not implement load_artifact()")
 
     # -- MX layers ----------------------------------------------------------------------------

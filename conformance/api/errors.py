@@ -13,7 +13,7 @@ location accept it either as the attribute or named in the message.
 
 from __future__ import annotations
 
-__all__ = ["ContractError", "ValidationFailure", "SplitFailure", "FingerprintMismatch"]
+__all__ = ["ContractError", "ValidationFailure", "SplitFailure", "FingerprintMismatch", "UnsupportedConfig"]
 
 
 class ContractError(Exception):
@@ -51,3 +51,17 @@ class FingerprintMismatch(ContractError):
     """
 
     fields: tuple = ()
+
+
+class UnsupportedConfig(ContractError):
+    """The backend's jobs cannot express the quantization configuration of the model it was
+    given, so it refuses to fingerprint it or to load an artifact for it
+    (``Backend.quantization_signature``, ``fingerprint``, ``load_artifact``): a trainer that builds
+    each module's config from a recipe name cannot describe a ``Float8LinearConfig`` whose fields
+    were changed one by one.
+
+    The suite counts such a refusal as ``not_supported`` for the rule and change concerned, never
+    as a failure, when the model holds a config the backend does not declare expressible
+    (``Backend.expressible_config_fields``); refusing a model converted from named recipes is a
+    failure.
+    """

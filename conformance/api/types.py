@@ -10,7 +10,7 @@ import dataclasses
 
 __all__ = [
     "CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region", "Compiled", "StageSplit",
-    "JobConfigs", "AOT_SPLIT_FIELDS",
+    "JobConfigs", "AOT_SPLIT_FIELDS", "FINGERPRINT_SCOPES",
 ]
 
 #: Every capability a backend may claim. A property whose capability is not claimed is reported
@@ -35,6 +35,22 @@ CAPABILITIES = frozenset(
 
 #: The two passes of a joint graph.
 PASSES = ("forward", "backward")
+
+#: What a backend's fingerprint covers (``Backend.fingerprint_scope``):
+#:
+#: * ``"quantization"``: the digest of the quantization signature and nothing else. The signature
+#:   holds every input of the fingerprint, and both ignore the model's structure and its
+#:   registration order.
+#: * ``"whole_step"``: a key of the whole training step, as a trainer whose traced step binds
+#:   parameters and buffers by position keys its artifacts: beyond the quantization inputs it may
+#:   cover the model's structure (its modules, parameters and buffers, their names, shapes and
+#:   registration order, the ops around the quantized modules) and the whole job configuration;
+#:   the readable signature may describe the quantized modules only, leaving the global inputs
+#:   (``strict``, versions, job settings) to the fingerprint.
+#:
+#: Every scope is sensitive to every quantization input, and equal for equal models built alike
+#: in any process.
+FINGERPRINT_SCOPES = ("quantization", "whole_step")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,9 +184,10 @@ class JobConfigs:
     The suite does not look inside them: it passes each to
     ``Backend.quantization_signature(model, config=...)`` and ``Backend.fingerprint(model,
     config=...)``. ``relevant`` maps a label to a configuration that differs from ``base`` in
-    one setting that changes quantized numerics (the signature must change); ``unrelated`` one
-    that differs in a setting that does not (the signature must not change). The labels are
-    shown in failures.
+    one setting that changes quantized numerics (the fingerprint must change, and the signature
+    too where it holds every input of the fingerprint); ``unrelated`` one that differs in a
+    setting that does not (the signature must not change, nor a ``"quantization"``-scope
+    fingerprint). The labels are shown in failures.
     """
 
     base: object

@@ -1,11 +1,15 @@
 """The ``makefx`` backend: a make_fx-based trainer's FP8 passes behind the conformance adapter.
 
 The worked example of an adapter for a trainer that does not use AOT export
-(:mod:`conformance.backends.makefx_trainer`, :mod:`conformance.backends.makefx_stages`). The
-adapter only translates: provenance without a recipe (``provenance_has_recipe = False``), the
-trainer's plain ``RuntimeError``\\ s into the contract's exceptions, its split into a
-:class:`~conformance.api.types.StageSplit` with a runner, and its job configuration into
-:class:`~conformance.api.types.JobConfigs` for the suite to vary.
+(:mod:`conformance.backends.makefx_trainer`, :mod:`conformance.backends.makefx_stages`,
+:mod:`conformance.backends.makefx_fingerprint`). The adapter only translates: provenance without
+a recipe (``provenance_has_recipe = False``), the trainer's plain ``RuntimeError``\\ s into the
+contract's exceptions, its split into a :class:`~conformance.api.types.StageSplit` with a
+runner, its job configuration into :class:`~conformance.api.types.JobConfigs` for the suite to
+vary, and what its fingerprint is: the trainer's whole-step artifact key
+(``fingerprint_scope = "whole_step"``), over configs its jobs build from recipe names only
+(``expressible_config_fields = frozenset()``; another config is refused with
+:class:`~conformance.api.errors.UnsupportedConfig`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from conformance.api.backend import Backend
-from conformance.api.errors import SplitFailure, ValidationFailure
+from conformance.api.errors import SplitFailure, UnsupportedConfig, ValidationFailure
 from conformance.api.types import Finding, JobConfigs, Provenance, Region, StageSplit, ValidationReport
 
 __all__ = ["MakeFxBackend"]
@@ -27,6 +31,12 @@ class MakeFxBackend(Backend):
     version = "0.1"
     capabilities = frozenset({"provenance", "validation", "emulation", "regions", "graphpp", "fingerprint"})
     provenance_has_recipe = False
+    #: The fingerprint is the trainer's artifact key: it covers the parameters' and buffers'
+    #: names, shapes and registration order and the whole job configuration, and the signature
+    #: describes the quantized modules only.
+    fingerprint_scope = "whole_step"
+    #: Jobs name a recipe per module: no Float8LinearConfig field can be set on its own.
+    expressible_config_fields = frozenset()
 
     def __init__(self, config=None):
         from conformance.backends.makefx_trainer import TrainerConfig
@@ -85,14 +95,21 @@ class MakeFxBackend(Backend):
         return StageSplit(runner.forward, runner.backward_input, runner.backward_weight, run=runner.run)
 
     def quantization_signature(self, model, *, strict=True, config=None):
-        from conformance.backends.makefx_stages import train_step_signature
+        # Per module only: strict, the versions and the job are the key's business.
+        from conformance.backends.makefx_fingerprint import UnnamedConfigError, train_step_signature
 
-        return train_step_signature(model, strict=strict, config=config or self.config)
+        try:
+            return train_step_signature(model)
+        except UnnamedConfigError as exc:
+            raise UnsupportedConfig(str(exc)) from exc
 
     def fingerprint(self, model, *, strict=True, config=None):
-        from conformance.backends.makefx_stages import signature_digest
+        from conformance.backends.makefx_fingerprint import UnnamedConfigError, step_key
 
-        return signature_digest(self.quantization_signature(model, strict=strict, config=config))
+        try:
+            return step_key(model, strict=strict, config=config or self.config)
+        except UnnamedConfigError as exc:
+            raise UnsupportedConfig(str(exc)) from exc
 
     def job_configs(self):
         base = self.config

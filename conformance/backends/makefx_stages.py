@@ -1,4 +1,4 @@
-"""The make_fx trainer's regions, pipeline split and quantization signature.
+"""The make_fx trainer's regions and pipeline split.
 
 * Regions: fp8conf's region growth and tagging (``fp8conf.identify_fp8_regions`` /
   ``tag_fp8_regions``), fed the trainer's own provenance and pass tags.
@@ -7,17 +7,14 @@
   gradients need; dW the rest of what the parameter gradients need. A value dI makes and dW
   uses is handed over, never recomputed, so an FP8 tensor quantized once in dI reaches dW as an
   FP8 input.
-* Signature (:func:`train_step_signature`): fp8conf's per-module quantization signature plus
-  the job settings of :class:`~conformance.backends.makefx_trainer.TrainerConfig` that change
-  quantized numerics.
+
+Its signature and artifact key live in :mod:`conformance.backends.makefx_fingerprint`.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
-import json
 import operator
 
 import torch
@@ -25,10 +22,10 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from conformance.backends.makefx_trainer import (
-    SIBLINGS_KEY, STEP_KEY, TrainerConfig, check_fp8_graph, is_fp8_matmul, module_call, module_provenance, phase_of,
+    SIBLINGS_KEY, STEP_KEY, check_fp8_graph, is_fp8_matmul, module_call, module_provenance, phase_of,
 )
 
-__all__ = ["ModuleTag", "fp8_regions", "StageRunner", "split_train_step", "train_step_signature"]
+__all__ = ["ModuleTag", "fp8_regions", "StageRunner", "split_train_step"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,16 +161,3 @@ def _record_siblings(parts) -> None:
     for name, part in parts.items():
         part.meta[SIBLINGS_KEY] = dict(sum((c for other, c in counts.items() if other != name), collections.Counter()))
 
-
-def train_step_signature(model: torch.nn.Module, *, strict: bool = True, config: TrainerConfig = TrainerConfig()) -> str:
-    """Canonical JSON: fp8conf's quantization signature of ``model`` under ``strict``, plus a
-    ``"job"`` entry with the numerics-relevant fields of ``config``."""
-    import fp8conf
-
-    document = json.loads(fp8conf.QuantizationSignature.from_model(model, strict=strict).to_json())
-    document["job"] = {name: getattr(config, name) for name in TrainerConfig.NUMERICS_FIELDS}
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def signature_digest(signature: str) -> str:
-    return hashlib.sha256(signature.encode()).hexdigest()

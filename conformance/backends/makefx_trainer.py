@@ -14,9 +14,10 @@ use AOT export, so its joint graph has no primals/tangents descriptors, and it r
 * **strict validation** (:func:`check_fp8_graph`) raises a plain ``RuntimeError`` listing
   ``(module_fqn, kind, pass)`` with what is wrong; non-strict mode warns and returns a
   :class:`Fp8CheckReport`;
-* **job configuration** (:class:`TrainerConfig`), part of its quantization signature.
+* **job configuration** (:class:`TrainerConfig`), part of its artifact key.
 
-Regions, the pipeline split and the signature live in :mod:`conformance.backends.makefx_stages`.
+Regions and the pipeline split live in :mod:`conformance.backends.makefx_stages`; the signature
+and the whole-step artifact key in :mod:`conformance.backends.makefx_fingerprint`.
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ _SCALED_MM = ("aten._scaled_mm.", "aten._scaled_mm_v2.", "aten._scaled_grouped_m
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     """The trainer's job settings. ``autocast_dtype`` changes quantized numerics (the forward
-    runs under autocast, so what is cast to FP8 is rounded to it first); the others do not."""
+    runs under autocast, so what is cast to FP8 is rounded to it first); the others do not. The
+    artifact key covers all of them (:func:`conformance.backends.makefx_fingerprint.step_key`).
+    Quantized modules are not configured here field by field: a job names a recipe per module,
+    and the trainer refuses a model whose config is none of the named recipes."""
 
     #: ``None`` (float32 forward) or a ``torch`` dtype name such as ``"bfloat16"``.
     autocast_dtype: str | None = None
@@ -66,9 +70,6 @@ class TrainerConfig:
     job_name: str = "train"
     #: When set, the generated code of every traced step is written into this folder.
     dump_folder: str | None = None
-
-    #: The fields that reach the quantization signature.
-    NUMERICS_FIELDS = ("autocast_dtype",)
 
 
 @dataclasses.dataclass(frozen=True)

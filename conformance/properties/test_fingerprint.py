@@ -2,9 +2,19 @@
 
 The changes are the suite's own (``conformance.fingerprints``): it converts real models with
 TorchAO, flips recipes, ``emulate`` flags and ``Float8LinearConfig`` fields, the ``strict`` flag and
-the torch/torchao version strings, and knows which words a readable error or diff must name.
-Compilation happens once per session (FPR-004 saves one artifact of a fixed model and loads it
-under drawn changes); everything else only fingerprints models and stays fast.
+the torch/torchao versions (``__version__`` and package metadata), and knows which words a
+readable error or diff must name. Compilation happens once per session (FPR-004 saves one
+artifact of a fixed model and loads it under drawn changes); everything else only fingerprints
+models and stays fast.
+
+What the rules hold a fingerprint to depends on what the backend declares it covers
+(``Backend.fingerprint_scope``, :data:`conformance.fingerprint_scopes.SCOPE_PROMISES`): every scope
+changes with every quantization input and is equal for models built alike, in any process; only
+a ``"quantization"`` fingerprint must also ignore structure, registration order and unrelated job
+settings. Config-field changes are drawn from what the backend's jobs can express
+(``Backend.expressible_config_fields``); refusing an inexpressible one
+(``conformance.api.UnsupportedConfig``) is ``not_supported``, refusing a model converted from
+named recipes a failure. Every message says which of signature and fingerprint changed.
 """
 
 from __future__ import annotations
@@ -20,14 +30,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.api.errors import FingerprintMismatch
+from conformance.api.errors import FingerprintMismatch, UnsupportedConfig
 from conformance.api.types import JobConfigs
+from conformance.fingerprint_scopes import promises_of
 from conformance.fingerprints import (
     ARTIFACT_SPEC,
+    CONFIG_KINDS,
     QUANTIZATION_KINDS,
+    STRUCTURE_KINDS,
     UNRELATED_KINDS,
     Variant,
+    drawable_config_fields,
     fingerprints_in_subprocess,
+    flippable,
     json_diff,
     quantization_changes,
     reordered,
@@ -35,8 +50,9 @@ from conformance.fingerprints import (
 )
 from conformance.harness import call_backend, check, fail
 from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.notes import note
 from conformance.plugin.gating import NOT_SUPPORTED
-from conformance.strategies import model_specs
+from conformance.strategies import FLOAT8_RECIPES, model_specs
 
 
 def _fingerprint(property_id, backend, variant: Variant, model=None) -> tuple[str, str]:
@@ -44,9 +60,53 @@ def _fingerprint(property_id, backend, variant: Variant, model=None) -> tuple[st
     if model is None:
         model, _ = _build(property_id, backend, variant)
     with variant.patched():
-        fingerprint = call_backend(property_id, backend, "fingerprint", model, strict=variant.strict, expect=str)
-        signature = call_backend(property_id, backend, "quantization_signature", model, strict=variant.strict, expect=str)
+        try:
+            fingerprint = call_backend(property_id, backend, "fingerprint", model, strict=variant.strict, expect=str, passing=UnsupportedConfig)
+            signature = call_backend(property_id, backend, "quantization_signature", model, strict=variant.strict, expect=str, passing=UnsupportedConfig)
+        except UnsupportedConfig as exc:
+            _refused(property_id, backend, variant, exc)
     return fingerprint, signature
+
+
+def _refused(property_id, backend, variant: Variant, exc: UnsupportedConfig) -> None:
+    """The backend refused ``variant``'s model as inexpressible: ``not_supported`` when the model
+    holds flipped config fields the backend does not declare expressible, a failure otherwise."""
+    flipped = sorted({name for _, name in variant.config_fields})
+    declared = getattr(backend, "expressible_config_fields", None)
+    if flipped and declared is None:
+        note(f"config-field changes the backend refuses as inexpressible (UnsupportedConfig) are not_supported: {', '.join(flipped)}")
+        pytest.skip(
+            f"{NOT_SUPPORTED} backend {backend.name!r} refuses a config its jobs cannot express "
+            f"(Float8LinearConfig {', '.join(flipped)} flipped; UnsupportedConfig: {exc})"
+        )
+    why = (
+        f"it declares the flipped fields {flipped} expressible (expressible_config_fields)" if flipped
+        else "every quantized module of it is converted from a named recipe, which every job can express"
+    )
+    fail(property_id, f"backend {backend.name!r} refused the model ({variant.describe()}) with UnsupportedConfig, yet {why}: {exc}", variant.spec)
+
+
+def _config_fields(fp8_backend, kind):
+    """The ``CONFIG_FIELDS`` entries ``kind``'s changes may flip for the backend (None for a kind
+    that flips none). A config kind the backend's jobs can express no change of is skipped as
+    ``not_supported``, at the first example, before any change is drawn."""
+    if kind not in CONFIG_KINDS:
+        return None
+    fields = drawable_config_fields(getattr(fp8_backend, "expressible_config_fields", None))
+    flips = [(n,) for n in fields] if kind == "config_field" else [(a, b) for a in fields for b in fields if a != b]
+    if not any(flippable(recipe, names) for recipe in FLOAT8_RECIPES for names in flips):
+        declared = sorted(fp8_backend.expressible_config_fields or ())
+        note(f"{kind} changes not_supported: the backend's jobs express none (expressible_config_fields {declared})")
+        pytest.skip(
+            f"{NOT_SUPPORTED} backend {fp8_backend.name!r}'s jobs express no {kind} change: "
+            f"expressible_config_fields is {declared}"
+        )
+    return fields
+
+
+def _what_else(name: str, before: str, after: str) -> str:
+    """How the other of signature and fingerprint (``name``) went, for a failure message."""
+    return f"the {name} changed too" if before != after else f"the {name} stayed the same"
 
 
 def _build(property_id, backend, variant: Variant):
@@ -74,12 +134,15 @@ def test_FPR_001_changing_a_quantization_input_changes_the_fingerprint(fp8_backe
     it "custom"; one that ignores the forward operands' cast configs or MX modules, never flipped
     or drawn. Now conversion also moves to another plain layer with the same config, flips also
     start from a custom config, every numerics-relevant field of ``Float8LinearConfig`` and its
-    cast and gemm configs is flipped, and MX layers are drawn for a backend that claims ``mx``."""
-    change = data.draw(quantization_changes(kind), label="change")
-    before, _ = _fingerprint("FPR-001", fp8_backend, change.before)
-    after, _ = _fingerprint("FPR-001", fp8_backend, change.after)
+    cast and gemm configs is flipped, and MX layers are drawn for a backend that claims ``mx``.
+    A version read from package metadata (``importlib.metadata.version``) rather than
+    ``__version__`` sees the change too; it holds for every fingerprint scope."""
+    change = data.draw(quantization_changes(kind, fields=_config_fields(fp8_backend, kind)), label="change")
+    before, signature_before = _fingerprint("FPR-001", fp8_backend, change.before)
+    after, signature_after = _fingerprint("FPR-001", fp8_backend, change.after)
     if before == after:
-        _fail("FPR-001", f"{change.description}, yet the fingerprint stayed {before}", change)
+        _fail("FPR-001", f"{change.description}, yet the fingerprint stayed {before} "
+              f"({_what_else('signature', signature_before, signature_after)})", change)
 
 
 # --- FPR-002 --------------------------------------------------------------------------------------
@@ -89,21 +152,38 @@ def test_FPR_001_changing_a_quantization_input_changes_the_fingerprint(fp8_backe
 @given(spec=model_specs())
 def test_FPR_002_equal_configs_give_equal_fingerprints_in_any_registration_order(fp8_backend, spec):
     """Cheapest defect within one process: a signature listing modules, parameters or config
-    fields in registration order, unsorted. The model is built twice and once with modules,
-    parameters and buffers registered in reverse order; fingerprints and signatures must match."""
+    fields in registration order, unsorted, or a ``"quantization"``-scope fingerprint that
+    digests the parameters in registration order. The model is built twice and once with
+    modules, parameters and buffers registered in reverse order; the two builds must agree in
+    both, the reversed one in its signature, and in its fingerprint where the scope promises it
+    (a ``"whole_step"`` key may bind state by position)."""
     variant = Variant(spec)
     first = _fingerprint("FPR-002", fp8_backend, variant)
     second = _fingerprint("FPR-002", fp8_backend, variant)
     fresh, _ = build_model(spec)
     turned = _fingerprint("FPR-002", fp8_backend, variant, model=reordered(fresh, spec))
-    check(first == second, "FPR-002", f"two builds of one config give different fingerprints/signatures: {first} vs {second}", spec)
+    check(first[0] == second[0], "FPR-002",
+          f"two builds of one model give different fingerprints: {first[0]} vs {second[0]} ({_what_else('signature', first[1], second[1])})", spec)
+    check(first[1] == second[1], "FPR-002", f"two builds of one model give different signatures:\n{first[1]}\nvs\n{second[1]}", spec)
     check(
-        first == turned,
+        first[1] == turned[1],
         "FPR-002",
-        f"registering the modules, parameters and buffers in reverse order changed the fingerprint or signature: "
-        f"{first[0]} vs {turned[0]}\n{first[1]}\nvs\n{turned[1]}",
+        f"registering the modules, parameters and buffers in reverse order changed the signature "
+        f"({_what_else('fingerprint', first[0], turned[0])}):\n{first[1]}\nvs\n{turned[1]}",
         spec,
     )
+    if promises_of(fp8_backend).registration_order:
+        check(
+            first[0] == turned[0],
+            "FPR-002",
+            f"registering the modules, parameters and buffers in reverse order changed the fingerprint: {first[0]} vs "
+            f"{turned[0]} (the signature stayed the same); backend {fp8_backend.name!r} declares fingerprint_scope "
+            f"{fp8_backend.fingerprint_scope!r}, a digest of the signature alone (a key that binds state by position "
+            f"declares 'whole_step')",
+            spec,
+        )
+    else:
+        note(f"reverse registration order: signature compared, fingerprint not (fingerprint_scope {fp8_backend.fingerprint_scope!r})")
 
 
 #: Models the cross-process check builds in every process: nesting, several recipes, emulation.
@@ -124,27 +204,35 @@ CROSS_PROCESS_SPECS = (
 def test_FPR_002_equal_fingerprints_across_processes_and_hash_seeds(fp8_backend):
     """Cheapest defect that one process cannot see: a digest through Python's ``hash()``, stable
     until ``PYTHONHASHSEED`` changes. Child processes with seeds 0 and 1 (one of them with
-    reversed registration order) must compute the same fingerprints and signatures."""
+    reversed registration order) must compute the same fingerprints and signatures; a
+    ``"whole_step"`` fingerprint of the reversed model is compared with this process's of the
+    reversed model, so the hash seed is still checked for it."""
+    order_free = promises_of(fp8_backend).registration_order
     here = [_fingerprint("FPR-002", fp8_backend, Variant(spec)) for spec in CROSS_PROCESS_SPECS]
+    here_reversed = here if order_free else [
+        _fingerprint("FPR-002", fp8_backend, Variant(spec), model=reordered(build_model(spec)[0], spec)) for spec in CROSS_PROCESS_SPECS
+    ]
     try:
         children = fingerprints_in_subprocess(fp8_backend, CROSS_PROCESS_SPECS, hash_seeds=("0", "1"))
     except Exception as exc:
         fail("FPR-002", f"backend {fp8_backend.name!r}: fingerprinting in a child process failed: {exc}")
     for child in children:
-        for spec, (fingerprint, signature), theirs in zip(CROSS_PROCESS_SPECS, here, child["results"]):
+        mine = here_reversed if child["reordered"] else here
+        for spec, (_, signature), (fingerprint, _), theirs in zip(CROSS_PROCESS_SPECS, here, mine, child["results"]):
             order = "reverse" if child["reordered"] else "the same"
             check(
                 theirs["fingerprint"] == fingerprint,
                 "FPR-002",
                 f"a process with PYTHONHASHSEED={child['seed']} building the model with {order} registration order "
-                f"computes fingerprint {theirs['fingerprint']}, this process {fingerprint}",
+                f"computes fingerprint {theirs['fingerprint']}, this process {fingerprint} with {order if not order_free else 'the same'} "
+                f"order ({_what_else('signature', theirs['signature'], signature)})",
                 spec,
             )
             check(
                 theirs["signature"] == signature,
                 "FPR-002",
-                f"a process with PYTHONHASHSEED={child['seed']} ({order} registration order) computes another signature:\n"
-                f"{theirs['signature']}\nvs here\n{signature}",
+                f"a process with PYTHONHASHSEED={child['seed']} ({order} registration order) computes another signature "
+                f"than this process:\n{theirs['signature']}\nvs here\n{signature}",
                 spec,
             )
 
@@ -158,15 +246,26 @@ def test_FPR_002_equal_fingerprints_across_processes_and_hash_seeds(fp8_backend)
 def test_FPR_003_settings_unrelated_to_quantization_leave_the_signature_alone(fp8_backend, kind, data):
     """Cheapest defect: recording a setting that is not quantization (a module's ``training``
     flag, a parameter's ``requires_grad``, an unrelated buffer), so ``eval()`` or freezing a
-    layer recompiles. Each unrelated change must leave signature and fingerprint alone."""
+    layer recompiles. Each unrelated change must leave the signature alone, and the fingerprint
+    too, except that a ``"whole_step"`` key may change with structure (unrelated buffers, the
+    model around the quantized modules); it must still ignore mode, flags, values and plain
+    attributes."""
     change = data.draw(unrelated_changes(kind), label="change")
     before = _fingerprint("FPR-003", fp8_backend, change.before)
     after = _fingerprint("FPR-003", fp8_backend, change.after)
     if before[1] != after[1]:
         differences = json_diff(json.loads(before[1]), json.loads(after[1]))
-        _fail("FPR-003", f"{change.description} is unrelated to quantization, yet the signature changed: {differences[:8]}", change)
-    if before[0] != after[0]:
-        _fail("FPR-003", f"{change.description} is unrelated to quantization, yet the fingerprint changed: {before[0]} -> {after[0]}", change)
+        _fail("FPR-003", f"{change.description} is unrelated to quantization, yet the signature changed "
+              f"({_what_else('fingerprint', before[0], after[0])}): {differences[:8]}", change)
+    if before[0] == after[0]:
+        return
+    if kind in STRUCTURE_KINDS and not promises_of(fp8_backend).structure:
+        note(f"structure changes: signature compared, fingerprint not (fingerprint_scope {fp8_backend.fingerprint_scope!r})")
+        return
+    scope = fp8_backend.fingerprint_scope
+    hint = "" if kind not in STRUCTURE_KINDS else " (a key that covers structure declares fingerprint_scope 'whole_step')"
+    _fail("FPR-003", f"{change.description} is unrelated to quantization, yet the fingerprint changed: {before[0]} -> {after[0]} "
+          f"(the signature stayed the same; fingerprint_scope {scope!r}){hint}", change)
 
 
 # --- FPR-004 --------------------------------------------------------------------------------------
@@ -228,15 +327,19 @@ def test_FPR_004_loading_under_another_fingerprint_fails_naming_the_fields(fp8_b
     """Cheapest defect: warning about a mismatch and loading the stale artifact anyway. Under each
     drawn change (conversion moved to an equal layer, any config field, versions, ``strict``)
     ``load_artifact`` must raise ``FingerprintMismatch`` naming the changed module and field,
-    after loading under the unchanged configuration (so refusing everything fails)."""
+    after loading under the unchanged configuration (so refusing everything fails). Refusing a
+    config the backend's jobs cannot express (``UnsupportedConfig``) is not_supported."""
     # The one artifact is of ARTIFACT_SPEC as converted: a change from a custom config would not
     # start from it, so FPR-001 alone flips from custom configs.
     path = _artifact(fp8_backend)
-    change = data.draw(quantization_changes(kind, specs=st.just(ARTIFACT_SPEC), strict=True), label="change")
+    change = data.draw(quantization_changes(kind, specs=st.just(ARTIFACT_SPEC), strict=True, fields=_config_fields(fp8_backend, kind)), label="change")
     # It loads under its own configuration (so a loader that refuses everything cannot pass) ...
     same, _ = _build("FPR-004", fp8_backend, change.before)
     with change.before.patched():
-        call_backend("FPR-004", fp8_backend, "load_artifact", path, same, strict=change.before.strict)
+        try:
+            call_backend("FPR-004", fp8_backend, "load_artifact", path, same, strict=change.before.strict, passing=UnsupportedConfig)
+        except UnsupportedConfig as exc:
+            _refused("FPR-004", fp8_backend, change.before, exc)
     # ... and under the changed one it must refuse, before returning anything.
     other, _ = _build("FPR-004", fp8_backend, change.after)
     loaded = None
@@ -249,6 +352,8 @@ def test_FPR_004_loading_under_another_fingerprint_fails_naming_the_fields(fp8_b
                 _fail("FPR-004", f"the FingerprintMismatch must name {list(change.words)} (in .fields or its message); "
                       f"it lacks {missing}: fields={tuple(exc.fields)!r}: {exc}", change)
             return
+        except UnsupportedConfig as exc:
+            _refused("FPR-004", fp8_backend, change.after, exc)
         except Exception as exc:
             _fail("FPR-004", f"{change.description}: load_artifact() raised {type(exc).__name__}, not conformance.api.FingerprintMismatch: {exc}", change)
     _fail(
@@ -289,10 +394,13 @@ def _strings(value) -> set[str]:
 @pytest.mark.parametrize("kind", QUANTIZATION_KINDS)
 @given(data=st.data())
 def test_FPR_005_signature_is_canonical_readable_json_that_diffs_field_by_field(fp8_backend, kind, data):
-    change = data.draw(quantization_changes(kind), label="change")
+    """Readable signatures: a change shows as differing fields under the right keys. A global
+    change (``strict``, a version) may leave the signature of a ``"whole_step"`` backend alone,
+    whose fingerprint covers it (FPR-001 checks that)."""
+    change = data.draw(quantization_changes(kind, fields=_config_fields(fp8_backend, kind)), label="change")
     spec = change.before.spec
-    _, before = _fingerprint("FPR-005", fp8_backend, change.before)
-    _, after = _fingerprint("FPR-005", fp8_backend, change.after)
+    fingerprint_before, before = _fingerprint("FPR-005", fp8_backend, change.before)
+    fingerprint_after, after = _fingerprint("FPR-005", fp8_backend, change.after)
     docs = []
     for text in (before, after):
         try:
@@ -313,8 +421,13 @@ def test_FPR_005_signature_is_canonical_readable_json_that_diffs_field_by_field(
         if fqn not in keys or (recipe is not None and recipe not in strings):
             _fail("FPR-005", f"the signature must be readable: module {fqn!r} as a key and its recipe {recipe!r} as a value:\n{before[:600]}", change)
     differences = json_diff(*docs)
+    if not differences and not change.module_fqns and not promises_of(fp8_backend).global_inputs_in_signature:
+        note(f"global changes (strict, versions) not required in the signature (fingerprint_scope {fp8_backend.fingerprint_scope!r})")
+        return
     if not differences:
-        _fail("FPR-005", f"{change.description}, yet the two signatures have no differing field", change)
+        fingerprint = (f"the fingerprint changed: {fingerprint_before} -> {fingerprint_after}" if fingerprint_before != fingerprint_after
+                       else f"the fingerprint stayed the same too: {fingerprint_before}")
+        _fail("FPR-005", f"{change.description}, yet the signature stayed the same, no field differs ({fingerprint})", change)
     if change.module_fqns:
         stray = [path for path, _, _ in differences if not set(path) & set(change.module_fqns)]
         if stray:
@@ -345,11 +458,13 @@ def job_configs(fp8_backend):
 @pytest.mark.fp8_property("FPR-006")
 @given(spec=model_specs(), data=st.data())
 def test_FPR_006_the_backends_job_configuration_reaches_the_signature(fp8_backend, job_configs, spec, data):
-    """Cheapest defect: a signature computed from the model alone that ignores ``config`` (every
-    relevant variant then leaves it unchanged), or one that hashes the whole job configuration
-    (an unrelated variant then changes it). The test draws both kinds of variant the backend
-    declares and fails either; a backend declaring no relevant variant fails too, since it would
-    make the rule vacuous."""
+    """Cheapest defect: a fingerprint computed from the model alone that ignores ``config`` (every
+    relevant variant then leaves it unchanged), or a signature that records the whole job
+    configuration (an unrelated variant then changes it). The test draws both kinds of variant
+    the backend declares and fails either; a backend declaring no relevant variant fails too,
+    since it would make the rule vacuous. Where the scope is ``"quantization"`` the signature
+    holds every input of the fingerprint, so it must change with a relevant variant and the
+    fingerprint must ignore an unrelated one; a ``"whole_step"`` key may cover the whole job."""
     configs = job_configs
     if not isinstance(configs, JobConfigs):
         fail("FPR-006", f"backend {fp8_backend.name!r}: job_configs() returned {type(configs).__qualname__}, expected conformance.JobConfigs or None")
@@ -362,10 +477,25 @@ def test_FPR_006_the_backends_job_configuration_reaches_the_signature(fp8_backen
     signature = lambda c: call_backend("FPR-006", fp8_backend, "quantization_signature", model, strict=True, config=c, expect=str)
     fingerprint = lambda c: call_backend("FPR-006", fp8_backend, "fingerprint", model, strict=True, config=c, expect=str)
     before, after = (signature(configs.base), fingerprint(configs.base)), (signature(config), fingerprint(config))
+    promises = promises_of(fp8_backend)
+    scope = f"fingerprint_scope {fp8_backend.fingerprint_scope!r}"
     if relevant:
-        check(before[0] != after[0] and before[1] != after[1], "FPR-006",
-              f"job configuration {label!r} changes quantized numerics, yet the signature/fingerprint stayed {before[1]}", spec)
+        check(before[1] != after[1], "FPR-006",
+              f"job configuration {label!r} changes quantized numerics, yet the fingerprint stayed {before[1]} "
+              f"({_what_else('signature', before[0], after[0])})", spec)
+        if promises.global_inputs_in_signature:
+            check(before[0] != after[0], "FPR-006",
+                  f"job configuration {label!r} changes quantized numerics, yet the signature stayed the same (the fingerprint "
+                  f"changed: {before[1]} -> {after[1]}); with {scope} the signature holds every input of the fingerprint", spec)
+        else:
+            note(f"relevant job settings: fingerprint compared, signature not ({scope})")
     else:
-        check(before == after, "FPR-006",
-              f"job configuration {label!r} is unrelated to quantization, yet the signature changed: "
-              f"{json_diff(json.loads(before[0]), json.loads(after[0]))[:8]}", spec)
+        check(before[0] == after[0], "FPR-006",
+              f"job configuration {label!r} is unrelated to quantization, yet the signature changed "
+              f"({_what_else('fingerprint', before[1], after[1])}): {json_diff(json.loads(before[0]), json.loads(after[0]))[:8]}", spec)
+        if promises.unrelated_job_settings:
+            check(before[1] == after[1], "FPR-006",
+                  f"job configuration {label!r} is unrelated to quantization, yet the fingerprint changed: {before[1]} -> {after[1]} "
+                  f"(the signature stayed the same; {scope}: the digest of the signature alone)", spec)
+        else:
+            note(f"unrelated job settings: signature compared, fingerprint not ({scope})")

@@ -417,6 +417,60 @@ class FingerprintLoadsDespiteMismatch(ReferenceBackend):
             return lambda args, grad_outputs: compiled.run(model, args, grad_outputs)
 
 
+class FingerprintCoversRegistrationOrder(ReferenceBackend):
+    """Declares the default scope, a digest of the quantization signature alone, yet digests the
+    parameter names with it in registration order: a model registered in another order does not
+    load its own artifact."""
+
+    name = "mutant-fingerprint-covers-registration-order"
+    KILLED_BY = "FPR-002"
+
+    def fingerprint(self, model, *, strict=True):
+        import hashlib
+        import json
+
+        names = [name for name, _ in model.named_parameters()]
+        return hashlib.sha256((self.quantization_signature(model, strict=strict) + json.dumps(names)).encode()).hexdigest()
+
+
+class FingerprintCoversBuffers(ReferenceBackend):
+    """Declares the default scope yet digests the names of the model's buffers too: adding an
+    unrelated buffer (a step counter, a cache) recompiles."""
+
+    name = "mutant-fingerprint-covers-buffers"
+    KILLED_BY = "FPR-003"
+
+    def fingerprint(self, model, *, strict=True):
+        import hashlib
+
+        names = sorted(name for name, _ in model.named_buffers())
+        return hashlib.sha256((self.quantization_signature(model, strict=strict) + ",".join(names)).encode()).hexdigest()
+
+
+def _refuse(self, model, *args, **kwargs):
+    from conformance.api.errors import UnsupportedConfig
+
+    raise UnsupportedConfig(f"backend {self.name!r} expresses no configuration")
+
+
+class RefusesEveryModel(ReferenceBackend):
+    """Refuses every model as inexpressible (``UnsupportedConfig``), models converted from named
+    recipes too: a refusal that would turn every FPR rule into not_supported."""
+
+    name = "mutant-refuses-every-model"
+    KILLED_BY = "FPR-001"
+    fingerprint = _refuse
+    quantization_signature = _refuse
+
+
+class RefusesToLoad(ReferenceBackend):
+    """Refuses to load any artifact as inexpressible (``UnsupportedConfig``), its own too."""
+
+    name = "mutant-refuses-to-load"
+    KILLED_BY = "FPR-004"
+    load_artifact = _refuse
+
+
 MUTANTS += [
     FingerprintIgnoresRecipe,
     FingerprintIgnoresEmulate,
@@ -426,4 +480,8 @@ MUTANTS += [
     FingerprintIncludesTrainingFlag,
     FingerprintUsesPythonHash,
     FingerprintLoadsDespiteMismatch,
+    FingerprintCoversRegistrationOrder,
+    FingerprintCoversBuffers,
+    RefusesEveryModel,
+    RefusesToLoad,
 ]

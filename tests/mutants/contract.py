@@ -88,3 +88,46 @@ def _plain(cls, exc, *attributes):
     for name in attributes or ("module_fqn", "pass_name", "node_name", "property_id"):
         setattr(plain, name, getattr(exc, name))
     return plain
+
+
+class WholeStepReference(ReferenceBackend):
+    """A correct whole-step backend: its fingerprint digests the reference's signature with the
+    names and shapes of the parameters and buffers in registration order, and it declares
+    ``fingerprint_scope = "whole_step"``, so a reversed registration order or an added buffer
+    may change it."""
+
+    name = "whole-step-reference"
+    fingerprint_scope = "whole_step"
+
+    def fingerprint(self, model, *, strict=True):
+        import hashlib
+        import itertools
+        import json
+
+        state = [[name, list(t.shape)] for name, t in itertools.chain(model.named_parameters(), model.named_buffers())]
+        return hashlib.sha256((self.quantization_signature(model, strict=strict) + json.dumps(state)).encode()).hexdigest()
+
+
+class RefusesCustomConfigs(ReferenceBackend):
+    """A backend whose jobs name recipes and that does not say so (``expressible_config_fields``
+    left None): shown a ``Float8LinearConfig`` that is none of the named recipes, it refuses with
+    ``UnsupportedConfig``."""
+
+    name = "refuses-custom-configs"
+
+    def _check_expressible(self, model):
+        from conformance.api.errors import UnsupportedConfig
+        from conformance.backends.makefx_fingerprint import UnnamedConfigError, module_recipes
+
+        try:
+            module_recipes(model)
+        except UnnamedConfigError as exc:
+            raise UnsupportedConfig(str(exc)) from exc
+
+    def quantization_signature(self, model, *, strict=True):
+        self._check_expressible(model)
+        return super().quantization_signature(model, strict=strict)
+
+    def fingerprint(self, model, *, strict=True):
+        self._check_expressible(model)
+        return super().fingerprint(model, strict=strict)
