@@ -274,7 +274,6 @@ def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None, per_
     ``per_block`` aside (ones the forward never reads, such as a ``layer_id`` used to initialise
     weights), and the forward must not depend on how many blocks there are.
     """
-    require(model, "model", "trace_joint", "model")
     args = _check_inputs(model, args)
     if per_block and repeat is None:
         raise FP8TraceError("trace_joint(per_block=...) names attributes of repeated blocks: give repeat= too")
