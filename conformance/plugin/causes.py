@@ -149,6 +149,17 @@ def _own_reason(upstream: list[str], contrary: Mapping[str, list[str]]) -> str:
     return f"relies on {_listed(upstream)}, which {verb} too, but " + "; ".join(clauses)
 
 
+def _consequence(roots: list[str], shared: Mapping[str, list[str]]) -> str:
+    """Why a property is a consequence of ``roots``: the properties it relies on that it failed
+    with (``shared``: property -> examples both failed), and on no example they passed."""
+    direct = list(shared)
+    examples = sorted({key for keys in shared.values() for key in keys})
+    return (
+        f"consequence of {_listed(roots)}: fails with {_listed(direct)} on {_models(examples)} "
+        f"and on no model {'it passes' if len(direct) == 1 else 'they pass'}"
+    )
+
+
 def decide(rows: Mapping[str, Mapping[str, Any]], properties: Mapping[str, Any]) -> Verdict:
     """The defects of a run from its report ``rows`` (see the module docstring for the rules)."""
     failing = [pid for pid, row in rows.items() if row["status"] in FAILED]
@@ -182,13 +193,7 @@ def decide(rows: Mapping[str, Mapping[str, Any]], properties: Mapping[str, Any])
     causes: dict[str, str] = {}
     caused_by = {pid: roots(pid) for pid in consequences}
     for pid in consequences:
-        direct = list(shared[pid])
-        examples = sorted({key for other in direct for key in shared[pid][other]})
-        one = len(direct) == 1
-        causes[pid] = (
-            f"consequence of {_listed(caused_by[pid])}: fails with {_listed(direct)} on {_models(examples)} "
-            f"and on no model {'it passes' if one else 'they pass'}"
-        )
+        causes[pid] = _consequence(caused_by[pid], shared[pid])
     related = {pid: set(upstream[pid]) for pid in failing}
     defects = _group([pid for pid in failing if pid not in caused_by], evidence, related)
     for defect in defects:
