@@ -330,10 +330,11 @@ def test_terminal_and_markdown_say_which_to_fix_first():
     assert line in terminal.lines
     assert terminal.lines[1].split()[-1] == "cause"
     assert terminal.lines[2].startswith("PROV-003") and terminal.lines[2].endswith("root cause: fix first")
-    assert terminal.lines[3].startswith("VAL-003") and terminal.lines[3].endswith("consequence of PROV-003")
+    assert terminal.lines[3].startswith("VAL-003")
+    assert terminal.lines[3].endswith("consequence of PROV-003 (both fail on model m1)")
     text = render.markdown(report)
     assert f"- {line}" in text
-    assert "| VAL-003 | MUST | validation | fail (consequence of PROV-003) |" in text
+    assert "| VAL-003 | MUST | validation | fail (consequence of PROV-003 (both fail on model m1)) |" in text
     assert "A consequence of PROV-003: fix that first." in text
     assert "Evidence: fails with PROV-003 on model m1 and on no model it passes." in text
 

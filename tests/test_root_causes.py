@@ -54,7 +54,7 @@ def test_a_failure_only_where_the_property_it_relies_on_fails_is_its_consequence
         PROPERTIES,
     )
     assert defects(verdict) == [["PROV-003"]]
-    assert verdict.caused_by == {"VAL-003": ["PROV-003"]}
+    assert verdict.caused_by == {"VAL-003": ["PROV-003"]} and verdict.caused_on == {"VAL-003": ["m1"]}
     assert verdict.root_causes() == {"PROV-003": ["VAL-003"]}
     assert verdict.causes["VAL-003"] == "consequence of PROV-003: fails with PROV-003 on model m1 and on no model it passes"
 

@@ -130,7 +130,7 @@ def test_a_failure_relying_on_a_failing_property_is_shown_as_its_consequence(sui
             # Root causes and failures of their own first, then consequences.
             "PROV-003 *fail *root cause: fix first",
             "FPR-001 *fail *1 *1",
-            "VAL-003 *fail *consequence of PROV-003",
+            "VAL-003 *fail *consequence of PROV-003 (both fail on models *, *)",
             "PROV-002 *pass*",
             "fix PROV-003 first: VAL-003 relies on it and fails on no model it passes",
         ]
@@ -139,6 +139,7 @@ def test_a_failure_relying_on_a_failing_property_is_shown_as_its_consequence(sui
     assert report["summary"]["root_causes"] == {"PROV-003": ["VAL-003"]}
     assert report["properties"]["VAL-003"]["caused_by"] == ["PROV-003"]
     evidence = report["properties"]["VAL-003"]["evidence"]
+    assert report["properties"]["VAL-003"]["caused_on"] == sorted(evidence["failed"])
     assert len(evidence["failed"]) == 2 and len(evidence["passed"]) == 1  # Model(2), Model(3); Model(1)
     assert "caused_by" not in report["properties"]["FPR-001"]
 

@@ -98,12 +98,14 @@ class Defect:
 
 @dataclasses.dataclass
 class Verdict:
-    """The decision over a run: its defects, and per failing property its root causes
-    (``caused_by``, consequences only) and a sentence saying how that was decided (``causes``)."""
+    """The decision over a run: its defects, and per failing property its root causes and the
+    examples it failed with the properties it relies on (``caused_by``, ``caused_on``:
+    consequences only), and a sentence saying how that was decided (``causes``)."""
 
     defects: list[Defect]
     caused_by: dict[str, list[str]]
     causes: dict[str, str]
+    caused_on: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def root_causes(self) -> dict[str, list[str]]:
         """The first property of each defect with consequences -> those consequences (the
@@ -214,7 +216,8 @@ def decide(rows: Mapping[str, Mapping[str, Any]], properties: Mapping[str, Any])
             defect.why = _own_reason(upstream[pid], contrary.get(pid, {}))
             defect.contrary = {other: keys for other, keys in contrary.get(pid, {}).items() if keys}
             causes[pid] = f"root cause of its own: {defect.why}"
-    return Verdict(defects, caused_by, causes)
+    caused_on = {pid: sorted({key for keys in shared[pid].values() for key in keys}) for pid in consequences}
+    return Verdict(defects, caused_by, causes, caused_on)
 
 
 def _group(roots: list[str], evidence: Mapping[str, Evidence], related: Mapping[str, set[str]]) -> list[Defect]:

@@ -94,7 +94,12 @@ def _defects(report: dict[str, Any]) -> list[dict[str, Any]]:
 def _cause(row: dict[str, Any], defects: list[dict[str, Any]], property_id: str) -> str:
     """The table's cause cell: what to fix first and what follows from what."""
     if row.get("caused_by"):
-        return "consequence of " + ", ".join(row["caused_by"])
+        text = "consequence of " + ", ".join(row["caused_by"])
+        shared = row.get("caused_on") or []
+        if shared:
+            more = f" and {len(shared) - 2} more" if len(shared) > 2 else ""
+            text += f" (both fail on model{'s' if len(shared) > 1 else ''} {', '.join(shared[:2])}{more})"
+        return text
     defect = next((d for d in defects if property_id in d["properties"]), None)
     if defect is None:
         return ""

@@ -263,6 +263,7 @@ def build_report(
     verdict = decide(rows, properties)
     for property_id, roots in verdict.caused_by.items():
         rows[property_id]["caused_by"] = roots
+        rows[property_id]["caused_on"] = verdict.caused_on[property_id]
     for property_id, text in verdict.causes.items():
         rows[property_id]["cause"] = text
     summary = must_summary(rows)
