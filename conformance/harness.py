@@ -10,7 +10,8 @@
 * :func:`serving` scopes a test to one backend: model strategies draw only the quantized module
   kinds it claims, and reproducers of models it converts name it;
 * :func:`fail` prints the property ID, its spec line, what was expected versus seen, and the
-  drawn model as runnable Python;
+  drawn model as runnable Python, and records for the report what the failure names (the
+  model's modules and the graph's nodes, :mod:`conformance.evidence`);
 * :func:`names_module` / :func:`names_pass`: whether an error locates a module or a pass, by
   its attribute or, for a backend that cannot set it, in its message;
 * :func:`require_subject`: a property whose subject is empty (no region reported, nothing to
@@ -23,11 +24,10 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import re
 
 import pytest
 
-from conformance import strategies
+from conformance import evidence, strategies
 from conformance.api.errors import ValidationFailure
 from conformance.api.spec import get_property
 from conformance.graphs import Fp8Ops, Oracle, copy_graph_module, trace_with_oracle
@@ -73,11 +73,31 @@ def supported_kinds(backend) -> tuple[str, ...]:
 def fail(property_id: str, message: str, spec: ModelSpec | None = None) -> None:
     prop = get_property(property_id)
     text = f"[{property_id}] {prop.level}: {prop.title}\n{message}"
-    if spec is not None:
+    model = spec if spec is not None else evidence.drawn_model()
+    code = None
+    if model is not None:
         backend = _SERVED.get()
         source = None if backend is None else f"{type(backend).__module__}:{type(backend).__qualname__}"
-        text += "\n\nMinimal model (runnable):\n" + spec.to_python(backend=source)
+        code = model.to_python(backend=source)
+    if spec is not None:
+        text += "\n\nMinimal model (runnable):\n" + code
+    # What the failure names, for the report's root causes: several properties failing on one
+    # model and naming one module there are one defect (conformance.plugin.causes).
+    size = getattr(model, "size", None)
+    evidence.record_failure(
+        property_id, message, modules=evidence.named_modules(message, _module_fqns(model)),
+        size=size() if size is not None else None, code=code,
+    )
     pytest.fail(text, pytrace=False)
+
+
+def _module_fqns(spec) -> tuple[str, ...]:
+    """Every module of ``spec``'s model a message may name: its linears, or its quantized modules."""
+    if spec is None:
+        return ()
+    if hasattr(spec, "module_fqns"):
+        return tuple(spec.module_fqns())
+    return tuple(spec.quantized_modules())
 
 
 def check(condition: bool, property_id: str, message: str, spec: ModelSpec | None = None) -> None:
@@ -115,22 +135,17 @@ def strict_error(property_id: str, backend, gm):
     return None
 
 
-def _named(text: str, word: str) -> bool:
-    # "layers.1" must not be found inside "layers.10": a name ends where no name character follows.
-    return re.search(rf"(?<![\w.]){re.escape(word)}(?![\w.])", text) is not None
-
-
 def names_module(exc, fqn: str) -> bool:
     """Whether ``exc`` locates module ``fqn``: its ``module_fqn`` attribute when the backend set
     one (it must be right), else the FQN named in its message."""
     given = getattr(exc, "module_fqn", None)
-    return given == fqn if given is not None else _named(str(exc), fqn)
+    return given == fqn if given is not None else evidence.is_named(str(exc), fqn)
 
 
 def names_pass(exc, pass_name: str) -> bool:
     """Whether ``exc`` locates the ``pass_name`` pass, as :func:`names_module` does a module."""
     given = getattr(exc, "pass_name", None)
-    return given == pass_name if given is not None else _named(str(exc), pass_name)
+    return given == pass_name if given is not None else evidence.is_named(str(exc), pass_name)
 
 
 def require_subject(items, property_id: str, what: str, spec: ModelSpec | None = None):
@@ -192,6 +207,7 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
     The case holds a copy of the cached graph (:func:`fresh_copy`): the backend may tag or
     rewrite it in place without another property seeing the change. The model is shared.
     """
+    evidence.drawn(spec)
     try:
         cached = _trace(backend, spec, device())
     except _NotBuilt as exc:

@@ -1,10 +1,18 @@
 """The models the suite draws, as plain data, and how to build them with real TorchAO.
 
 A :class:`ModelSpec` is a frozen dataclass whose ``repr`` is valid Python, so every failing
-Hypothesis example prints as code a person can paste::
+Hypothesis example prints as code a person can paste; :meth:`ModelSpec.to_python` writes it one
+layer per line, with only the fields that differ from their defaults::
 
     from conformance.models import *
-    model, args = build_model(ModelSpec(...))
+
+    spec = ModelSpec(
+        in_features=16,
+        layers=(
+            LayerSpec(width=16, recipe='rowwise', adapter=True, adapter_recipe=None),
+        ),
+    )
+    model, args = build_model(spec)
 
 The model is a stack of linears called in order; each is either a plain ``nn.Linear`` or a
 quantized one converted by ``torchao.float8.convert_to_float8_training`` with its own recipe, or
@@ -21,7 +29,10 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model", "MX_RECIPES", "PARENT", "kind_of"]
+__all__ = [
+    "LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model", "MX_RECIPES", "PARENT", "kind_of",
+    "spec_code",
+]
 
 ACTIVATIONS = ("none", "relu", "gelu")
 #: ``LayerSpec.adapter_recipe`` of an adapter converted with its parent's config.
@@ -134,12 +145,75 @@ class ModelSpec:
     def has_mx(self) -> bool:
         return any(layer.recipe in MX_RECIPES for layer in self.layers)
 
+    def module_fqns(self) -> tuple[str, ...]:
+        """FQN of every linear of the model, quantized or plain, nested adapters included: the
+        modules a failure message may name."""
+        found = []
+        for i, layer in enumerate(self.layers):
+            found.append(f"layers.{i}")
+            if layer.adapter:
+                found.append(f"layers.{i}.adapter")
+        return tuple(found)
+
+    def size(self) -> tuple[int, int]:
+        """``(linears, parameters)``: how big the model is, for showing the smallest failing
+        one. Nested adapters count as linears; a module called twice counts once."""
+        linears, parameters, width = 0, 0, self.in_features
+        for layer in self.layers:
+            weights = width * layer.width * (2 if layer.adapter else 1)
+            linears += 2 if layer.adapter else 1
+            parameters += weights + (layer.width if layer.bias else 0)
+            width = layer.width
+        return linears, parameters
+
     def to_python(self, backend: str | None = None) -> str:
-        """The model as code that builds it. ``backend`` (``"package.module:Class"``) converts its
-        MX layers; a model without MX layers needs none."""
+        """The model as code that builds it, one layer per line. ``backend``
+        (``"package.module:Class"``) converts its MX layers; a model without MX layers needs none."""
         if not self.has_mx():
-            return "import torch\n" "from conformance.models import *\n" f"model, args = build_model({self!r})\n"
+            return "import torch\nfrom conformance.models import *\n\n" + spec_code(self) + "model, args = build_model(spec)\n"
         return reproducer("conformance.models", "build_model", self, backend, "mx", "convert_mx")
+
+
+#: Fields written in every reproducer, default or not: what a reader looks for first (a
+#: layer's width and recipe, an MoE model's shape).
+_ALWAYS_SHOWN = ("width", "recipe", "dim", "hidden", "experts", "top_k", "layers", "groups")
+
+
+def _arguments(spec) -> list[tuple[str, object]]:
+    """``(name, value)`` of the fields of the dataclass ``spec`` that differ from their default,
+    and of those in :data:`_ALWAYS_SHOWN`."""
+    shown = []
+    for field in dataclasses.fields(spec):
+        value = getattr(spec, field.name)
+        if field.name in _ALWAYS_SHOWN or field.default is dataclasses.MISSING or value != field.default:
+            shown.append((field.name, value))
+    return shown
+
+
+def _value_code(value, indent: str) -> str:
+    """A field's value as Python: a tuple of dataclasses (the layers) one per line, the rest as
+    their ``repr`` (one line each)."""
+    if isinstance(value, tuple) and value and all(dataclasses.is_dataclass(item) for item in value):
+        inner = indent + "    "
+        lines = [f"{inner}{_inline(item)},\n" for item in value]
+        return "(\n" + "".join(lines) + f"{indent})"
+    return _inline(value) if dataclasses.is_dataclass(value) else repr(value)
+
+
+def _inline(spec) -> str:
+    if not dataclasses.is_dataclass(spec):
+        return repr(spec)
+    return f"{type(spec).__name__}(" + ", ".join(f"{name}={_inline(v)}" for name, v in _arguments(spec)) + ")"
+
+
+def spec_code(spec, name: str = "spec") -> str:
+    """``name = Spec(...)`` for the frozen dataclass ``spec``: one field per line, the fields
+    left at their default left out, a tuple of layers one layer per line. It evaluates to a
+    spec equal to ``spec``; the one-line ``repr`` stays the machine-readable form."""
+    lines = [f"{name} = {type(spec).__name__}(\n"]
+    for field, value in _arguments(spec):
+        lines.append(f"    {field}={_value_code(value, '    ')},\n")
+    return "".join(lines) + ")\n"
 
 
 def reproducer(module_name: str, builder: str, spec, backend: str | None, keyword: str, method: str) -> str:
@@ -149,8 +223,9 @@ def reproducer(module_name: str, builder: str, spec, backend: str | None, keywor
     return (
         "import torch\n"
         f"from {module_name} import *\n"
-        f"from {module} import {qualname}\n"
-        f"model, args = {builder}({spec!r}, {keyword}={qualname}().{method})\n"
+        f"from {module} import {qualname}\n\n"
+        + spec_code(spec)
+        + f"model, args = {builder}(spec, {keyword}={qualname}().{method})\n"
     )
 
 

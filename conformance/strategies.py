@@ -22,6 +22,13 @@ emulation, MX, reuse, nesting, input gradients, ...), and each property samples 
 ``max_examples`` models of it that its constraints admit (drawing more from its own strategy only when the corpus has too few). Every
 property still sees that many distinct models, and a model drawn by several properties is traced
 once. Under ``dev`` and ``thorough`` each property draws its own models.
+
+A property samples its models from a list ordered smallest first
+(:meth:`~conformance.models.ModelSpec.size`: fewest linears, then fewest parameters;
+:func:`_smallest_first`), so a failing property shows the smallest model it was seen failing on.
+Sampled in the corpus's order (varied, large models first), where Hypothesis reports the failing
+example of lowest index, every property failing on one early model showed that same model,
+whatever else it failed on.
 """
 
 from __future__ import annotations
@@ -317,6 +324,14 @@ def _fresh(c: Constraints, where: Callable[[ModelSpec], bool] | None) -> st.Sear
     return _drawn_specs(c) if where is None else _drawn_specs(c).filter(where)
 
 
+@functools.cache
+def _smallest_first(c: Constraints, where: Callable[[ModelSpec], bool] | None, n: int) -> tuple[ModelSpec, ...]:
+    """:func:`corpus`'s models for ``c`` ordered by size, ties in corpus order: the list a
+    property samples. Hypothesis's first example takes its first model and, of the failing
+    examples it ran, reports the one of lowest index (the smallest), shrunk towards the start."""
+    return tuple(sorted(corpus(c, where, n), key=ModelSpec.size))
+
+
 @st.composite
 def _specs(draw, c: Constraints, where: Callable[[ModelSpec], bool] | None):
     # Resolved at each draw, not when the test module is imported: the backend's kinds are
@@ -324,7 +339,7 @@ def _specs(draw, c: Constraints, where: Callable[[ModelSpec], bool] | None):
     c = _supported(c)
     profile = hypothesis.settings.default
     if profile.derandomize:
-        return draw(st.sampled_from(corpus(c, where, profile.max_examples)))
+        return draw(st.sampled_from(_smallest_first(c, where, profile.max_examples)))
     return draw(_fresh(c, where))
 
 

@@ -212,7 +212,7 @@ def report():
 def test_build_report_rows_follow_the_registry_and_list_the_untested(report):
     assert list(report) == [
         "schema_version", "suite", "spec_version", "checked_spec_version", "backend", "environment",
-        "options", "summary", "properties", "untested",
+        "options", "summary", "properties", "untested", "models",
     ]
     assert list(report["properties"]) == ["PROV-001", "PROV-002", "VAL-001"]
     assert report["properties"]["PROV-002"]["tests"] == 2
@@ -276,21 +276,39 @@ def test_markdown_path_and_write_report(report, tmp_path):
     assert (tmp_path / "deep" / "r.md").read_text() == render.markdown(report)
 
 
-def _failing(*ids):
+def _failing(*ids, outcomes=None):
+    """Failing tests of ``ids``; ``outcomes`` maps a property to its example outcomes
+    (key -> "pass" or "fail")."""
+    outcomes = outcomes or {}
     return {
-        f"t.py::test_{pid.replace('-', '_')}": TestRecord((pid,), "fail", 1, dict(FAILURE, test=pid))
+        f"t.py::test_{pid.replace('-', '_')}": TestRecord(
+            (pid,), "fail", 1, dict(FAILURE, test=pid),
+            example_outcomes={
+                key: {"modules": [], "nodes": [], "seen": None, "size": None, "code": None} if seen == "fail" else "pass"
+                for key, seen in outcomes.get(pid, {}).items()
+            },
+        )
         for pid in ids
     }
 
 
 def test_failures_relying_on_a_failing_property_are_its_consequences():
-    records = _failing("PROV-001", "PROV-003", "VAL-001", "EMU-002")
+    outcomes = {
+        "PROV-003": {"m1": "fail", "m2": "fail", "m3": "pass"},
+        "PROV-001": {"m1": "fail", "m3": "pass"},
+        "VAL-001": {"m2": "fail", "m3": "pass"},
+        "EMU-002": {"m1": "fail"},
+    }
+    records = _failing("PROV-001", "PROV-003", "VAL-001", "EMU-002", outcomes=outcomes)
     records["t.py::test_reg"] = TestRecord(("REG-001",), "pass", 3)
     report = _report(records)
     assert report["summary"]["root_causes"] == {"PROV-003": ["PROV-001", "VAL-001", "EMU-002"]}
     rows = report["properties"]
     assert "caused_by" not in rows["PROV-003"] and "caused_by" not in rows["REG-001"]
     assert rows["VAL-001"]["caused_by"] == ["PROV-003"] == rows["PROV-001"]["caused_by"]
+    assert rows["VAL-001"]["evidence"] == {
+        "failed": {"m2": {"modules": [], "nodes": [], "seen": None}}, "passed": ["m3"]
+    }
     assert [pid for pid, _ in render.ordered_rows(report)] == [
         "PROV-003", "PROV-001", "VAL-001", "EMU-002", "REG-001"
     ]
@@ -304,18 +322,21 @@ def test_a_failure_with_nothing_failing_upstream_is_its_own_root():
 
 
 def test_terminal_and_markdown_say_which_to_fix_first():
-    report = _report(_failing("PROV-003", "VAL-003"))
+    outcomes = {"PROV-003": {"m1": "fail"}, "VAL-003": {"m1": "fail"}}
+    report = _report(_failing("PROV-003", "VAL-003", outcomes=outcomes))
     terminal = RecordingTerminal()
     render.print_summary(terminal, report, None)
-    line = "fix PROV-003 first: VAL-003 rely on it and fail with it"
+    line = "fix PROV-003 first: VAL-003 relies on it and fails on no model it passes"
     assert line in terminal.lines
     assert terminal.lines[1].split()[-1] == "cause"
     assert terminal.lines[2].startswith("PROV-003") and terminal.lines[2].endswith("root cause: fix first")
-    assert terminal.lines[3].startswith("VAL-003") and terminal.lines[3].endswith("consequence of PROV-003")
+    assert terminal.lines[3].startswith("VAL-003")
+    assert terminal.lines[3].endswith("consequence of PROV-003 (both fail on model m1)")
     text = render.markdown(report)
     assert f"- {line}" in text
-    assert "| VAL-003 | MUST | validation | fail (consequence of PROV-003) |" in text
+    assert "| VAL-003 | MUST | validation | fail (consequence of PROV-003 (both fail on model m1)) |" in text
     assert "A consequence of PROV-003: fix that first." in text
+    assert "Evidence: fails with PROV-003 on model m1 and on no model it passes." in text
 
 
 def test_terminal_shows_skip_reasons():

@@ -51,6 +51,43 @@ DEFECT_TESTS = """
         pass
 """
 
+# The same, drawn: PROV-003 and VAL-003 fail on the same models (a model that prints itself as
+# code, as the suite's do, keys each example), FPR-001 fails on its own.
+RELYING_TESTS = """
+    import dataclasses
+    import pytest
+    from hypothesis import given, strategies as st
+
+    @dataclasses.dataclass(frozen=True)
+    class Model:
+        layers: int
+
+        def to_python(self, backend=None):
+            return f"model = Model({self.layers})\\n"
+
+    models = st.builds(Model, st.integers(1, 3))
+
+    @pytest.mark.fp8_property("PROV-003")
+    @given(model=models)
+    def test_PROV_003_backward(model):
+        if model.layers > 1:
+            pytest.fail("[PROV-003] backward node carries no provenance", pytrace=False)
+
+    @pytest.mark.fp8_property("VAL-003")
+    @given(model=models)
+    def test_VAL_003_missing(model):
+        if model.layers > 1:
+            pytest.fail("[VAL-003] no FP8 compute found", pytrace=False)
+
+    @pytest.mark.fp8_property("FPR-001")
+    def test_FPR_001_changes():
+        pytest.fail("[FPR-001] same fingerprint", pytrace=False)
+
+    @pytest.mark.fp8_property("PROV-002")
+    def test_PROV_002_ok():
+        pass
+"""
+
 SLOW_FAILURE = """
     import time
     import pytest
@@ -80,9 +117,12 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", *args)
 
 
-def test_a_failure_relying_on_a_failing_property_is_shown_as_its_consequence(suite):
-    suite.makepyfile(test_defect=DEFECT_TESTS)
-    result = run(suite, WIDE, "--fp8-report=out/r.json", "test_defect.py")
+@pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist"])
+def test_a_failure_relying_on_a_failing_property_is_shown_as_its_consequence(suite, xdist):
+    suite.makepyfile(test_defect=RELYING_TESTS)
+    args = (WIDE, "--fp8-report=out/r.json", "--hypothesis-profile=fp8conf-ci", "test_defect.py")
+    # Under xdist the examples' outcomes travel from the workers with each test's report.
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", *args) if xdist else run(suite, *args)
     result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines(
         [
@@ -90,15 +130,35 @@ def test_a_failure_relying_on_a_failing_property_is_shown_as_its_consequence(sui
             # Root causes and failures of their own first, then consequences.
             "PROV-003 *fail *root cause: fix first",
             "FPR-001 *fail *1 *1",
-            "VAL-003 *fail *consequence of PROV-003",
+            "VAL-003 *fail *consequence of PROV-003 (both fail on models *, *)",
             "PROV-002 *pass*",
-            "fix PROV-003 first: VAL-003 rely on it and fail with it",
+            "fix PROV-003 first: VAL-003 relies on it and fails on no model it passes",
         ]
     )
     report = json.loads((suite.path / "out" / "r.json").read_text())
     assert report["summary"]["root_causes"] == {"PROV-003": ["VAL-003"]}
     assert report["properties"]["VAL-003"]["caused_by"] == ["PROV-003"]
+    evidence = report["properties"]["VAL-003"]["evidence"]
+    assert report["properties"]["VAL-003"]["caused_on"] == sorted(evidence["failed"])
+    assert len(evidence["failed"]) == 2 and len(evidence["passed"]) == 1  # Model(2), Model(3); Model(1)
     assert "caused_by" not in report["properties"]["FPR-001"]
+
+
+def test_a_failure_relying_on_a_failing_property_without_shared_evidence_is_its_own(suite):
+    """Plain tests run no drawn model: nothing shows that VAL-003 fails where PROV-003 does."""
+    suite.makepyfile(test_defect=DEFECT_TESTS)
+    result = run(suite, WIDE, "--fp8-report=out/r.json", "test_defect.py")
+    result.assert_outcomes(passed=1, failed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "VAL-003 *fail *root cause of its own; see below",
+            "VAL-003 is a root cause of its own: it relies on PROV-003, which fails too, but no model "
+            "failed both it and PROV-003",
+        ]
+    )
+    report = json.loads((suite.path / "out" / "r.json").read_text())
+    assert report["summary"]["root_causes"] == {}
+    assert "caused_by" not in report["properties"]["VAL-003"]
 
 
 def test_a_slow_failing_example_is_not_shrunk(suite):

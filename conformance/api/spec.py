@@ -34,7 +34,9 @@ class Property:
     title: str
     #: Properties this one cannot hold without: their checks read what those guarantee (a
     #: validator counts FP8 compute by its provenance). When one of them fails too, this
-    #: property's failure is reported as its consequence, not as a defect of its own.
+    #: property's failure is reported as its consequence where the examples show it (both fail on
+    #: some model, this one on none the other passes; ``conformance.plugin.causes``), and as a
+    #: defect of its own otherwise.
     relies_on: tuple[str, ...] = ()
 
 

@@ -30,7 +30,9 @@ variable gives, is a usage error, not a run that checks nothing):
 * prints a line per test as it finishes (:mod:`~conformance.plugin.progress`) and keeps
   torch's and torchao's chatter out of captured logs (:mod:`~conformance.plugin.quiet`);
 * prints a per-property summary, failures and root causes first, and, with ``--fp8-report=PATH``, writes it as JSON at PATH and
-  as Markdown beside it (:mod:`~conformance.plugin.report`, :mod:`~conformance.plugin.render`).
+  as Markdown beside it (:mod:`~conformance.plugin.report`, :mod:`~conformance.plugin.render`);
+  root causes and consequences are decided from what each property did on each example
+  (:mod:`~conformance.plugin.causes`).
 
 A project that wants fp8conf's profiles or GPU gating without a backend (fp8conf's own tests
 do) calls :func:`register_profiles`, :func:`load_profile` and :func:`skip_unavailable_gpu_tests`

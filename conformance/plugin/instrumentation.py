@@ -1,5 +1,6 @@
 """What a conformance test records while it runs, for the report: the examples Hypothesis ran,
-the reproducer of a failure, the per-example timer, and the device and versions.
+whether each passed or failed (keyed by its drawn model) and what a failure named, the reproducer
+of a failure, the per-example timer, and the device and versions.
 
 Per-test state lives on the pytest item's stash; what the report needs is added to the test
 report's ``user_properties`` where the test ran, so it reaches the controller under xdist.
@@ -23,10 +24,16 @@ from hypothesis.errors import StopTest, UnsatisfiedAssumption
 from hypothesis.internal.conjecture import engine
 from hypothesis.statistics import collector
 
-from conformance import replay, watchdog
-from conformance import notes
+from conformance import evidence, notes, replay, watchdog
 from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS
-from conformance.plugin.report import DEVICE_KEY, EXAMPLES_KEY, NOTE_KEY, REPRODUCER_KEY, TIMEOUT_KEY
+from conformance.plugin.report import (
+    DEVICE_KEY,
+    EXAMPLE_OUTCOMES_KEY,
+    EXAMPLES_KEY,
+    NOTE_KEY,
+    REPRODUCER_KEY,
+    TIMEOUT_KEY,
+)
 
 __all__ = [
     "annotate_report",
@@ -41,6 +48,13 @@ __all__ = [
 _STATS_KEY = pytest.StashKey[dict]()
 _CALLS_KEY = pytest.StashKey[int]()
 _SHRINK_KEY = pytest.StashKey[dict]()
+#: Example key -> "pass", or what its failure named (see :func:`_note_example`).
+_OUTCOMES_KEY = pytest.StashKey[dict]()
+#: ``(key, repr of its drawn models)`` of the last failing example.
+_LAST_FAILED_KEY = pytest.StashKey[tuple]()
+#: Failing examples of one test whose model is carried to the report as code: the smallest.
+#: Every example's outcome is carried; shrinking outside the shared corpus meets hundreds.
+_MODELS_CARRIED = 24
 #: Phases left out for a test under an expectation (explain needs shrink).
 _SHRINK_PHASES = (hypothesis.Phase.shrink, hypothesis.Phase.explain)
 #: Shrinking needs at least this many re-runs of the failing example to get anywhere: when
@@ -99,7 +113,8 @@ def hypothesis_instrumented(
     item: pytest.Item, *, expected_to_fail: bool, shrink_seconds: float = DEFAULT_SHRINK_SECONDS
 ) -> Iterator[None]:
     """Around the call of a Hypothesis test: note its statistics and count its examples,
-    re-arm the per-example timer at each one, bound shrinking to ``shrink_seconds`` (none when
+    note each example's outcome by its drawn model (:func:`_noted`), re-arm the per-example
+    timer at each one, bound shrinking to ``shrink_seconds`` (none when
     an example costs more than a tenth of that) and, for a test expected to fail, skip it.
 
     Enter it inside Hypothesis's own ``pytest_runtest_call`` wrapper, which installs its
@@ -139,7 +154,7 @@ def hypothesis_instrumented(
             def counted(*args: Any, **kwargs: Any) -> Any:
                 item.stash[_CALLS_KEY] += 1
                 watchdog.rearm()  # the timeout bounds one example, not the whole search
-                return timed(lambda: inner(*args, **kwargs))
+                return _noted(item, kwargs, lambda: timed(lambda: inner(*args, **kwargs)))
 
             handle.inner_test = counted
             with collector.with_value(note_statistics):
@@ -148,6 +163,63 @@ def hypothesis_instrumented(
         handle.inner_test = inner
         if original_settings is not None:
             function._hypothesis_internal_use_settings = original_settings
+
+
+def _noted(item: pytest.Item, kwargs: dict[str, Any], call: Callable[[], Any]) -> Any:
+    """Run one example (``call``, drawn with ``kwargs``) and note whether it passed or failed
+    and what its failure named; shrinking's examples too, each a real run on a model."""
+    models = _drawn_models(item, kwargs)
+    key = evidence.example_key(*models) if models else None
+    evidence.start_example()
+    try:
+        result = call()
+    except _NOT_A_FAILURE:
+        raise
+    except BaseException:
+        _note_example(item, key, evidence.take_failure() or {})
+        if key is not None:
+            item.stash[_LAST_FAILED_KEY] = (key, "\n".join(map(repr, models)))
+        raise
+    _note_example(item, key, None)
+    return result
+
+
+def _drawn_models(item: pytest.Item, kwargs: dict[str, Any]) -> list[Any]:
+    """The models of the example called with ``kwargs``, which key it: the arguments that are no
+    fixture and print themselves as code (``to_python``), as the suite's model specs do. An
+    example that draws none is shared with no other property and is not noted."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return [
+        value for name, value in sorted(kwargs.items())
+        if name not in fixtures and callable(getattr(value, "to_python", None))
+    ]
+
+
+def _note_example(item: pytest.Item, key: str | None, failure: dict[str, Any] | None) -> None:
+    """Note that the example ``key`` passed (``failure`` None) or failed, naming what
+    ``failure`` records (:func:`conformance.evidence.record_failure`; empty when the failure
+    came from elsewhere). An example that failed once stays failed."""
+    if key is None:
+        return
+    outcomes = item.stash.setdefault(_OUTCOMES_KEY, {})
+    if failure is None:
+        outcomes.setdefault(key, "pass")
+        return
+    if not isinstance(outcomes.get(key), dict):
+        failure = {name: value for name, value in failure.items() if name != "property"}
+        outcomes[key] = {"modules": [], "nodes": [], "seen": None, "size": None, "code": None, **failure}
+
+
+def _carried_outcomes(item: pytest.Item) -> dict[str, Any]:
+    """The test's example outcomes as they travel to the report: the code of the smallest
+    :data:`_MODELS_CARRIED` failing models, the outcome and what it named of every example."""
+    outcomes = item.stash.get(_OUTCOMES_KEY, {})
+    failed = [key for key, value in outcomes.items() if isinstance(value, dict)]
+    by_size = sorted(failed, key=lambda key: outcomes[key]["size"] or [float("inf")])
+    dropped = set(by_size[_MODELS_CARRIED:])
+    return {
+        key: dict(value, code=None) if key in dropped else value for key, value in outcomes.items()
+    }
 
 
 def examples_from_statistics(stats: dict[str, Any]) -> int:
@@ -183,6 +255,8 @@ def annotate_report(
     device_sent = False
     if call.when == "call":
         extra.append((EXAMPLES_KEY, _examples(item, excinfo)))
+        if item.stash.get(_OUTCOMES_KEY, None):
+            extra.append((EXAMPLE_OUTCOMES_KEY, _carried_outcomes(item)))
         extra.extend((NOTE_KEY, text) for text in notes.take())
         info = device_info() if send_device else None
         if info is not None:
@@ -194,6 +268,7 @@ def annotate_report(
         if report.failed or hasattr(report, "wasxfail"):
             found = replay.reproducer(item, excinfo.value, backend_spec)
             found["shrink"] = _shrink_outcome(item)
+            found.update(_shown_example(item))
             extra.append((REPRODUCER_KEY, found))
             _name_the_model_shown(report, found["shrink"])
             if report.failed:
@@ -222,6 +297,17 @@ def _name_the_model_shown(report: pytest.TestReport, shrink: str | None) -> None
         for entry in getattr(traceback, "reprentries", ()):
             if hasattr(entry, "lines"):
                 entry.lines = [line.replace(old, new) for line in entry.lines]
+
+
+def _shown_example(item: pytest.Item) -> dict[str, Any]:
+    """The key, one-line ``repr`` (``spec``, the machine-readable form of the model the message
+    shows as code) and size of the model the failure shows: Hypothesis runs the example it
+    reports last, so the last failing example."""
+    last = item.stash.get(_LAST_FAILED_KEY, None)
+    if last is None:
+        return {}
+    key, text = last
+    return {"example": key, "spec": text, "size": item.stash[_OUTCOMES_KEY][key]["size"]}
 
 
 def _shrink_outcome(item: pytest.Item) -> str | None:

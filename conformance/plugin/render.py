@@ -79,11 +79,37 @@ def ordered_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     )
 
 
-def _cause(row: dict[str, Any], causes: dict[str, Any], property_id: str) -> str:
+def _defects(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report's defects; for a report written before they were listed, one per entry of
+    ``root_causes``."""
+    summary = report["summary"]
+    if "defects" in summary:
+        return summary["defects"]
+    return [
+        {"properties": [root], "consequences": consequences, "examples": [], "named": [], "why": None}
+        for root, consequences in summary.get("root_causes", {}).items()
+    ]
+
+
+def _cause(row: dict[str, Any], defects: list[dict[str, Any]], property_id: str) -> str:
+    """The table's cause cell: what to fix first and what follows from what."""
     if row.get("caused_by"):
-        return "consequence of " + ", ".join(row["caused_by"])
-    if property_id in causes:
+        text = "consequence of " + ", ".join(row["caused_by"])
+        shared = row.get("caused_on") or []
+        if shared:
+            more = f" and {len(shared) - 2} more" if len(shared) > 2 else ""
+            text += f" (both fail on model{'s' if len(shared) > 1 else ''} {', '.join(shared[:2])}{more})"
+        return text
+    defect = next((d for d in defects if property_id in d["properties"]), None)
+    if defect is None:
+        return ""
+    others = [pid for pid in defect["properties"] if pid != property_id]
+    if others:
+        return "root cause: fix first, one defect with " + ", ".join(others)
+    if defect["consequences"]:
         return "root cause: fix first"
+    if defect.get("why"):
+        return "root cause of its own; see below"
     return ""
 
 
@@ -110,12 +136,30 @@ def unsupported_lines(report: dict[str, Any]) -> list[str]:
 
 
 def root_cause_lines(report: dict[str, Any]) -> list[str]:
-    """"fix X first" for each failing property others rely on, naming those others."""
-    causes = report["summary"].get("root_causes", {})
-    return [
-        f"fix {root} first: {', '.join(consequences)} rely on it and fail with it"
-        for root, consequences in causes.items()
-    ]
+    """One line per defect with something to say: the properties that see it (and the evidence
+    that they see one defect), the failures that follow from it, or why a failure relying on
+    another failing property is a root cause of its own."""
+    lines = []
+    for defect in _defects(report):
+        ids, consequences = defect["properties"], defect["consequences"]
+        if len(ids) > 1:
+            text = f"fix {', '.join(ids)} first: one defect: {defect['why']}"
+        elif consequences:
+            text = f"fix {ids[0]} first"
+        elif defect.get("why"):
+            lines.append(f"{ids[0]} is a root cause of its own: it {defect['why']}")
+            continue
+        else:
+            continue
+        if consequences:
+            one, many = len(consequences) == 1, len(ids) > 1
+            text += (
+                f"{';' if many else ':'} {', '.join(consequences)} {'relies' if one else 'rely'} on "
+                f"{'them' if many else 'it'} and fail{'s' if one else ''} on no model "
+                f"{'they pass' if many else 'it passes'}"
+            )
+        lines.append(text)
+    return lines
 
 
 def _failure_lines(property_id: str, row: dict[str, Any]) -> Iterator[str]:
@@ -134,15 +178,16 @@ def print_summary(terminal: Terminal, report: dict[str, Any], report_path: Path 
     the root causes, the MUST score, what replays each failure, skip reasons and stale
     expectations."""
     terminal.write_sep("=", "fp8conf conformance")
-    causes = report["summary"].get("root_causes", {})
+    defects = _defects(report)
     rows = [item for item in ordered_rows(report) if item[1]["status"] != "not_supported"]
     if report["properties"]:
+        cells_of = {pid: _cause(row, defects, pid) for pid, row in rows}
         header = tuple(name.strip() for name, _ in _COLUMNS)
-        terminal.write_line(_table_line(header if causes else header[:-1]))
+        terminal.write_line(_table_line(header if any(cells_of.values()) else header[:-1]))
         for property_id, row in rows:
             cells = (
                 property_id, row["level"], row["capability"], row["status"], row["tests"],
-                row["examples"], _cause(row, causes, property_id),
+                row["examples"], cells_of[property_id],
             )
             terminal.write_line(_table_line(cells))
         for line in unsupported_lines(report):
@@ -200,7 +245,27 @@ def _notes(report: dict[str, Any]) -> list[str]:
     return ["## Notes", "", *notes, ""] if notes else []
 
 
-def _failure(property_id: str, row: dict[str, Any]) -> list[str]:
+def _own_model(row: dict[str, Any], defect: dict[str, Any] | None, models: dict[str, Any]) -> list[str]:
+    """For a root cause of its own, the first model it failed on that a property it relies on
+    passed, with what it saw there: the evidence, to read beside the reproducer, which may be a
+    model both fail on."""
+    contrary = (defect or {}).get("contrary") or {}
+    failed = row.get("evidence", {}).get("failed", {})
+    key = next((keys[0] for keys in contrary.values() if keys and keys[0] in failed), None)
+    if key is None:
+        return []
+    passing = [pid for pid, keys in contrary.items() if key in keys]
+    lines = [f"Model `{key}`, which {', '.join(passing)} {'passes' if len(passing) == 1 else 'pass'}:", ""]
+    if key in models:
+        lines += ["```python", models[key]["code"].rstrip("\n"), "```", ""]
+    if failed[key].get("seen"):
+        lines += ["What it saw there:", "", "```text", failed[key]["seen"], "```", ""]
+    return lines
+
+
+def _failure(
+    property_id: str, row: dict[str, Any], defect: dict[str, Any] | None, models: dict[str, Any]
+) -> list[str]:
     found = row["reproducer"]
     lines = [
         f"### {property_id} ({row['status']})", "",
@@ -211,6 +276,10 @@ def _failure(property_id: str, row: dict[str, Any]) -> list[str]:
     ]
     if row.get("caused_by"):
         lines[1:1] = ["", f"A consequence of {', '.join(row['caused_by'])}: fix that first."]
+        if row.get("cause"):
+            lines[3:3] = [f"Evidence: {row['cause'].split(': ', 1)[-1]}."]
+    elif row.get("cause"):
+        lines[1:1] = ["", row["cause"][0].upper() + row["cause"][1:] + "."]
     if found.get("model"):
         heading = MODEL_HEADINGS.get(found.get("shrink"), MODEL_HEADINGS["minimal"])
         lines += [f"{heading}:", "", "```python", found["model"].rstrip("\n"), "```", ""]
@@ -218,7 +287,7 @@ def _failure(property_id: str, row: dict[str, Any]) -> list[str]:
         lines += ["Failing test case:", "", "```python", found["failing_case"], "```", ""]
     if found.get("reproduce_failure"):
         lines += [f"Or decorate the test with `{found['reproduce_failure']}`.", ""]
-    return lines
+    return lines + _own_model(row, defect, models)
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -227,12 +296,12 @@ def markdown(report: dict[str, Any]) -> str:
         "| Property | Level | Capability | Status | Tests | Examples | Title |",
         "|---|---|---|---|---:|---:|---|",
     ]
-    causes = report["summary"].get("root_causes", {})
+    defects = _defects(report)
     for property_id, row in ordered_rows(report):
         if row["status"] == "not_supported":
             continue
         status = row["status"]
-        cause = _cause(row, causes, property_id)
+        cause = _cause(row, defects, property_id)
         status += f" ({cause})" if cause else ""
         lines.append(
             f"| {property_id} | {row['level']} | {row['capability']} | {status} "
@@ -251,7 +320,8 @@ def markdown(report: dict[str, Any]) -> str:
     if failures:
         lines += ["## Failures", ""]
     for property_id, row in failures:
-        lines += _failure(property_id, row)
+        defect = next((d for d in defects if property_id in d["properties"]), None)
+        lines += _failure(property_id, row, defect, report.get("models", {}))
     return "\n".join(lines)
 
 

@@ -4,8 +4,9 @@ Outcomes arrive as pytest test reports (``pytest_runtest_logreport``, which pyte
 forwards from its workers); everything a report needs beyond its outcome (property IDs, example
 counts, reproducers, the device) travels in ``report.user_properties`` under the keys below, so
 the result is the same with and without ``-n``. :func:`record_outcome` folds one test report
-into a :class:`TestRecord`; :func:`build_report` turns the records into the JSON-ready report.
-Neither touches pytest's or Hypothesis's state: they work on plain data.
+into a :class:`TestRecord`; :func:`build_report` turns the records into the JSON-ready report,
+its root causes decided by :mod:`~conformance.plugin.causes` from what each property did on each
+example. Neither touches pytest's or Hypothesis's state: they work on plain data.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from collections import Counter
 from typing import Any, Mapping
 
+from conformance.plugin.causes import FAILED, decide
 from conformance.plugin.gating import GPU_MARKERS, NOT_IN_SPEC, NOT_SUPPORTED
 
 __all__ = [
@@ -28,7 +30,6 @@ __all__ = [
     "property_row",
     "outcome_status",
     "record_outcome",
-    "root_causes",
 ]
 
 #: Statuses of a test and of a property, strongest first: a property takes the strongest
@@ -37,8 +38,6 @@ __all__ = [
 #: is ``xpass`` only when none of its expected failures still fails.
 STATUSES = ("fail", "error", "xfail", "xpass", "pass", "not_supported", "skipped")
 _RANK = {status: rank for rank, status in enumerate(STATUSES)}
-#: Statuses of a property that count as a defect of the backend.
-FAILED = ("fail", "error")
 #: Version of the report's JSON layout: bumped when a field changes meaning or goes away.
 REPORT_SCHEMA_VERSION = 1
 
@@ -48,6 +47,7 @@ _GPU_MARKER_PREFIX = re.compile(rf"^(?:{'|'.join(map(re.escape, GPU_MARKERS))}):
 PROPERTY_KEY = "fp8_property"
 # Keys of further ``user_properties`` entries, added where the test ran (an xdist worker too).
 EXAMPLES_KEY = "fp8_examples"
+EXAMPLE_OUTCOMES_KEY = "fp8_example_outcomes"
 REPRODUCER_KEY = "fp8_reproducer"
 TIMEOUT_KEY = "fp8_timeout"
 EXPECTATION_KEY = "fp8_expectation"
@@ -68,6 +68,9 @@ class TestRecord:
     reason: str | None = None
     expectations: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    #: Example key -> ``"pass"``, or for a failing example what the failure named:
+    #: ``{"modules", "nodes", "seen", "size", "code"}`` (``conformance.evidence``).
+    example_outcomes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def skip_reason(report: Any) -> str:
@@ -114,6 +117,8 @@ def record_outcome(records: dict[str, TestRecord], report: Any) -> dict[str, Any
             record.examples += int(value)
         elif key == REPRODUCER_KEY and record.reproducer is None:
             record.reproducer = dict(value)
+        elif key == EXAMPLE_OUTCOMES_KEY:
+            _merge_outcomes(record.example_outcomes, value)
         elif key == EXPECTATION_KEY and value not in record.expectations:
             record.expectations += (value,)
         elif key == NOTE_KEY and value not in record.notes:
@@ -129,12 +134,44 @@ def record_outcome(records: dict[str, TestRecord], report: Any) -> dict[str, Any
     return device
 
 
+def _merge_outcomes(into: dict[str, Any], outcomes: Mapping[str, Any]) -> None:
+    """Add ``outcomes`` (example key -> outcome) to ``into``: a failure wins over a pass."""
+    for key, outcome in outcomes.items():
+        if isinstance(outcome, Mapping):
+            if not isinstance(into.get(key), Mapping):
+                into[key] = dict(outcome)
+        else:
+            into.setdefault(key, outcome)
+
+
+def _evidence(records: list[TestRecord]) -> dict[str, Any]:
+    """The examples a property failed (each with the modules and nodes its failure named, and
+    what was seen) and those it passed, over all its tests."""
+    outcomes: dict[str, Any] = {}
+    for record in records:
+        _merge_outcomes(outcomes, record.example_outcomes)
+    failed = {
+        key: {"modules": value["modules"], "nodes": value["nodes"], "seen": value["seen"]}
+        for key, value in sorted(outcomes.items()) if isinstance(value, Mapping)
+    }
+    return {"failed": failed, "passed": sorted(key for key in outcomes if key not in failed)}
+
+
+def _smallest(reproducers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The reproducer whose model is smallest (fewest linears, then parameters); the first one
+    among equals and where sizes are unknown."""
+    if not reproducers:
+        return None
+    return min(reproducers, key=lambda found: tuple(found.get("size") or (float("inf"),)))
+
+
 def property_row(
     prop: Any, records: list[TestRecord], expectations: Mapping[str, Any] = {}
 ) -> dict[str, Any]:
     """The report row of ``prop`` (a :class:`conformance.api.spec.Property`) from its tests.
 
-    ``expectations`` maps expectation keys to entries with ``as_json()``.
+    ``expectations`` maps expectation keys to entries with ``as_json()``. A failing row carries
+    ``evidence``: the examples the property failed and passed, by key.
     """
     statuses = [record.status or "skipped" for record in records]
     status = min(statuses, key=_RANK.__getitem__)
@@ -151,7 +188,9 @@ def property_row(
         "reproducer": None,
     }
     if status in ("fail", "error", "xfail"):
-        row["reproducer"] = next((r.reproducer for r in deciding if r.reproducer), None)
+        row["reproducer"] = _smallest([r.reproducer for r in deciding if r.reproducer])
+    if status in FAILED:
+        row["evidence"] = _evidence(records)
     if status in ("not_supported", "skipped"):
         row["reason"] = next((r.reason for r in deciding if r.reason), None)
     notes = sorted({text for record in records for text in record.notes})
@@ -221,12 +260,15 @@ def build_report(
         for property_id, prop in properties.items()
         if property_id in by_property
     }
-    causes = root_causes(rows, properties)
-    for root, consequences in causes.items():
-        for property_id in consequences:
-            rows[property_id].setdefault("caused_by", []).append(root)
+    verdict = decide(rows, properties)
+    for property_id, roots in verdict.caused_by.items():
+        rows[property_id]["caused_by"] = roots
+        rows[property_id]["caused_on"] = verdict.caused_on[property_id]
+    for property_id, text in verdict.causes.items():
+        rows[property_id]["cause"] = text
     summary = must_summary(rows)
-    summary["root_causes"] = causes
+    summary["root_causes"] = verdict.root_causes()
+    summary["defects"] = [defect.as_json() for defect in verdict.defects]
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "suite": suite,
@@ -238,43 +280,20 @@ def build_report(
         "summary": summary,
         "properties": rows,
         "untested": [pid for pid in properties if pid not in rows],
+        "models": _failing_models(records, rows),
     }
 
 
-def _relied_on(property_id: str, properties: Mapping[str, Any]) -> list[str]:
-    """What ``property_id`` relies on, directly or through others."""
-    found: list[str] = []
-    pending = list(getattr(properties.get(property_id), "relies_on", ()))
-    while pending:
-        other = pending.pop(0)
-        if other not in found and other != property_id and other in properties:
-            found.append(other)
-            pending.extend(getattr(properties[other], "relies_on", ()))
-    return found
-
-
-def root_causes(
-    rows: Mapping[str, Mapping[str, Any]], properties: Mapping[str, Any]
-) -> dict[str, list[str]]:
-    """The failing properties to fix first, each with the failing ones that rely on it.
-
-    A failing property is a consequence when something it relies on (``Property.relies_on``,
-    followed through) fails too; its root causes are those of the failing ones it relies on
-    that rely on no failing property themselves. Roots without consequences are left out.
-    """
-    failing = {pid for pid, row in rows.items() if row["status"] in FAILED}
-    causes: dict[str, list[str]] = {}
-    for property_id in rows:
-        if property_id not in failing:
-            continue
-        upstream = [pid for pid in _relied_on(property_id, properties) if pid in failing]
-        roots = [
-            pid for pid in upstream
-            if not any(other in failing for other in _relied_on(pid, properties))
-        ]
-        for root in roots:
-            causes.setdefault(root, []).append(property_id)
-    return {root: causes[root] for root in rows if root in causes}
+def _failing_models(records: Mapping[str, TestRecord], rows: Mapping[str, Any]) -> dict[str, Any]:
+    """Example key -> ``{"size", "code"}`` of every model a failing row failed on, whose code
+    was carried: what the evidence of a root cause points at."""
+    wanted = {key for row in rows.values() for key in row.get("evidence", {}).get("failed", ())}
+    models: dict[str, Any] = {}
+    for _, record in sorted(records.items()):
+        for key, outcome in record.example_outcomes.items():
+            if key in wanted and isinstance(outcome, Mapping) and outcome.get("code") and key not in models:
+                models[key] = {"size": outcome.get("size"), "code": outcome["code"]}
+    return dict(sorted(models.items()))
 
 
 def failing_rows(report: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
