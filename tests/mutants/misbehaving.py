@@ -18,3 +18,15 @@ class ValidateReturnsDict(ReferenceBackend):
     def validate(self, gm, *, strict):
         super().validate(gm, strict=strict)
         return {"ok": True}
+
+
+class TraceHangs(ReferenceBackend):
+    """Never returns from tracing: what a run's hang guard is for."""
+
+    name = "misbehaving-trace-hangs"
+
+    def trace_joint(self, model, args):
+        import time
+
+        while True:
+            time.sleep(1)
