@@ -4,8 +4,14 @@ models it claims to handle, and what it does to the suite's graphs in place stay
 
 from __future__ import annotations
 
+import pytest
+
 from conformance.api.spec import PROPERTIES
+from suite_runs import TEST_TIMEOUT_S
 from test_mutants import run_suite
+
+# Above run_suite's hang guard, so that a run that hangs is reported as one by the guard.
+pytestmark = pytest.mark.timeout(TEST_TIMEOUT_S)
 
 
 def test_a_raising_method_fails_its_properties_and_the_run_goes_on(tmp_path):
