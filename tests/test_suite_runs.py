@@ -8,6 +8,7 @@ import pytest
 from suite_runs import Run, run_suites
 
 
+@pytest.mark.slow
 def test_a_backend_defect_stays_in_its_own_session(tmp_path):
     # The mutant strips provenance from the graphs it traces; were traced graphs shared between
     # the sessions of one process, the reference after it would fail PROV-001 on them.
