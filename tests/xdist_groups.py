@@ -76,11 +76,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
-        """xdist's scope scheduling, a test's scope being its group (itself when it has none)."""
+        """xdist's scope scheduling, a test's scope being its group (itself when it has none).
+
+        Groups are handed out first, in the order they are collected: each waits for runs of the
+        suite that take minutes, a whole-suite run (declared first in its module) the longest;
+        handed out last, one would leave a worker on it alone at the end while the other idles.
+        """
 
         def __init__(self, config: pytest.Config, log) -> None:
             super().__init__(config, log)
             self.groups: dict[str, str] = {}
+            self._groups_first = False
 
         def schedule(self) -> None:
             # Called once every worker has collected, hence written its file.
@@ -92,6 +98,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
         def _split_scope(self, nodeid: str) -> str:
             return self.groups.get(nodeid, nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._groups_first:
+                first_seen = {}
+                for index, nodeid in enumerate(self.collection or ()):
+                    first_seen.setdefault(self._split_scope(nodeid), index)
+                grouped = sorted(set(self.groups.values()) & set(self.workqueue), key=first_seen.__getitem__)
+                for scope in reversed(grouped):
+                    self.workqueue.move_to_end(scope, last=False)
+                self._groups_first = True
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 
