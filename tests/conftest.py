@@ -8,6 +8,9 @@ from conformance import plugin
 # The mutant backends live in tests/mutants and are loaded by name (mutants.backends:Class).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# Under -n, the tests of one xdist_group run on one worker (tests/xdist_groups.py says why here).
+pytest_plugins = ["xdist_groups"]
+
 
 # The plugin stays out of runs without --fp8-backend, like this one: fp8conf's own tests ask it
 # for its profiles and its GPU gating. tryfirst: before Hypothesis loads --hypothesis-profile.

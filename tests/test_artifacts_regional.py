@@ -135,6 +135,7 @@ def test_the_remainders_compiled_pieces_are_saved_and_loaded_with_the_regions(sa
     assert len(_piece_calls(loaded.artifact)) == calls
 
 
+@pytest.mark.slow
 def test_round_trip_in_a_fresh_process_is_bitwise_and_compiles_nothing(saved, tmp_path):
     """A new interpreter with an empty Inductor cache, in which every way of compiling a graph
     raises, loads both artifacts and reproduces what the compiled graphs computed, bit for bit."""

@@ -88,6 +88,7 @@ def _generated_code():
         output_code_log.removeHandler(keep)
 
 
+@pytest.mark.slow
 def test_full_cuts_the_joint_graph_as_torch_compile_does_and_saves_no_more(monkeypatch):
     """Full makes torch.compile's cut, saves no more for the backward, and compiles the two
     halves as torch.compile compiles them, not traced and decomposed a second time: its backward

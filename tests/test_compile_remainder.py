@@ -308,6 +308,7 @@ def test_no_unit_feeds_only_another_unit_of_its_block(build):
                     f"unit of {unit[0].name} ({len(unit)} nodes, block {block}) feeds only the unit of {units[home][0].name}")
 
 
+@pytest.mark.slow
 def test_a_swiglu_stack_compiles_as_many_units_at_any_depth_and_matches_eager(inductor_calls):
     counts = {}
     for blocks in (3, 4):

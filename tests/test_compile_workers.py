@@ -30,6 +30,7 @@ def units_compiled_here(monkeypatch):
     return calls
 
 
+@pytest.mark.slow
 def test_units_compiled_in_workers_are_the_units_compiled_here_and_give_the_same_step(units_compiled_here):
     model, x, gm = traced(2)
     here = fp8conf.compile_joint(gm, mode="regional")

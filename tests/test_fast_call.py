@@ -155,6 +155,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_an_inner_compiled_units_kernel_wait_is_put_off_until_it_is_bound_or_called(tmp_path):
     # Inductor builds kernels in worker processes (and its generated code waits for them) only
     # with more than one compile thread: a process of its own, so that no pool outlives the test.

@@ -116,6 +116,7 @@ def test_fingerprint_ignores_registration_and_dict_order():
     assert shuffled == sig() and shuffled.sha256 == sig().sha256
 
 
+@pytest.mark.slow
 def test_fingerprint_is_the_same_under_any_pythonhashseed():
     code = textwrap.dedent(
         """
@@ -237,6 +238,7 @@ def test_save_then_load_in_process_reproduces_the_outputs(saved):
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".fp8conf-artifact-")]  # atomic write
 
 
+@pytest.mark.slow
 def test_round_trip_in_a_fresh_process_is_bitwise(saved, tmp_path):
     """A new interpreter with an empty Inductor cache loads the artifact and reproduces the outputs
     of the compiled graph that was saved, bit for bit."""
@@ -369,6 +371,7 @@ def test_graph_pickler_mechanism_and_auto_fallback(saved, tmp_path, monkeypatch)
 # --- the CLI --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_diff_prints_a_readable_field_diff(saved):
     path = saved[0]
     proc = subprocess.run(

@@ -49,17 +49,20 @@ def _assert_steps(stdout: str) -> None:
     assert "REFUSED FP8" in stdout or "REFUSED Artifact" in stdout, stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["regional", "full"])
 def test_first_steps_in_a_fresh_process_match_eager_on_cpu(path, tmp_path):
     _assert_steps(_fresh(path, "cpu", tmp_path, tmp_path / "unused.fp8"))
 
 
+@pytest.mark.slow
 @pytest.mark.fp8_gpu
 @pytest.mark.parametrize("path", ["regional", "full", "regional+cg", "full+cg"])
 def test_first_steps_in_a_fresh_process_match_eager_on_cuda(path, tmp_path):
     _assert_steps(_fresh(path, "cuda", tmp_path, tmp_path / "unused.fp8"))
 
 
+@pytest.mark.slow
 @pytest.mark.fp8_gpu
 def test_first_steps_from_an_artifact_in_a_fresh_process_match_eager_on_cuda(tmp_path):
     artifact = tmp_path / "llama.fp8"

@@ -172,6 +172,7 @@ def test_idle_share_counts_the_time_a_real_trace_spends_outside_compute_ops():
     assert 0.15 / wall - 0.05 <= share < 1, (share, wall)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_zero_bubble_schedule_over_regionally_compiled_stages_matches_the_unsplit_step():
     # InterleavedZeroBubble: I and W as separate actions, W deferred; FP8 regions compiled per callable.
@@ -180,6 +181,7 @@ def test_zero_bubble_schedule_over_regionally_compiled_stages_matches_the_unspli
     assert check.deferred_weight_steps > 0, check.summary()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_v_shaped_schedule_with_two_stages_per_rank_matches_the_unsplit_step_bitwise():
     # ZBVZeroBubble: stages 0 and 3 on rank 0, 1 and 2 on rank 1 (handed over locally), I and W apart.

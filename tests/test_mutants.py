@@ -1,46 +1,35 @@
 """Every MUST property bites: the suite, run against each mutant backend, fails the property
 that mutant breaks, while the reference passes the same properties.
 
-Each run is a real ``pytest --fp8-backend=...`` subprocess with the ``mutants`` Hypothesis
-profile (derandomized, no shrinking) and a JSON report that is read back.
+Each run is the suite's own pytest session with the ``fp8conf-mutants`` Hypothesis profile
+(derandomized, no shrinking) and a JSON report that is read back (``tests/suite_runs.py``).
+The mutants of one area (PROV, VAL, ...) run one after the other in one process, each a session
+of its own against a fresh backend and on the property it must break only: the process starts
+when a test of the area first asks, with the mutants whose tests were selected, and each mutant
+is still judged by a test of its own. The reference's whole-suite run is one process too, read
+by the tests that judge it. Each area and the reference run are an ``xdist_group``: under
+``-n`` each is made once, on one worker (tests/xdist_groups.py).
 """
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from conformance.api.spec import PROPERTIES
 from mutants import POWER_KEY, area_of, backends, e8m0, graphpp, moe, peers, power_table, regions  # tests/ is on sys.path (tests/conftest.py)
+from suite_runs import TEST_TIMEOUT_S, Run, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
 
 MUTANTS = backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS + peers.MUTANTS + moe.MUTANTS
 #: Mutants of the makefx backend: the properties they break pass on makefx (tests/test_makefx.py).
 ALL_MUTANTS = MUTANTS + peers.MAKEFX_MUTANTS
 
-ROOT = Path(__file__).resolve().parent.parent
+
+def _area(mutant) -> str:
+    return area_of(mutant.KILLED_BY)
 
 
-def _test_name(property_id: str) -> str:
-    return "test_" + property_id.replace("-", "_") + "_"
-
-
-def run_suite(backend: str, property_ids, tmp_path: Path) -> dict:
-    """Run the suite (only ``property_ids``' tests, or all when None) and read its report back."""
-    report = tmp_path / f"{backend.rsplit(':', 1)[-1]}.json"
-    selection = " or ".join(_test_name(p) for p in property_ids) if property_ids else ""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", f"--fp8-backend={backend}", f"--fp8-report={report}",
-         "--hypothesis-profile=fp8conf-mutants", "-k", selection, "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert report.exists(), f"no report from {backend}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(report.read_text())["properties"], proc.stdout
+def _run(mutant) -> Run:
+    return Run(mutant.__name__, f"{mutant.__module__}:{mutant.__name__}", (mutant.KILLED_BY,))
 
 
 def test_every_must_property_of_a_claimed_capability_has_a_mutant():
@@ -54,20 +43,61 @@ def test_every_must_property_of_a_claimed_capability_has_a_mutant():
     assert wanted <= covered, f"MUST properties without a mutant: {sorted(wanted - covered)}"
 
 
-def test_reference_passes_every_property_it_claims(tmp_path):
-    statuses, out = run_suite("reference", None, tmp_path)
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """The whole suite against the reference, once for the tests that read it."""
+    return run_suites([Run("reference", "reference")], tmp_path_factory.mktemp("reference"))["reference"]
+
+
+@reads_shared_run("suite-reference")
+def test_reference_passes_every_property_it_claims(reference_run):
+    statuses, out = reference_run.require()
     # "skipped" is a GPU property on a machine without one; anything else must pass.
     failing = {k: v["status"] for k, v in statuses.items() if v["status"] not in ("pass", "not_supported", "skipped")}
     assert not failing, f"reference fails {failing}:\n{out[-4000:]}"
-    assert {m.KILLED_BY for m in MUTANTS} <= {k for k, v in statuses.items() if v["status"] == "pass"}
 
 
-@pytest.mark.parametrize("mutant", ALL_MUTANTS, ids=lambda m: m.name)
-def test_mutant_is_caught_by_its_property(mutant, tmp_path, record_property):
-    statuses, out = run_suite(f"{mutant.__module__}:{mutant.__name__}", [mutant.KILLED_BY], tmp_path)
-    status = statuses.get(mutant.KILLED_BY, {}).get("status")
-    # Read back by tests/conftest.py, which prints the suite's power per area at the end.
+@reads_shared_run("suite-reference")
+def test_reference_passes_every_property_a_mutant_breaks(reference_run):
+    # Otherwise a mutant "caught" by a property would only show that the property fails anyway.
+    statuses, out = reference_run.require()
+    passed = {k for k, v in statuses.items() if v["status"] == "pass"}
+    assert {m.KILLED_BY for m in MUTANTS} <= passed, f"not passed: {sorted({m.KILLED_BY for m in MUTANTS} - passed)}"
+
+
+@pytest.fixture(scope="module")
+def mutant_verdict(request, tmp_path_factory):
+    """The verdict of the run against a mutant. The first test of an area to ask runs, in one
+    process, every mutant of the area whose test was selected (``-k`` picks mutants, not areas)."""
+    selected = {
+        item.callspec.params["mutant"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_mutant_is_caught_by_its_property"
+    }
+    verdicts = {}
+
+    def verdict(mutant):
+        if mutant.__name__ not in verdicts:
+            area = _area(mutant)
+            runs = [_run(m) for m in ALL_MUTANTS if _area(m) == area and (m in selected or m is mutant)]
+            verdicts.update(run_suites(runs, tmp_path_factory.mktemp(f"mutants-{area}")))
+        return verdicts[mutant.__name__]
+
+    return verdict
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize(
+    "mutant", [pytest.param(m, id=m.name, marks=pytest.mark.xdist_group(f"mutants-{_area(m)}")) for m in ALL_MUTANTS]
+)
+def test_mutant_is_caught_by_its_property(mutant, mutant_verdict, record_property):
+    verdict = mutant_verdict(mutant)
+    status = verdict.status(mutant.KILLED_BY)
+    # Read back by tests/conftest.py, which prints the suite's power per area at the end; a run
+    # that left no report counts as a mutant not caught.
     record_property(POWER_KEY, (area_of(mutant.KILLED_BY), status == "fail"))
+    _, out = verdict.require()
     assert status == "fail", f"{mutant.name} survived {mutant.KILLED_BY} (status {status}):\n{out[-4000:]}"
 
 

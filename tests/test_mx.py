@@ -332,6 +332,7 @@ def test_from_float():
 # --- torch.compile ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_compile_inductor_forward_backward_matches_eager(recipe):
     from torch._dynamo.testing import CompileCounterWithBackend

@@ -346,6 +346,7 @@ def test_a_crashed_worker_names_the_backend_method_and_the_replay(suite):
     )
 
 
+@pytest.mark.slow
 def test_a_compiled_property_under_xdist_is_not_broken_by_the_crash_notes(pytester):
     # Under -n a worker notes the backend method in progress (for a crash report); a property
     # that compiles a step calling the backend (E8M0-004) must not have Dynamo trace that note.

@@ -32,3 +32,15 @@ class TraceKeepsNoValues(ReferenceBackend):
             if node.op != "placeholder":
                 node.meta.pop("val", None)
         return gm
+
+
+class TraceHangs(ReferenceBackend):
+    """Never returns from tracing: what a run's hang guard is for."""
+
+    name = "misbehaving-trace-hangs"
+
+    def trace_joint(self, model, args):
+        import time
+
+        while True:
+            time.sleep(1)

@@ -1,0 +1,219 @@
+"""Runs of the conformance suite for fp8conf's own tests: several backends, one Python process.
+
+A run is what ``pytest --fp8-backend=BACKEND --fp8-report=...`` does, with the ``fp8conf-mutants``
+Hypothesis profile (derandomized, no shrinking), restricted to some properties' tests or not;
+the tests read its JSON report back. Starting a process costs more than most runs of a few
+properties: importing torch and TorchAO, drawing the shared corpus of models, Inductor's start.
+So :func:`run_suites` hands a plan of runs to one subprocess, ``python -m suite_runs PLAN``, which
+runs them one after the other, each a pytest session of its own (:func:`pytest.main`):
+
+* the plugin constructs the backend anew for each session, so nothing a backend instance holds
+  (and nothing the suite caches per backend: traced graphs, its FP8 ops) reaches the next run;
+* the suite's test modules are imported anew for each session (removed from ``sys.modules``
+  after it), so what they compute at import from the Hypothesis profile starts afresh, and the
+  profile loaded before a session is loaded again after it (the ``fp8conf-mutants`` profile has
+  no example database);
+* Dynamo forgets the frames it compiled (``torch._dynamo.reset()``), so a later backend's
+  compiled calls are never guarded against, or limited by, an earlier one's;
+* each session writes its own output file beside its report.
+
+What the sessions share is what is the same for every backend: imported modules, the corpus of
+drawn model specs (derandomized, drawn once per process by design) and Inductor's caches.
+
+The subprocess runs under a hang guard only: sized for a busy 2-core machine many times over, it
+ends a process that stopped making progress, and each run it did not finish is reported as
+``hang guard: ... did not finish in N s``, never as a verdict on the backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+__all__ = ["HANG_GUARD_S", "TEST_TIMEOUT_S", "Run", "Verdict", "reads_shared_run", "run_suite", "run_suites"]
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+#: Seconds one subprocess may take before it is taken for hung: a group of runs or a whole-suite
+#: run takes minutes on an idle 2-core machine and several times that on a busy one.
+HANG_GUARD_S = 3600.0
+#: pytest-timeout of a test that waits for a plan: above the guard, so that the guard speaks first.
+TEST_TIMEOUT_S = HANG_GUARD_S + 300
+#: ``--fp8-timeout`` of the runs: one Hypothesis example may take this long before the suite
+#: reports it ``error``; like the guard, a bound on a hang, not on a slow machine.
+EXAMPLE_TIMEOUT_S = 1200.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One pytest session of the suite: ``backend`` (an entry point or ``module:Class``; the
+    mutants are ``mutants.<module>:<Class>``), checked on ``properties`` only (None: all)."""
+
+    label: str
+    backend: str
+    properties: tuple[str, ...] | None = None
+
+    def pytest_args(self, directory: Path) -> list[str]:
+        selection = " or ".join(_test_name(p) for p in self.properties) if self.properties else ""
+        return [
+            f"--fp8-backend={self.backend}", f"--fp8-report={self.report(directory)}",
+            f"--fp8-timeout={EXAMPLE_TIMEOUT_S:g}", "--hypothesis-profile=fp8conf-mutants",
+            "-k", selection, "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+            # Sessions after a process's first find pytest's plugins (Hypothesis's) imported
+            # already, too late to rewrite their asserts: true, and nothing to do with the backend.
+            "-W", "ignore::pytest.PytestAssertRewriteWarning",
+        ]
+
+    def report(self, directory: Path) -> Path:
+        return directory / f"{self.label}.json"
+
+    def output(self, directory: Path) -> Path:
+        return directory / f"{self.label}.log"
+
+    def describe(self) -> str:
+        chosen = ", ".join(self.properties) if self.properties else "every property"
+        return f"the suite against {self.backend} ({chosen})"
+
+
+def _test_name(property_id: str) -> str:
+    return "test_" + property_id.replace("-", "_") + "_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What one run left: its report's rows per property (None: no report), its output, and
+    why there is no report when there is none."""
+
+    run: Run
+    statuses: dict | None
+    output: str
+    problem: str | None = None
+
+    def status(self, property_id: str) -> str | None:
+        return (self.statuses or {}).get(property_id, {}).get("status")
+
+    def require(self) -> tuple[dict, str]:
+        """``(statuses, output)``; fails the calling test, saying why, when the run left no report."""
+        if self.statuses is None:
+            pytest.fail(self.problem, pytrace=False)
+        return self.statuses, self.output
+
+
+def run_suites(runs: list[Run], directory: Path, *, guard_s: float = HANG_GUARD_S) -> dict[str, Verdict]:
+    """Run ``runs`` one after the other in one subprocess; their verdicts by label."""
+    labels = [run.label for run in runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"run labels must be unique, got {labels}")
+    directory.mkdir(parents=True, exist_ok=True)
+    plan = directory / "plan.json"
+    plan.write_text(json.dumps([dataclasses.asdict(run) for run in runs], indent=1))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "suite_runs", str(plan)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=guard_s,
+        )
+        ended = f"the process running it ended with exit status {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
+    except subprocess.TimeoutExpired:
+        ended = None
+    return {run.label: _verdict(run, directory, ended, guard_s) for run in runs}
+
+
+def _verdict(run: Run, directory: Path, ended: str | None, guard_s: float) -> Verdict:
+    output_file = run.output(directory)
+    output = output_file.read_text(errors="replace") if output_file.exists() else ""
+    report = run.report(directory)
+    if report.exists():
+        return Verdict(run, json.loads(report.read_text())["properties"], output)
+    if ended is None:
+        problem = f"hang guard: {run.describe()} did not finish in {guard_s:g} s"
+    else:
+        problem = f"no report from {run.describe()}; {ended}"
+    return Verdict(run, None, output, f"{problem}\n{output[-3000:]}")
+
+
+def reads_shared_run(group: str):
+    """Marks of a test that reads a run other tests read too (a fixture makes it): ``slow``, in
+    xdist group ``group`` so that one worker makes the run once, and a pytest-timeout above the
+    run's hang guard, so that the guard reports a hang first."""
+
+    def mark(test):
+        for marker in (pytest.mark.slow, pytest.mark.xdist_group(group), pytest.mark.timeout(TEST_TIMEOUT_S)):
+            test = marker(test)
+        return test
+
+    return mark
+
+
+def run_suite(backend: str, property_ids, tmp_path: Path) -> tuple[dict, str]:
+    """Run the suite against ``backend`` (only ``property_ids``' tests, or all when None) in a
+    process of its own; ``(statuses, output)`` of its report, or the test fails saying why not."""
+    run = Run(backend.rsplit(":", 1)[-1], backend, tuple(property_ids) if property_ids else None)
+    return run_suites([run], tmp_path)[run.label].require()
+
+
+# --- the subprocess ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _output_to(path: Path):
+    """Send this process's stdout and stderr, Python's and native code's alike, to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "wb") as file:
+        os.dup2(file.fileno(), 1)
+        os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, original in zip((1, 2), saved):
+            os.dup2(original, fd)
+            os.close(original)
+
+
+def _forget_test_modules() -> None:
+    """Remove the suite's test modules and conftest from ``sys.modules``: pytest imports a
+    module it finds there instead of importing it anew."""
+    from conformance.plugin import PROPERTIES_DIR
+
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve().parent == PROPERTIES_DIR:
+            del sys.modules[name]
+
+
+def _session(run: Run, directory: Path) -> int:
+    import torch
+    from hypothesis import settings
+
+    profile = settings.get_current_profile_name()
+    try:
+        with _output_to(run.output(directory)):
+            return int(pytest.main(run.pytest_args(directory)))
+    finally:
+        settings.load_profile(profile)
+        _forget_test_modules()
+        torch._dynamo.reset()
+
+
+def main(argv: list[str]) -> int:
+    plan = Path(argv[0])
+    runs = [Run(r["label"], r["backend"], tuple(r["properties"]) if r["properties"] else None) for r in json.loads(plan.read_text())]
+    for run in runs:
+        code = _session(run, plan.parent)
+        print(f"{run.label}: pytest exit status {code}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
