@@ -8,7 +8,6 @@ one (their properties are checked on ``makefx`` itself, which implements them di
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 
@@ -16,6 +15,7 @@ from conformance.api.types import StageSplit
 from conformance.backends import makefx_fingerprint
 from conformance.backends.makefx import MakeFxBackend
 from conformance.backends.reference import ReferenceBackend
+from mutants.backends import _replaced
 
 
 class NoRegions(ReferenceBackend):
@@ -49,16 +49,6 @@ class JobConfigIgnored(MakeFxBackend):
 
     def fingerprint(self, model, *, strict=True, config=None):
         return super().fingerprint(model, strict=strict)
-
-
-@contextlib.contextmanager
-def _replaced(owner, name, value):
-    original = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 class WholeStepIgnoresRecipe(MakeFxBackend):
