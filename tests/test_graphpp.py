@@ -173,7 +173,6 @@ def test_idle_share_counts_the_time_a_real_trace_spends_outside_compute_ops():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_zero_bubble_schedule_over_regionally_compiled_stages_matches_the_unsplit_step():
     # InterleavedZeroBubble: I and W as separate actions, W deferred; FP8 regions compiled per callable.
     check = launch(schedule="InterleavedZeroBubble", ranks=2, stages_per_rank=1, microbatches=4, compile="regional")
@@ -182,7 +181,6 @@ def test_zero_bubble_schedule_over_regionally_compiled_stages_matches_the_unspli
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_v_shaped_schedule_with_two_stages_per_rank_matches_the_unsplit_step_bitwise():
     # ZBVZeroBubble: stages 0 and 3 on rank 0, 1 and 2 on rank 1 (handed over locally), I and W apart.
     check = launch(schedule="ZBVZeroBubble", ranks=2, stages_per_rank=2, microbatches=4)

@@ -12,7 +12,6 @@ import dataclasses
 import importlib.metadata
 import json
 import shlex
-import time
 
 import pytest
 
@@ -34,7 +33,7 @@ FAKE_BACKENDS = fake_backends.BASE + """
             return None
 
         def is_backward(self, node):
-            time.sleep(60)
+            time.sleep(3600)  # only --fp8-timeout ends it: finishing would take an hour
             return False
 """
 
@@ -385,9 +384,7 @@ def test_a_hanging_backend_method_is_an_error_naming_it(suite, xdist):
     args = ["--fp8-backend=fakebackends:Sleepy", "--fp8-timeout=1", "--fp8-report=out/conf.json", "test_hang.py"]
     if xdist:
         args = ["-n", "2", *args]
-    start = time.monotonic()
     result = run(suite, *args, subprocess=True)
-    assert time.monotonic() - start < 50
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(
         [
