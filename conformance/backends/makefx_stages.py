@@ -4,7 +4,8 @@
   ``tag_fp8_regions``), fed the trainer's own provenance and pass tags.
 * Split (:func:`split_train_step`): the traced step cut into forward, backward-input (dI) and
   backward-weight (dW) graphs, run by :class:`StageRunner`. dI holds the backward ops the input
-  gradients need; dW the rest of what the parameter gradients need. A value dI makes and dW
+  gradients need; dW the rest of what the parameter gradients need, and the backward's in-place
+  ops that no gradient needs (with what they read), which the joint step runs too. A value dI makes and dW
   uses is handed over, never recomputed, so an FP8 tensor quantized once in dI reaches dW as an
   FP8 input.
 
@@ -96,7 +97,10 @@ def split_train_step(gm: torch.fx.GraphModule, *, strict: bool = True) -> StageR
         if any(i in backward or phase_of(i) == "backward" for i in node.all_input_nodes):
             raise RuntimeError(f"job {step.job_name!r}: forward node '{node.name}' uses a backward value; the step cannot be cut")
     d_i = _ancestors(roots_i, backward)
-    needed_w = _ancestors(roots_w, backward)
+    # In-place ops no gradient needs (TorchAO's scaling of an unneeded grad_input) run too:
+    # dW runs them, with what they need that dI does not make, as the joint step does.
+    mutating = [n for n in backward if n.is_impure()]
+    needed_w = _ancestors(roots_w + mutating, backward)
     # Items of a dI op's tuple are taken in dI: values cross as tensors, never as tuples.
     d_i |= {n for n in needed_w if n.target is operator.getitem and n.args[0] in d_i}
     d_w = needed_w - d_i

@@ -203,7 +203,7 @@ def trace_train_step(model: torch.nn.Module, args: tuple, config: TrainerConfig 
     _copy_provenance_to_backward(gm)
     gm.meta[STEP_KEY] = TrainStep(
         tuple(params), tuple(buffers), tuple(bool(a.requires_grad) for a in args), modules,
-        _expected_fp8_matmuls(modules, calls), config.job_name,
+        _expected_fp8_matmuls(gm, modules, calls), config.job_name,
     )
     if config.dump_folder is not None:
         folder = Path(config.dump_folder)
@@ -213,19 +213,24 @@ def trace_train_step(model: torch.nn.Module, args: tuple, config: TrainerConfig 
 
 
 def _eliminate_dead_code(gm) -> None:
-    # autograd's backward formulas compute gradients nobody asked for (grad_input of a first
-    # layer), and TorchAO scales them in place; without functionalization (which TorchAO's
-    # autograd functions do not support) torch's DCE keeps every in-place op. An in-place op on
-    # a temporary that nothing else reads is dead with it.
-    def is_impure(node):
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-        if schema is None or not schema.is_mutable:
-            return node.is_impure()
-        mutated = node.args[0] if node.args else None
-        return not (isinstance(mutated, torch.fx.Node) and mutated.op == "call_function" and all(u is node for u in mutated.users))
-
-    gm.graph.eliminate_dead_code(is_impure_node=is_impure)
+    # torch's own dead-code elimination, as a make_fx trainer runs it: every mutating op stays,
+    # and with it what it reads. autograd's backward formulas compute gradients nobody asked for
+    # (the grad_input of a first layer), and TorchAO scales a rowwise matmul's result in place
+    # (``output *= scale``): that matmul then runs, as it does under torch's partitioner.
+    gm.graph.eliminate_dead_code()
     gm.recompile()
+
+
+def _kept_by_mutation(gm) -> list[torch.fx.Node]:
+    """Nodes that run although no output depends on them: what an in-place op on a value
+    nothing returns needs (:func:`_eliminate_dead_code` keeps both)."""
+    needed, stack = set(), list(gm.graph.find_nodes(op="output"))
+    while stack:
+        node = stack.pop()
+        if node not in needed:
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+    return [n for n in gm.graph.nodes if n not in needed and n.op == "call_function"]
 
 
 def run_train_step(gm, model: torch.nn.Module, args: tuple, grad_outputs: tuple, *, fn=None) -> tuple[tuple, dict]:
@@ -238,7 +243,10 @@ def run_train_step(gm, model: torch.nn.Module, args: tuple, grad_outputs: tuple,
     return tuple(outputs), grads
 
 
-def _expected_fp8_matmuls(modules, calls) -> dict[tuple[str, str], int]:
+def _expected_fp8_matmuls(gm, modules, calls) -> dict[tuple[str, str], int]:
+    """Per ``(fqn, pass)``: one forward FP8 matmul per call; backward one per gradient the step
+    needs, plus the FP8 matmuls the traced step runs only for an in-place op (a grad_input that
+    no one needs but TorchAO scales in place): they run, so they count."""
     expected: collections.Counter = collections.Counter()
     for fqn, input_grad, weight_grad in calls:
         info = modules[fqn]
@@ -246,6 +254,10 @@ def _expected_fp8_matmuls(modules, calls) -> dict[tuple[str, str], int]:
             continue
         expected[(fqn, "forward")] += 1
         expected[(fqn, "backward")] += (input_grad and info.fp8_grad_input) + (weight_grad and info.fp8_grad_weight)
+    for node in _kept_by_mutation(gm):
+        found = module_provenance(node)
+        if is_fp8_matmul(node) and found is not None and not found[2]:
+            expected[(found[0], phase_of(node))] += 1
     return dict(expected)
 
 
