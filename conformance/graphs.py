@@ -36,6 +36,8 @@ __all__ = [
     "no_fp8_compute_reason",
     "is_fp8_cast",
     "live_nodes",
+    "output_dependencies",
+    "run_for_side_effects_only",
     "tagged_groups",
     "incompleteness",
     "non_convexity",
@@ -179,8 +181,23 @@ def live_nodes(gm: torch.fx.GraphModule) -> set:
     functional graph's dead code computes nothing; a ``make_fx`` graph's in-place ``mul_`` on a
     value nothing returns still runs, and torch's partitioner keeps it. The same definition
     serves a stage graph and its callables alike (SPEC.md, "Counting what runs")."""
-    roots = [node for node in gm.graph.nodes if node.op == "output" or _has_side_effect(node)]
-    found, stack = set(), roots
+    return _with_inputs(n for n in gm.graph.nodes if n.op == "output" or _has_side_effect(n))
+
+
+def output_dependencies(gm: torch.fx.GraphModule) -> set:
+    """The nodes the graph's outputs depend on (the output node included)."""
+    return _with_inputs(gm.graph.find_nodes(op="output"))
+
+
+def run_for_side_effects_only(gm: torch.fx.GraphModule) -> set:
+    """The nodes that run (:func:`live_nodes`) although no output depends on them: a side
+    effect and what it needs, such as a grad_input nobody asked for that TorchAO scales in
+    place in a ``make_fx`` graph."""
+    return live_nodes(gm) - output_dependencies(gm)
+
+
+def _with_inputs(roots) -> set:
+    found, stack = set(), list(roots)
     while stack:
         node = stack.pop()
         if node not in found:
