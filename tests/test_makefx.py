@@ -25,6 +25,61 @@ def test_makefx_claims_the_contract_points_a_peer_needs():
     assert not MakeFxBackend.provenance_has_recipe
 
 
+def _first_rowwise_step():
+    from conformance.backends.makefx_trainer import trace_train_step
+    from conformance.models import LayerSpec, ModelSpec, build_model
+
+    # The first layer's input needs no gradient; autograd computes its grad_input anyway, and
+    # TorchAO scales that rowwise matmul's result in place (``output *= scale``).
+    spec = ModelSpec(in_features=16, layers=(LayerSpec(width=16, recipe="rowwise"),), input_requires_grad=False)
+    model, args = build_model(spec)
+    return trace_train_step(model, args), model, args
+
+
+def _kept_in_place_ops(gm):
+    """In-place ops of the step that no output depends on, with the FP8 matmul each scales."""
+    from conformance.backends.makefx_trainer import is_fp8_matmul
+    from conformance.graphs import output_dependencies
+
+    needed = output_dependencies(gm)
+    return [(n, n.args[0]) for n in gm.graph.nodes
+            if n.op == "call_function" and n.is_impure() and n not in needed and is_fp8_matmul(n.args[0])]
+
+
+def test_a_traced_step_keeps_the_in_place_op_and_the_fp8_matmul_it_scales():
+    import torch
+
+    from conformance.backends.makefx_trainer import check_fp8_graph, module_provenance, phase_of
+
+    gm, _, _ = _first_rowwise_step()
+    kept = _kept_in_place_ops(gm)
+    assert len(kept) == 1, gm.code
+    in_place, matmul = kept[0]
+    assert in_place.target == torch.ops.aten.mul_.Tensor and not in_place.users
+    assert module_provenance(matmul)[0] == "layers.0" and phase_of(matmul) == "backward"
+    # It runs, so the trainer's own check expects it: grad_weight and the kept grad_input.
+    report = check_fp8_graph(gm, strict=True)
+    assert report.counts[("layers.0", "backward")] == 2, report.counts
+
+
+def test_the_split_runs_the_kept_in_place_op_in_backward_weight():
+    import torch
+
+    from conformance.backends.makefx_stages import split_train_step
+    from conformance.backends.makefx_trainer import run_train_step
+
+    gm, model, args = _first_rowwise_step()
+    (in_place, matmul), = _kept_in_place_ops(gm)
+    runner = split_train_step(gm)
+    placed = {name: {n.name for n in getattr(runner, name).graph.nodes} for name in ("forward", "backward_input", "backward_weight")}
+    assert {in_place.name, matmul.name} <= placed["backward_weight"], placed
+    assert not {in_place.name, matmul.name} & (placed["forward"] | placed["backward_input"]), placed
+    grads = (torch.randn(16, 16),)
+    (joint_out, joint_grads), (split_out, split_grads) = (run_train_step(gm, model, args, grads, fn=fn) for fn in (None, runner.run))
+    assert all(torch.equal(a, b) for a, b in zip(joint_out, split_out))
+    assert joint_grads.keys() == split_grads.keys() and all(torch.equal(joint_grads[k], split_grads[k]) for k in joint_grads)
+
+
 @pytest.fixture(scope="module")
 def makefx_run(tmp_path_factory):
     """The whole suite against makefx, once for the tests that read it."""

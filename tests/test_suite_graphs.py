@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from conformance.backends.reference import ReferenceBackend
-from conformance.graphs import Fp8Ops, copy_graph_module, fp8_compute_nodes
-from conformance.harness import fp8_ops, traced
+from conformance.graphs import Fp8Ops, copy_graph_module, fp8_compute_nodes, run_for_side_effects_only
+from conformance.harness import compute_counts_that_run, fp8_ops, traced
 from conformance.models import LayerSpec, ModelSpec
 
 SPEC = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="tensorwise"), LayerSpec(width=32, recipe="mxfp8")))
@@ -80,3 +82,42 @@ def test_what_runs_is_what_the_outputs_need_plus_side_effects_and_their_inputs()
     assert in_place and set(in_place) <= live, (in_place, live)
     assert "mul" in live  # what the in-place op needs runs too
     assert not any(n.startswith("sin") for n in live), live
+    # run only for the side effect: the in-place op and its input, not the output's add
+    only = {n.name for n in run_for_side_effects_only(gm)}
+    assert only == set(in_place) | {"mul"}, only
+
+
+#: A first rowwise layer whose input needs no gradient: autograd computes its grad_input anyway,
+#: and TorchAO scales that rowwise matmul's result in place.
+FIRST_ROWWISE = ModelSpec(
+    in_features=16, layers=(LayerSpec(width=16, recipe="rowwise"), LayerSpec(width=16, recipe="tensorwise")), input_requires_grad=False
+)
+
+
+def test_the_ground_truth_counts_a_grad_input_kept_by_an_in_place_op_only_where_the_graph_runs_it():
+    from conformance.backends.makefx import MakeFxBackend
+
+    recipe = FIRST_ROWWISE.expected_compute_counts()
+    assert recipe[("layers.0", "backward")] == 1  # grad_weight only: the step needs no grad_input
+    # make_fx keeps the in-place op, so the matmul it scales runs: attributed by the suite's oracle.
+    makefx = MakeFxBackend()
+    case = traced("VAL-007", makefx, FIRST_ROWWISE)
+    expected, kept = compute_counts_that_run("VAL-007", makefx, FIRST_ROWWISE, case.gm, case.oracle)
+    assert kept == {("layers.0", "backward"): 1}, kept
+    assert expected == {**recipe, ("layers.0", "backward"): 2}, expected
+    # AOT export is functional: nothing runs for a side effect, the truth is the recipe's.
+    case = traced("VAL-007", REFERENCE, FIRST_ROWWISE)
+    assert compute_counts_that_run("VAL-007", REFERENCE, FIRST_ROWWISE, case.gm, case.oracle) == (recipe, {})
+
+
+def test_kept_fp8_compute_beyond_an_unneeded_grad_input_is_not_admitted():
+    from conformance.backends.makefx import MakeFxBackend
+
+    # The same graph judged as if the input needed a gradient: no grad_input goes unneeded, so
+    # the kept matmul is listed but not added, and a backend that counts it fails VAL-007.
+    makefx = MakeFxBackend()
+    case = traced("VAL-007", makefx, FIRST_ROWWISE)
+    needs_grad = dataclasses.replace(FIRST_ROWWISE, input_requires_grad=True)
+    expected, kept = compute_counts_that_run("VAL-007", makefx, needs_grad, case.gm, case.oracle)
+    assert kept == {("layers.0", "backward"): 1}
+    assert expected == needs_grad.expected_compute_counts()
