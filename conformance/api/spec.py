@@ -21,7 +21,8 @@ __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"
 #: 1.2: the FPR rules hold a fingerprint to what its declared scope promises
 #: (``Backend.fingerprint_scope``); config-field changes are drawn from what the backend's jobs
 #: can express (``Backend.expressible_config_fields``) and an inexpressible one refused
-#: (``UnsupportedConfig``) is not_supported; versions change in package metadata too.
+#: (``UnsupportedConfig``) is not_supported; versions change in package metadata too;
+#: VAL-007 and MOE-002 count the FP8 compute that runs (a grad_input kept for an in-place op too).
 SPEC_VERSION = "1.2"
 
 
@@ -73,7 +74,7 @@ _ALL = [
     _p("VAL-004", "MUST", "validation", "A scaled op fed a high-precision matrix operand is not counted as FP8 compute: the non-strict report's count for that module and pass drops by one and strict validation fails."),
     _p("VAL-005", "MUST", "validation", "Validation, strict or not, changes neither the graph's code nor any node's or the graph module's meta."),
     _p("VAL-006", "SHOULD", "validation", "Non-strict validation reports the finding strict mode raises, warns once per finding and gives a summary."),
-    _p("VAL-007", "MUST", "validation", "The report's FP8 compute counts per `(module, pass)` equal the recipe's; a duplicated compute node fails strict validation naming its module."),
+    _p("VAL-007", "MUST", "validation", "The report's FP8 compute counts per `(module, pass)` equal those of what runs: the recipe's, plus a grad_input matmul the step does not need that the graph keeps for an in-place op; a duplicated compute node fails strict validation naming its module."),
     _p("EMU-001", "MUST", "emulation", "An all-emulated model issues no FP8 compute and passes strict validation."),
     _p("EMU-002", "MUST", "emulation", "Next to an emulated module, a non-emulated module that lost its FP8 compute still fails strict validation, named."),
     _p("EMU-003", "SHOULD", "emulation", "One quantized layer, emulated and real, agree in output and gradients: relative norm of the difference at most 1e-5 (tensorwise) or 3e-2 (rowwise recipes) on CPU; on CUDA 1e-4 (tensorwise) or 3e-2."),
@@ -96,7 +97,7 @@ _ALL = [
     _p("BND-006", "SHOULD", "graphpp", "Strict validation of each callable of a valid split passes (a callable is not failed for compute living in a sibling), and `split_stage(strict=True)` of a stage whose FP8 compute lost its provenance raises a `ValidationFailure` (not a `SplitFailure`) before cutting."),
     _p("BND-007", "MUST", "graphpp", "`backward_weight` holds the backward FP8 compute that no input gradient depends on, and `backward_input` holds none of it: per module, dI's FP8 compute is exactly the stage's backward FP8 compute some input gradient depends on.", since="1.1"),
     _p("MOE-001", "MUST", "moe", "In a drawn MoE model, every FP8 compute node, forward and backward, carries the provenance of the experts module that issued it (the suite's own ground truth), kind `float8_grouped_experts`, recipe `rowwise` (where the backend records recipes) and the module's `emulate`; no node of the router or of the routing carries provenance.", since="1.1"),
-    _p("MOE-002", "MUST", "moe", "Strict validation accepts every drawn MoE model's graph, and the report's FP8 compute counts per `(experts module, pass)` are the recipe's: forward one grouped GEMM per call; backward one grad_input grouped GEMM when the call's input needs a gradient and one grad_weight grouped GEMM; emulated experts none.", since="1.1"),
+    _p("MOE-002", "MUST", "moe", "Strict validation accepts every drawn MoE model's graph, and the report's FP8 compute counts per `(experts module, pass)` are those of what runs: forward one grouped GEMM per call; backward one grad_input grouped GEMM when the call's input needs a gradient (or the graph keeps it for an in-place op) and one grad_weight grouped GEMM; emulated experts none.", since="1.1"),
     _p("MOE-003", "MUST", "moe", "When the FP8 grouped GEMMs of one experts module in one pass are replaced by high-precision `torch._grouped_mm` calls (same offsets), strict validation fails with an error naming that module and that pass.", since="1.1"),
     _p("MOE-004", "MUST", "moe", "Every FP8 grouped GEMM lies in exactly one reported region, which is reported complete and tagged; every tagged group is complete by the suite's own check, comes from one experts call in one pass, holds, in the forward, the casts to FP8 of both matrix operands of its grouped GEMM (the 2-D tokens and the 3-D expert weights), and does not hold the computation of the token-group offsets, which enter it as a boundary.", since="1.1"),
     _p("MOE-005", "MUST", "moe", "`split_stage` of a drawn MoE stage puts each forward grouped GEMM in `forward`; per experts module, `backward_input` holds exactly the grouped GEMMs some input gradient of the stage depends on and `backward_weight` the rest (each call's grad_weight among them); the expert weight gradients are outputs of `backward_weight` (in `param_grads`, for a split with the AOT convention).", since="1.1"),
