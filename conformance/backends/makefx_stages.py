@@ -5,9 +5,9 @@
 * Split (:func:`split_train_step`): the traced step cut into forward, backward-input (dI) and
   backward-weight (dW) graphs, run by :class:`StageRunner`. dI holds the backward ops the input
   gradients need; dW the rest of what the parameter gradients need, and the backward's in-place
-  ops that no gradient needs (with what they read), which the joint step runs too. A value dI makes and dW
-  uses is handed over, never recomputed, so an FP8 tensor quantized once in dI reaches dW as an
-  FP8 input.
+  ops that no gradient needs (with what they read), which the joint step runs too. A value dI
+  makes and dW uses is handed over, never recomputed, so an FP8 tensor quantized once in dI
+  reaches dW as an FP8 input.
 
 Its signature and artifact key live in :mod:`conformance.backends.makefx_fingerprint`.
 """
