@@ -7,7 +7,9 @@ use AOT export, so its joint graph has no primals/tangents descriptors, and it r
   tangents) -> (outputs, param_grads, input_grads)``, traced by ``make_fx``; the backward is
   ``torch.autograd.grad`` inside the trace. Autograd hooks tell torch which forward op each
   backward op differentiates (``node.meta["seq_nr"]``), and every node gets the trainer's pass
-  tag, ``node.meta["train_phase"]``: what was traced before the backward started is forward;
+  tag, ``node.meta["train_phase"]``: what was traced before the backward started is forward.
+  The traced graph is not functional: torch's dead-code elimination keeps its in-place ops
+  and what they read, so a grad_input nobody needs that TorchAO scales in place still runs;
 * **provenance** in ``node.meta["custom"]``: ``module_fqn``, ``quantization_kind`` and
   ``quantization_emulate`` (no recipe), put on forward nodes by ``torch.fx.traceback.annotate``
   and copied to the backward nodes that differentiate them;
