@@ -9,6 +9,7 @@ import fp8conf
 import fp8conf.graph.regions
 from conformance.backends.reference import ReferenceBackend
 from conformance.api.types import Compiled, Region
+from conformance.graphs import copy_graph_module, is_fp8_cast
 from fp8conf.graph.provenance import get_provenance
 from fp8conf.graph.regions import identify_fp8_regions, tag_fp8_regions
 
@@ -223,6 +224,75 @@ class CompiledButEager(ReferenceBackend):
         return dataclasses.replace(compiled, fn=gm) if mode == "regional" else compiled
 
 
+def _report_echoing_tags(backend, gm, compiled: Compiled) -> Compiled:
+    """``compiled`` with a report that names exactly the nodes the backend tags as compiled."""
+    probe = copy_graph_module(gm)
+    backend.regions(probe)
+    tagged = {n.name for n in probe.graph.nodes if "compile_with_inductor" in (n.meta.get("custom") or {})}
+    names = compiled.compiled_nodes | compiled.eager_nodes
+    return dataclasses.replace(compiled, compiled_nodes=frozenset(names & tagged), eager_nodes=frozenset(names - tagged))
+
+
+class RegionalCompilesAround(ReferenceBackend):
+    """Regional compile that, for speed, compiles each region together with the untagged nodes
+    around it, yet reports only the tagged nodes as compiled."""
+
+    name = "mutant-regional-compiles-around"
+    KILLED_BY = "NUM-003"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        if mode != "regional":
+            return super().compile(gm, mode=mode, cudagraph=cudagraph)
+        around = fp8conf.compile_joint(gm, mode="regional", strict=True, cudagraph=cudagraph, remainder="inductor")
+        return _report_echoing_tags(self, gm, Compiled(around, around.compiled_nodes, around.eager_nodes))
+
+
+class RegionalCompilesWholeGraph(ReferenceBackend):
+    """Regional compile that runs the fully compiled graph while reporting the regional split."""
+
+    name = "mutant-regional-compiles-whole-graph"
+    KILLED_BY = "NUM-003"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        compiled = super().compile(gm, mode=mode, cudagraph=cudagraph)
+        if mode != "regional":
+            return compiled
+        return dataclasses.replace(compiled, fn=super().compile(gm, mode="full", cudagraph=cudagraph).fn)
+
+
+def _region_sources(gm) -> list:
+    """The pointwise nodes where a complete region starts (every input made outside it), casts
+    to FP8 left out: the ``abs`` before an amax, say."""
+    import torch
+
+    found = []
+    for region in identify_fp8_regions(gm):
+        inside = set(region.nodes)
+        for node in region.nodes:
+            target = node.target
+            pointwise = isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+            if region.complete and pointwise and not is_fp8_cast(node) and not inside.intersection(node.all_input_nodes):
+                found.append(node)
+    return found
+
+
+class RegionSourcesEager(ReferenceBackend):
+    """Leaves the first pointwise op of each region (the ``abs`` before an amax) out of what it
+    compiles, so it runs eagerly, while reporting every tagged node compiled: the casts to FP8
+    stay compiled, and the results are the same."""
+
+    name = "mutant-region-sources-eager"
+    KILLED_BY = "NUM-003"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        if mode != "regional":
+            return super().compile(gm, mode=mode, cudagraph=cudagraph)
+        thinned = copy_graph_module(gm)
+        for node in _region_sources(thinned):
+            node.meta.pop(fp8conf.PROVENANCE_META_KEY, None)
+        return _report_echoing_tags(self, gm, super().compile(thinned, mode=mode, cudagraph=cudagraph))
+
+
 MUTANTS = [
     BackwardRegionsMissing,
     ModulesMerged,
@@ -238,4 +308,7 @@ MUTANTS = [
     ParametersFrozenFullCompile,
     ParametersFrozenRegionalCompile,
     CompiledButEager,
+    RegionalCompilesAround,
+    RegionalCompilesWholeGraph,
+    RegionSourcesEager,
 ]
