@@ -72,7 +72,7 @@ _ALL = [
     _p("VAL-003", "MUST", "validation", "FP8 compute without provenance fails strict validation, naming the node."),
     _p("VAL-004", "MUST", "validation", "A scaled op fed a high-precision matrix operand is not counted as FP8 compute: the non-strict report's count for that module and pass drops by one and strict validation fails."),
     _p("VAL-005", "MUST", "validation", "Validation, strict or not, changes neither the graph's code nor any node's or the graph module's meta."),
-    _p("VAL-006", "SHOULD", "validation", "Non-strict validation reports the finding strict mode raises, warns once per finding and gives a summary."),
+    _p("VAL-006", "SHOULD", "validation", "Non-strict validation reports the finding strict mode raises, warns once per finding and gives a summary that states the number of findings and names the module the suite broke and every module a finding names."),
     _p("VAL-007", "MUST", "validation", "The report's FP8 compute counts per `(module, pass)` equal the recipe's; a duplicated compute node fails strict validation naming its module."),
     _p("EMU-001", "MUST", "emulation", "An all-emulated model issues no FP8 compute and passes strict validation."),
     _p("EMU-002", "MUST", "emulation", "Next to an emulated module, a non-emulated module that lost its FP8 compute still fails strict validation, named."),
