@@ -143,6 +143,23 @@ class AnnotationsReplaced(ReferenceBackend):
         return found
 
 
+class CompileOptionsReplaced(ReferenceBackend):
+    """Tags with a fresh ``compile_with_inductor`` value holding its region id alone, dropping
+    the Inductor options a user had put on the node."""
+
+    name = "mutant-compile-options-replaced"
+    KILLED_BY = "REG-007"
+
+    def regions(self, gm):
+        found = super().regions(gm)
+        for node in gm.graph.nodes:
+            value = (node.meta.get("custom") or {}).get("compile_with_inductor")
+            if isinstance(value, dict) and fp8conf.graph.regions.REGION_META_KEY in value:
+                region_id = value[fp8conf.graph.regions.REGION_META_KEY]
+                node.meta["custom"] = {**node.meta["custom"], "compile_with_inductor": {fp8conf.graph.regions.REGION_META_KEY: region_id}}
+        return found
+
+
 def _first_result_forever(fn):
     cache = []
 
@@ -303,6 +320,7 @@ MUTANTS = [
     UntrackedValuesAreBoundaries,
     NameDependentIds,
     AnnotationsReplaced,
+    CompileOptionsReplaced,
     StaleFullCompile,
     StaleRegionalCompile,
     ParametersFrozenFullCompile,
