@@ -55,6 +55,19 @@ class RecipeAlwaysTensorwise(ReferenceBackend):
         return None if found is None else Provenance(found.module_fqn, found.kind, "tensorwise", found.emulate)
 
 
+class RecipeUndeclaredAndWrong(ReferenceBackend):
+    """Declares that its provenance records no recipe, then names every Float8Linear's recipe
+    tensorwise anyway: a recipe a reader of its provenance takes at its word."""
+
+    name = "mutant-recipe-undeclared-and-wrong"
+    KILLED_BY = "PROV-002"
+    provenance_has_recipe = False
+
+    def provenance(self, node):
+        found = super().provenance(node)
+        return None if found is None else Provenance(found.module_fqn, found.kind, "tensorwise", found.emulate)
+
+
 class AccumulationCredited(ReferenceBackend):
     """Gives gradient-accumulation nodes the provenance of the backward node feeding them."""
 
@@ -270,6 +283,7 @@ class EmulationExemptsNested(ReferenceBackend):
 MUTANTS = [
     NoBackwardProvenance,
     RecipeAlwaysTensorwise,
+    RecipeUndeclaredAndWrong,
     AccumulationCredited,
     ProvenanceLeaksForward,
     OuterModuleCredited,
