@@ -67,7 +67,7 @@ def test_PROV_002_provenance_config_equals_module_config(fp8_backend, spec):
     case = traced("PROV-002", fp8_backend, spec)
     configs = spec.quantized_modules()
     if not fp8_backend.provenance_has_recipe:
-        note("recipe not checked where none is given: the backend records no recipe in its provenance (provenance_has_recipe = False)")
+        note("recipe not checked: the backend records no recipe in its provenance (provenance_has_recipe = False)")
     seen_any = False
     for node in case.gm.graph.nodes:
         found = _provenance("PROV-002", fp8_backend, node)
