@@ -42,9 +42,29 @@ def _check_matches_eager(property_id, backend, spec, mode):
         for step in range(2):
             args, grad_out = _fresh_args(spec, step), _grad_outputs(spec, 100 + step)
             expected = call_backend(property_id, backend, "run_joint", case.gm, case.model, args, grad_out)
-            seen = call_backend(property_id, backend, "run_joint", case.gm, case.model, args, grad_out, fn=compiled.fn)
+            seen = _run_compiled(property_id, backend, spec, case.gm, case.model, args, grad_out, compiled.fn)
             _compare(property_id, spec, f"{mode} compile, step {step}", expected, seen)
             _descend(case.model, expected[1])
+
+
+def _run_compiled(property_id, backend, spec, gm, model, args, grad_out, fn):
+    """``run_joint`` with ``fn`` in the graph's place, observed to call ``fn`` exactly once: a
+    runner that ran the graph itself would compare eager with eager."""
+    calls = []
+
+    def counted(*a, **k):
+        calls.append(None)
+        return fn(*a, **k)
+
+    result = call_backend(property_id, backend, "run_joint", gm, model, args, grad_out, fn=counted)
+    check(
+        len(calls) == 1,
+        property_id,
+        f"run_joint(..., fn=compiled.fn) called the compiled callable {len(calls)} time(s), not once: what ran "
+        "was not the compiled graph as given",
+        spec,
+    )
+    return result
 
 
 def _descend(model, grads) -> None:
@@ -213,5 +233,5 @@ def test_NUM_004_cuda_graph_replays_match_eager(fp8_backend, spec):
     for step in range(3):  # capture, then replays with fresh inputs
         args, grad_out = _fresh_args(spec, step, "cuda"), _grad_outputs(spec, 100 + step, "cuda")
         expected = call_backend("NUM-004", fp8_backend, "run_joint", gm, model, args, grad_out)
-        seen = call_backend("NUM-004", fp8_backend, "run_joint", gm, model, args, grad_out, fn=compiled.fn)
+        seen = _run_compiled("NUM-004", fp8_backend, spec, gm, model, args, grad_out, compiled.fn)
         _compare("NUM-004", spec, f"CUDA graph replay {step}", expected, seen)

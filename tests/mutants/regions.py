@@ -230,6 +230,19 @@ class ParametersFrozenRegionalCompile(ReferenceBackend):
         return dataclasses.replace(compiled, fn=_parameters_frozen_at_first_call(compiled.fn)) if mode == "regional" else compiled
 
 
+class RunJointIgnoresCompiled(ReferenceBackend):
+    """A runner that runs the joint graph it is given, whatever compiled callable it is handed:
+    compiled code is never what runs. Claims full compilation only (no regional compile, whose
+    observation of what ran would see it)."""
+
+    name = "mutant-run-joint-ignores-compiled"
+    KILLED_BY = "NUM-001"
+    capabilities = ReferenceBackend.capabilities - {"compile.regional", "cudagraph"}
+
+    def run_joint(self, gm, model, args, grad_outputs, *, fn=None):
+        return super().run_joint(gm, model, args, grad_outputs)
+
+
 class CompiledButEager(ReferenceBackend):
     """Reports the tagged regions as compiled but runs the whole graph eagerly."""
 
@@ -325,6 +338,7 @@ MUTANTS = [
     StaleRegionalCompile,
     ParametersFrozenFullCompile,
     ParametersFrozenRegionalCompile,
+    RunJointIgnoresCompiled,
     CompiledButEager,
     RegionalCompilesAround,
     RegionalCompilesWholeGraph,
