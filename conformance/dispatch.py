@@ -94,10 +94,10 @@ class _NodeByNode(torch.fx.Interpreter):
         return result
 
 
-def dispatch_recorder(gm: torch.fx.GraphModule):
-    """``(fn, per_node)``: ``fn`` runs ``gm`` eagerly with ``gm``'s own calling convention (hand it to
-    the backend's ``run_joint(..., fn=fn)``), and afterwards ``per_node`` maps each node that ran
-    to the overloads it dispatched and how often."""
+def dispatches_per_node(run_joint, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, collections.Counter]:
+    """What each node of ``gm`` dispatches when ``gm`` runs eagerly, node by node, and how often.
+    ``run_joint(fn)`` must run the joint graph through the backend with ``fn`` in its place:
+    ``fn`` runs ``gm`` with ``gm``'s own calling convention."""
     counter = DispatchCounter()
     interpreter = _NodeByNode(gm, counter)
 
@@ -105,15 +105,8 @@ def dispatch_recorder(gm: torch.fx.GraphModule):
         with counter:
             return interpreter.run(*args)
 
-    return fn, interpreter.per_node
-
-
-def dispatches_per_node(run_joint, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, collections.Counter]:
-    """What each node of ``gm`` dispatches when ``gm`` runs eagerly: ``run_joint(fn)`` must run the
-    joint graph through the backend with ``fn`` in its place."""
-    fn, per_node = dispatch_recorder(gm)
     run_joint(fn)
-    return per_node
+    return interpreter.per_node
 
 
 def equal_computations(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
