@@ -357,9 +357,10 @@ def check_fp8_graph(gm: torch.fx.GraphModule, *, strict: bool = True) -> Fp8Chec
             what = "missing" if counts[(fqn, phase)] == 0 else "count"
             kind = step.modules[fqn].kind
             problems.append((what, fqn, phase, None, f"({fqn!r}, {kind!r}, {phase!r}): {have} FP8 matmul(s), expected {wanted}"))
+    troubled = sorted({p[1] for p in problems if p[1]})
     summary = (
         f"job {step.job_name!r}: {sum(counts.values())} FP8 matmul(s) in {len({f for f, _ in counts})} module(s); "
-        f"{len(problems)} problem(s)"
+        f"{len(problems)} problem(s)" + (f" in {', '.join(repr(m) for m in troubled)}" if troubled else "")
     )
     if problems and strict:
         raise RuntimeError(f"FP8 check failed for job {step.job_name!r}: " + "; ".join(p[4] for p in problems))

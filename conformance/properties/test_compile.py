@@ -3,10 +3,13 @@ compilation compiles exactly the tagged regions."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 from hypothesis import given
 
-from conformance.graphs import tagged_groups
+from conformance.dispatch import always_generated, dispatches_per_node, equal_computations, observed
+from conformance.graphs import is_fp8_cast, live_nodes, tagged_groups
 from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, traced
 from conformance.strategies import model_specs, runnable_recipes
 from conformance.api.types import Compiled
@@ -39,9 +42,29 @@ def _check_matches_eager(property_id, backend, spec, mode):
         for step in range(2):
             args, grad_out = _fresh_args(spec, step), _grad_outputs(spec, 100 + step)
             expected = call_backend(property_id, backend, "run_joint", case.gm, case.model, args, grad_out)
-            seen = call_backend(property_id, backend, "run_joint", case.gm, case.model, args, grad_out, fn=compiled.fn)
+            seen = _run_compiled(property_id, backend, spec, case.gm, case.model, args, grad_out, compiled.fn)
             _compare(property_id, spec, f"{mode} compile, step {step}", expected, seen)
             _descend(case.model, expected[1])
+
+
+def _run_compiled(property_id, backend, spec, gm, model, args, grad_out, fn):
+    """``run_joint`` with ``fn`` in the graph's place, observed to call ``fn`` exactly once: a
+    runner that ran the graph itself would compare eager with eager."""
+    calls = []
+
+    def counted(*a, **k):
+        calls.append(None)
+        return fn(*a, **k)
+
+    result = call_backend(property_id, backend, "run_joint", gm, model, args, grad_out, fn=counted)
+    check(
+        len(calls) == 1,
+        property_id,
+        f"run_joint(..., fn=compiled.fn) called the compiled callable {len(calls)} time(s), not once: what ran "
+        "was not the compiled graph as given",
+        spec,
+    )
+    return result
 
 
 def _descend(model, grads) -> None:
@@ -101,10 +124,12 @@ def test_NUM_002_regional_compile_matches_eager(fp8_backend, warm_inductor, spec
 @compile_budget
 @given(spec=model_specs(recipes=runnable, emulate=False))
 def test_NUM_003_exactly_the_tagged_regions_are_compiled(fp8_backend, warm_inductor, spec):
-    """Cheapest defect: reporting the tagged nodes as compiled while running the graph eagerly
-    (a report that simply echoes the tags). Besides the report, the suite counts casts to FP8
-    that reach the dispatcher while the compiled graph runs: tagged casts that still run eagerly
-    exceed the untagged ones and fail."""
+    """Cheapest defects: a report that echoes the tags while the graph runs otherwise, either
+    eagerly (the tagged regions, or the ops of a region other than its casts) or compiled whole
+    (the untagged nodes too). Besides the report, the suite watches what reaches the dispatcher
+    while the compiled graph runs, against what each node dispatches when the graph runs
+    eagerly: every node reported eager must be seen there, and ops Inductor always generates
+    code for that only tagged nodes use, and casts to FP8 beyond the untagged ones, must not."""
     case = traced("NUM-003", fp8_backend, spec)
     probe, _ = fresh_copy(case)
     call_backend("NUM-003", fp8_backend, "regions", probe)
@@ -122,52 +147,73 @@ def test_NUM_003_exactly_the_tagged_regions_are_compiled(fp8_backend, warm_induc
     missing, extra = tagged - set(compiled.compiled_nodes), set(compiled.compiled_nodes) - tagged
     check(not missing, "NUM-003", f"tagged nodes left eager: {sorted(missing)[:8]}", spec)
     check(not extra, "NUM-003", f"untagged nodes compiled: {sorted(extra)[:8]}", spec)
-    # Do not take the report's word for it: Inductor turns a tagged cast to FP8 into generated
-    # code, so casts that still reach the dispatcher while the compiled graph runs are eager.
-    untagged_casts = sum(1 for n in case.gm.graph.nodes if _is_fp8_cast(n) and n.name not in tagged)
+    # Do not take the report's word for it: what runs eagerly reaches the dispatcher, what
+    # Inductor runs in generated code does not.
     args, grad_out = _fresh_args(spec, 0), _grad_outputs(spec, 100)
-    with _FP8CastCounter() as counter:
-        call_backend("NUM-003", fp8_backend, "run_joint", case.gm, case.model, args, grad_out, fn=compiled.fn)
+
+    def run(fn):
+        call_backend("NUM-003", fp8_backend, "run_joint", case.gm, case.model, args, grad_out, fn=fn)
+
+    per_node = dispatches_per_node(run, case.gm)
+    fn, seen = observed(compiled.fn)
+    run(fn)
+    untagged_casts = sum(1 for n in case.gm.graph.nodes if is_fp8_cast(n) and n.name not in tagged)
     check(
-        counter.casts <= untagged_casts,
+        seen.fp8_casts <= untagged_casts,
         "NUM-003",
-        f"running the regionally compiled graph dispatched {counter.casts} eager casts to FP8, but only "
+        f"running the regionally compiled graph dispatched {seen.fp8_casts} eager casts to FP8, but only "
         f"{untagged_casts} lie outside the tagged regions: tagged regions ran eagerly",
+        spec,
+    )
+    _check_eager_nodes_were_dispatched(spec, case.gm, compiled.eager_nodes, per_node, seen.counts)
+    _check_tagged_work_was_not_dispatched(spec, tagged, per_node, seen.counts)
+
+
+def _check_eager_nodes_were_dispatched(spec, gm, eager_names, per_node, seen) -> None:
+    """Every node reported eager that runs dispatches, while the compiled graph runs, what it
+    dispatches in the eager graph: per op overload, at least once per distinct computation (a
+    partitioner may merge equal ones, or recompute some, which only adds dispatches)."""
+    classes = equal_computations(gm)
+    compiled_classes = {c for n, c in classes.items() if n.name not in eager_names}
+    expected, eager_by_op, counted = collections.Counter(), {}, set()
+    for node in live_nodes(gm):
+        number = classes.get(node)
+        if node.name not in eager_names or number is None or number in compiled_classes or number in counted:
+            continue
+        counted.add(number)
+        for op, times in per_node.get(node, {}).items():
+            expected[op] += times
+            eager_by_op.setdefault(op, []).append(node.name)
+    short = sorted((str(op), n, seen[op], sorted(eager_by_op[op])[:4]) for op, n in expected.items() if seen[op] < n)
+    check(
+        not short,
+        "NUM-003",
+        "nodes reported eager did not reach the dispatcher while the compiled graph ran, so they ran compiled: "
+        + "; ".join(f"{op}: {n} eager computation(s) (nodes {names}), dispatched {k} time(s)" for op, n, k, names in short[:4]),
         spec,
     )
 
 
-def _is_fp8_cast(node) -> bool:
-    def fp8(value):
-        return "float8" in str(getattr(getattr(value, "meta", {}).get("val"), "dtype", ""))
-
-    return node.op == "call_function" and fp8(node) and not any(fp8(i) for i in node.all_input_nodes)
-
-
-class _FP8CastCounter:
-    """Counts dtype conversions to FP8 that reach the dispatcher (eager execution)."""
-
-    def __enter__(self):
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counter = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                if func in (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default):
-                    if "float8" in str(getattr(out, "dtype", "")):
-                        counter.casts += 1
-                return out
-
-        self.casts = 0
-        self._mode = Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._mode.__exit__(*exc)
+def _check_tagged_work_was_not_dispatched(spec, tagged, per_node, seen) -> None:
+    """Ops that Inductor always computes in generated code (pointwise, lowered, never a fallback
+    kernel) and that no untagged node dispatches must not reach the dispatcher at all: a tagged
+    node running eagerly dispatches them."""
+    outside = {op for node, ops in per_node.items() if node.name not in tagged for op in ops}
+    inside: dict = {}
+    for node, ops in per_node.items():
+        if node.name in tagged:
+            for op in ops:
+                if op not in outside and always_generated(op):
+                    inside.setdefault(op, []).append(node.name)
+    ran = sorted((str(op), seen[op], sorted(nodes)[:4]) for op, nodes in inside.items() if seen[op])
+    check(
+        not ran,
+        "NUM-003",
+        "ops Inductor always turns into generated code, used only by tagged nodes, reached the dispatcher while the "
+        "regionally compiled graph ran, so tagged regions ran (in part) eagerly: "
+        + "; ".join(f"{op} dispatched {k} time(s) (tagged nodes {nodes})" for op, k, nodes in ran[:4]),
+        spec,
+    )
 
 
 @pytest.mark.fp8_property("NUM-004")
@@ -187,5 +233,5 @@ def test_NUM_004_cuda_graph_replays_match_eager(fp8_backend, spec):
     for step in range(3):  # capture, then replays with fresh inputs
         args, grad_out = _fresh_args(spec, step, "cuda"), _grad_outputs(spec, 100 + step, "cuda")
         expected = call_backend("NUM-004", fp8_backend, "run_joint", gm, model, args, grad_out)
-        seen = call_backend("NUM-004", fp8_backend, "run_joint", gm, model, args, grad_out, fn=compiled.fn)
+        seen = _run_compiled("NUM-004", fp8_backend, spec, gm, model, args, grad_out, compiled.fn)
         _compare("NUM-004", spec, f"CUDA graph replay {step}", expected, seen)

@@ -100,7 +100,7 @@ def test_MOE_001_grouped_compute_carries_its_experts_provenance(fp8_backend, spe
             check(found is not None and found.module_fqn == issued, "MOE-001", f"{where} was issued by '{issued}', provenance says {found}", spec)
             check(found.kind == GROUPED_KIND and found.emulate == spec.emulate, "MOE-001",
                   f"{where}: provenance kind {found.kind!r}, emulate {found.emulate}; expected {GROUPED_KIND!r}, {spec.emulate}", spec)
-            if fp8_backend.provenance_has_recipe:
+            if fp8_backend.provenance_has_recipe or found.recipe is not None:  # a recipe given is checked
                 check(found.recipe == "rowwise", "MOE-001", f"{where}: provenance recipe {found.recipe!r}, expected 'rowwise'", spec)
 
 

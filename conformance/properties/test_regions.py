@@ -237,14 +237,18 @@ def test_REG_006_identification_is_deterministic_and_ignores_node_names(fp8_back
 @pytest.mark.fp8_property("REG-007")
 @given(spec=model_specs(), data=st.data())
 def test_REG_007_tagging_keeps_other_annotations(fp8_backend, spec, data):
-    """Cheapest defect: writing the tag over ``node.meta["custom"]``. Drawn nodes, inside and
-    outside regions, carry annotations of their own before tagging, and every one must
-    survive unchanged."""
+    """Cheapest defects: writing the tag over ``node.meta["custom"]``, or over a
+    ``compile_with_inductor`` value a user already set (a fresh dict holding the region id only).
+    Drawn nodes, inside and outside regions, carry annotations of their own before tagging, and
+    every FP8 compute node (so, always, nodes that get tagged) and the first drawn node carry
+    compile options of their own; every annotation and every option must survive unchanged."""
     gm, _ = fresh_copy(traced("REG-007", fp8_backend, spec))
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     chosen = data.draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=8, unique=True), label="annotated nodes")
     for index, node in enumerate(chosen):
         node.meta["custom"] = {**(node.meta.get("custom") or {}), "pp_stage": index, "user_note": f"keep {index}"}
+    optioned = [chosen[0]] + [n for n in fp8_compute_nodes(gm, fp8_ops("REG-007", fp8_backend)) if n is not chosen[0]]
+    options = {node: _with_user_compile_options(node, index) for index, node in enumerate(optioned)}
     _regions_of_fp8_graph("REG-007", fp8_backend, gm, spec)
     for index, node in enumerate(chosen):
         custom = node.meta.get("custom") or {}
@@ -255,3 +259,29 @@ def test_REG_007_tagging_keeps_other_annotations(fp8_backend, spec, data):
             f"its custom meta is {custom}",
             spec,
         )
+    for node, wanted in options.items():
+        value = (node.meta.get("custom") or {}).get("compile_with_inductor")
+        kept = isinstance(value, dict) and all(value.get(key) == option for key, option in wanted.items())
+        check(
+            kept,
+            "REG-007",
+            f"node '{node.name}' carried compile_with_inductor={wanted} of its own before tagging; after tagging it "
+            f"carries {value!r}: a region id may be added to those options, none may be dropped or changed",
+            spec,
+        )
+
+
+def _with_user_compile_options(node, index: int) -> dict:
+    """Give ``node`` Inductor options of a user's own (added to any it carries); returns what its
+    ``compile_with_inductor`` value now holds besides a region id, copied, to compare with after
+    tagging."""
+    custom = dict(node.meta.get("custom") or {})
+    existing = custom.get("compile_with_inductor")
+    value = dict(existing) if isinstance(existing, dict) else {}
+    configs = dict(value.get("inductor_configs") or {})
+    configs.update({"max_autotune": False, "coordinate_descent_tuning": index % 2 == 0})
+    value["inductor_configs"] = configs
+    custom["compile_with_inductor"] = value
+    node.meta["custom"] = custom
+    # The region id is the backend's to set (REG-004), whoever set one before.
+    return {key: (dict(option) if isinstance(option, dict) else option) for key, option in value.items() if key != "inductor_region"}

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import rewrites
+from conformance.evidence import is_named
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import (
     call_backend, check, compute_counts_that_run, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error, traced,
@@ -156,6 +157,9 @@ def test_VAL_005_validation_does_not_change_the_graph(fp8_backend, spec):
 @pytest.mark.fp8_property("VAL-006")
 @given(spec=non_emulated, data=st.data())
 def test_VAL_006_non_strict_mode_warns_the_same_findings_with_a_summary(fp8_backend, spec, data):
+    """Cheapest defect: a summary that says nothing of the findings (a constant line, or one
+    written before validation ran). The summary must state how many findings the report holds
+    and name the module the suite broke and every module a finding names."""
     gm, fqn, pass_name = _lower_module_pass("VAL-006", traced("VAL-006", fp8_backend, spec), fp8_backend, data)
     exc = strict_error("VAL-006", fp8_backend, gm)
     with warnings.catch_warnings(record=True) as caught:
@@ -166,6 +170,15 @@ def test_VAL_006_non_strict_mode_warns_the_same_findings_with_a_summary(fp8_back
     check(bool(located), "VAL-006", f"non-strict report lacks the finding strict mode raised ({exc}); findings: {report.findings}", spec)
     check(len(caught) >= len(report.findings), "VAL-006", f"{len(report.findings)} finding(s) but {len(caught)} warning(s)", spec)
     check(bool(report.summary.strip()), "VAL-006", "the non-strict report has an empty summary", spec)
+    modules = sorted({fqn} | {f.module_fqn for f in report.findings if f.module_fqn})
+    unnamed = [m for m in modules if not is_named(report.summary, m)]
+    check(not unnamed, "VAL-006", f"the summary does not name module(s) {unnamed} that the findings concern: {report.summary!r}", spec)
+    check(
+        is_named(report.summary, str(len(report.findings))),
+        "VAL-006",
+        f"the summary does not state the number of findings, {len(report.findings)}: {report.summary!r}",
+        spec,
+    )
 
 
 @pytest.mark.fp8_property("VAL-007")

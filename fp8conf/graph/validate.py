@@ -177,7 +177,11 @@ def _summary(info, counts, findings) -> str:
     forward = sum(n for (_, p), n in counts.items() if p == "forward")
     backward = sum(n for (_, p), n in counts.items() if p == "backward")
     by_id = collections.Counter(f.property_id for f in findings)
-    found = ", ".join(f"{k}: {v}" for k, v in sorted(by_id.items())) or "none"
+    modules = sorted({f.module_fqn for f in findings if f.module_fqn})
+    found = "none"
+    if findings:
+        found = f"{len(findings)} (" + ", ".join(f"{k}: {v}" for k, v in sorted(by_id.items())) + ")"
+        found += f" in {', '.join(repr(m) for m in modules)}" if modules else ""
     return (
         f"FP8 validation of {info.model_name}: {len(info.modules)} quantized module(s) ({emulated} emulated), "
         f"{len(info.calls)} call(s); FP8 compute: {forward} forward, {backward} backward; findings: {found}"

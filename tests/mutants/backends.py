@@ -55,6 +55,19 @@ class RecipeAlwaysTensorwise(ReferenceBackend):
         return None if found is None else Provenance(found.module_fqn, found.kind, "tensorwise", found.emulate)
 
 
+class RecipeUndeclaredAndWrong(ReferenceBackend):
+    """Declares that its provenance records no recipe, then names every Float8Linear's recipe
+    tensorwise anyway: a recipe a reader of its provenance takes at its word."""
+
+    name = "mutant-recipe-undeclared-and-wrong"
+    KILLED_BY = "PROV-002"
+    provenance_has_recipe = False
+
+    def provenance(self, node):
+        found = super().provenance(node)
+        return None if found is None else Provenance(found.module_fqn, found.kind, "tensorwise", found.emulate)
+
+
 class AccumulationCredited(ReferenceBackend):
     """Gives gradient-accumulation nodes the provenance of the backward node feeding them."""
 
@@ -184,6 +197,17 @@ class ExistenceOnlyCounts(ReferenceBackend):
             return super().validate(gm, strict=strict)
 
 
+class ConstantSummary(ReferenceBackend):
+    """Gives every report the same summary line, whatever validation found."""
+
+    name = "mutant-constant-summary"
+    KILLED_BY = "VAL-006"
+
+    def validate(self, gm, *, strict):
+        report = super().validate(gm, strict=strict)
+        return dataclasses.replace(report, summary="FP8 validation finished; see the findings for details")
+
+
 class EmulatedNotExempt(ReferenceBackend):
     """Requires FP8 compute from emulated modules too."""
 
@@ -259,6 +283,7 @@ class EmulationExemptsNested(ReferenceBackend):
 MUTANTS = [
     NoBackwardProvenance,
     RecipeAlwaysTensorwise,
+    RecipeUndeclaredAndWrong,
     AccumulationCredited,
     ProvenanceLeaksForward,
     OuterModuleCredited,
@@ -268,6 +293,7 @@ MUTANTS = [
     AnyFP8OperandCounts,
     ValidationWritesMeta,
     ExistenceOnlyCounts,
+    ConstantSummary,
     EmulatedNotExempt,
     OneEmulatedExemptsAll,
     NestedInheritsParentConfig,

@@ -9,6 +9,7 @@ import fp8conf
 import fp8conf.graph.regions
 from conformance.backends.reference import ReferenceBackend
 from conformance.api.types import Compiled, Region
+from conformance.graphs import copy_graph_module, is_fp8_cast
 from fp8conf.graph.provenance import get_provenance
 from fp8conf.graph.regions import identify_fp8_regions, tag_fp8_regions
 
@@ -142,6 +143,23 @@ class AnnotationsReplaced(ReferenceBackend):
         return found
 
 
+class CompileOptionsReplaced(ReferenceBackend):
+    """Tags with a fresh ``compile_with_inductor`` value holding its region id alone, dropping
+    the Inductor options a user had put on the node."""
+
+    name = "mutant-compile-options-replaced"
+    KILLED_BY = "REG-007"
+
+    def regions(self, gm):
+        found = super().regions(gm)
+        for node in gm.graph.nodes:
+            value = (node.meta.get("custom") or {}).get("compile_with_inductor")
+            if isinstance(value, dict) and fp8conf.graph.regions.REGION_META_KEY in value:
+                region_id = value[fp8conf.graph.regions.REGION_META_KEY]
+                node.meta["custom"] = {**node.meta["custom"], "compile_with_inductor": {fp8conf.graph.regions.REGION_META_KEY: region_id}}
+        return found
+
+
 def _first_result_forever(fn):
     cache = []
 
@@ -212,6 +230,19 @@ class ParametersFrozenRegionalCompile(ReferenceBackend):
         return dataclasses.replace(compiled, fn=_parameters_frozen_at_first_call(compiled.fn)) if mode == "regional" else compiled
 
 
+class RunJointIgnoresCompiled(ReferenceBackend):
+    """A runner that runs the joint graph it is given, whatever compiled callable it is handed:
+    compiled code is never what runs. Claims full compilation only (no regional compile, whose
+    observation of what ran would see it)."""
+
+    name = "mutant-run-joint-ignores-compiled"
+    KILLED_BY = "NUM-001"
+    capabilities = ReferenceBackend.capabilities - {"compile.regional", "cudagraph"}
+
+    def run_joint(self, gm, model, args, grad_outputs, *, fn=None):
+        return super().run_joint(gm, model, args, grad_outputs)
+
+
 class CompiledButEager(ReferenceBackend):
     """Reports the tagged regions as compiled but runs the whole graph eagerly."""
 
@@ -221,6 +252,75 @@ class CompiledButEager(ReferenceBackend):
     def compile(self, gm, *, mode, cudagraph=False):
         compiled = super().compile(gm, mode=mode, cudagraph=cudagraph)
         return dataclasses.replace(compiled, fn=gm) if mode == "regional" else compiled
+
+
+def _report_echoing_tags(backend, gm, compiled: Compiled) -> Compiled:
+    """``compiled`` with a report that names exactly the nodes the backend tags as compiled."""
+    probe = copy_graph_module(gm)
+    backend.regions(probe)
+    tagged = {n.name for n in probe.graph.nodes if "compile_with_inductor" in (n.meta.get("custom") or {})}
+    names = compiled.compiled_nodes | compiled.eager_nodes
+    return dataclasses.replace(compiled, compiled_nodes=frozenset(names & tagged), eager_nodes=frozenset(names - tagged))
+
+
+class RegionalCompilesAround(ReferenceBackend):
+    """Regional compile that, for speed, compiles each region together with the untagged nodes
+    around it, yet reports only the tagged nodes as compiled."""
+
+    name = "mutant-regional-compiles-around"
+    KILLED_BY = "NUM-003"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        if mode != "regional":
+            return super().compile(gm, mode=mode, cudagraph=cudagraph)
+        around = fp8conf.compile_joint(gm, mode="regional", strict=True, cudagraph=cudagraph, remainder="inductor")
+        return _report_echoing_tags(self, gm, Compiled(around, around.compiled_nodes, around.eager_nodes))
+
+
+class RegionalCompilesWholeGraph(ReferenceBackend):
+    """Regional compile that runs the fully compiled graph while reporting the regional split."""
+
+    name = "mutant-regional-compiles-whole-graph"
+    KILLED_BY = "NUM-003"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        compiled = super().compile(gm, mode=mode, cudagraph=cudagraph)
+        if mode != "regional":
+            return compiled
+        return dataclasses.replace(compiled, fn=super().compile(gm, mode="full", cudagraph=cudagraph).fn)
+
+
+def _region_sources(gm) -> list:
+    """The pointwise nodes where a complete region starts (every input made outside it), casts
+    to FP8 left out: the ``abs`` before an amax, say."""
+    import torch
+
+    found = []
+    for region in identify_fp8_regions(gm):
+        inside = set(region.nodes)
+        for node in region.nodes:
+            target = node.target
+            pointwise = isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+            if region.complete and pointwise and not is_fp8_cast(node) and not inside.intersection(node.all_input_nodes):
+                found.append(node)
+    return found
+
+
+class RegionSourcesEager(ReferenceBackend):
+    """Leaves the first pointwise op of each region (the ``abs`` before an amax) out of what it
+    compiles, so it runs eagerly, while reporting every tagged node compiled: the casts to FP8
+    stay compiled, and the results are the same."""
+
+    name = "mutant-region-sources-eager"
+    KILLED_BY = "NUM-003"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        if mode != "regional":
+            return super().compile(gm, mode=mode, cudagraph=cudagraph)
+        thinned = copy_graph_module(gm)
+        for node in _region_sources(thinned):
+            node.meta.pop(fp8conf.PROVENANCE_META_KEY, None)
+        return _report_echoing_tags(self, gm, super().compile(thinned, mode=mode, cudagraph=cudagraph))
 
 
 MUTANTS = [
@@ -233,9 +333,14 @@ MUTANTS = [
     UntrackedValuesAreBoundaries,
     NameDependentIds,
     AnnotationsReplaced,
+    CompileOptionsReplaced,
     StaleFullCompile,
     StaleRegionalCompile,
     ParametersFrozenFullCompile,
     ParametersFrozenRegionalCompile,
+    RunJointIgnoresCompiled,
     CompiledButEager,
+    RegionalCompilesAround,
+    RegionalCompilesWholeGraph,
+    RegionSourcesEager,
 ]

@@ -1,0 +1,160 @@
+"""What ran eagerly, observed rather than asked: the ops that reach torch's dispatcher.
+
+Inductor's generated code computes without calling aten ops; what a compiled callable leaves
+eager dispatches each of its ops. So the suite decides what ran compiled from what it sees
+dispatched while a callable runs, not from the backend's report alone (NUM-003):
+
+* :class:`DispatchCounter` counts the op overloads that reach the dispatcher while it is active,
+  and the conversions to FP8 among them; :func:`observed` wraps a callable so that only its own
+  calls are counted;
+* :func:`dispatches_per_node` runs a joint graph eagerly, node by node, and records which
+  overloads each node dispatches: its own op, or what a composite op decomposes into;
+* :func:`equal_computations` groups the nodes that compute the same thing from the same inputs,
+  which a partitioner's common-subexpression elimination may run once;
+* :func:`always_generated` says which overloads Inductor always turns into generated code
+  (pointwise ops it lowers and never falls back on): such an op dispatched while a compiled
+  region should be computing it was run eagerly.
+
+Extern kernels (matmuls, Inductor's fallbacks) dispatch from compiled code too, and a
+partitioner may recompute eager nodes: dispatches may exceed the eager nodes, never fall short
+of them, which is the direction the suite checks for every op, and the other direction only for
+the ops Inductor always generates code for.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import torch
+import torch.fx
+
+__all__ = ["DispatchCounter", "observed", "dispatches_per_node", "equal_computations", "always_generated"]
+
+_CASTS = ("aten._to_copy.default", "prims.convert_element_type.default")
+
+
+class DispatchCounter:
+    """Counts, while active (``with counter:``, reentrant), every op overload that reaches the
+    dispatcher (``counts``) and how many of those calls convert a tensor to FP8 (``fp8_casts``)."""
+
+    def __init__(self):
+        self.counts: collections.Counter = collections.Counter()
+        self.fp8_casts = 0
+        self._modes: list = []
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                counter.counts[func] += 1
+                if str(func) in _CASTS and _is_fp8(getattr(out, "dtype", None)):
+                    counter.fp8_casts += 1
+                return out
+
+        mode = Mode()
+        mode.__enter__()
+        self._modes.append(mode)
+        return self
+
+    def __exit__(self, *exc):
+        return self._modes.pop().__exit__(*exc)
+
+
+def observed(fn):
+    """``(wrapped, counter)``: ``wrapped`` calls ``fn`` with the same arguments while ``counter``
+    counts what reaches the dispatcher, so that only ``fn``'s own work is counted, not what a
+    backend's runner does around it."""
+    counter = DispatchCounter()
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with counter:
+            return fn(*args, **kwargs)
+
+    return wrapped, counter
+
+
+class _NodeByNode(torch.fx.Interpreter):
+    """Runs a graph eagerly and records, per node, the overloads it dispatched."""
+
+    def __init__(self, gm: torch.fx.GraphModule, counter: DispatchCounter):
+        super().__init__(gm)
+        self.counter = counter
+        self.per_node: dict[torch.fx.Node, collections.Counter] = {}
+
+    def run_node(self, n):
+        before = collections.Counter(self.counter.counts)
+        result = super().run_node(n)
+        self.per_node[n] = self.counter.counts - before
+        return result
+
+
+def dispatches_per_node(run_joint, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, collections.Counter]:
+    """What each node of ``gm`` dispatches when ``gm`` runs eagerly, node by node, and how often.
+    ``run_joint(fn)`` must run the joint graph through the backend with ``fn`` in its place:
+    ``fn`` runs ``gm`` with ``gm``'s own calling convention."""
+    counter = DispatchCounter()
+    interpreter = _NodeByNode(gm, counter)
+
+    def fn(*args):
+        with counter:
+            return interpreter.run(*args)
+
+    run_joint(fn)
+    return interpreter.per_node
+
+
+def equal_computations(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
+    """A class number per ``call_function`` node, equal for nodes that apply the same op to the
+    same arguments (their input nodes equal in turn): what common-subexpression elimination may
+    merge into one. A node with a side effect, or a random one, is a class of its own."""
+    classes: dict[torch.fx.Node, int] = {}
+    table: dict[tuple, int] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or _has_side_effect(node):
+            classes[node] = len(table)
+            table[("own", node)] = classes[node]
+            continue
+        args = torch.fx.node.map_arg(node.args, lambda n: _Class(classes[n]))
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: _Class(classes[n]))
+        classes[node] = table.setdefault((str(node.target), repr(args), repr(sorted(kwargs.items()))), len(table))
+    return {n: c for n, c in classes.items() if n.op == "call_function"}
+
+
+class _Class:
+    """An input node inside another node's key: its class number."""
+
+    def __init__(self, number: int):
+        self.number = number
+
+    def __repr__(self):
+        return f"<class {self.number}>"
+
+
+def _has_side_effect(node: torch.fx.Node) -> bool:
+    try:
+        return node.is_impure(impure_random=True)
+    except TypeError:  # a torch whose is_impure takes no impure_random
+        return node.is_impure()
+
+
+@functools.lru_cache(maxsize=None)
+def always_generated(op) -> bool:
+    """Whether Inductor always computes ``op`` in generated code: a pointwise overload that it
+    lowers (directly or through its decompositions) and never calls as a fallback kernel."""
+    if not isinstance(op, torch._ops.OpOverload) or torch.Tag.pointwise not in op.tags:
+        return False
+    from torch._inductor import lowering
+    from torch._inductor.decomposition import select_decomp_table
+
+    return op not in lowering.fallbacks and (op in lowering.lowerings or op in select_decomp_table())
+
+
+def _is_fp8(dtype) -> bool:
+    # As conformance.graphs judges a cast to FP8: an e8m0 scale is not an FP8 value.
+    return "float8" in str(dtype) and "e8m0" not in str(dtype)
