@@ -70,7 +70,7 @@ import torch
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 import fp8conf
-from fp8conf.graph import region_compile
+from fp8conf.compile import region_compile
 from fp8conf.tools.example_models import build_stack
 
 import goals  # benchmarks/goals.py, beside this script

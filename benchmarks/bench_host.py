@@ -1,6 +1,6 @@
 """Host time per step of fp8conf's regional compile: compiled regions and pieces called through
 their ``CompiledArtifact`` (every AOTAutograd and Inductor wrapper layer) versus directly through
-Inductor's generated code where that is safe (:mod:`fp8conf.graph.fast_call`).
+Inductor's generated code where that is safe (:mod:`fp8conf.compile.fast_call`).
 
 Both variants are compiled from one traced joint graph of the Llama-shaped model
 (``benchmarks/llama.py``), the second from the Inductor cache the first filled, and must give
@@ -31,7 +31,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import fp8conf
-from fp8conf.graph import region_compile
+from fp8conf.compile import region_compile
 
 from llama import build_llama  # benchmarks/llama.py, beside this script
 

@@ -146,7 +146,7 @@ def test_round_trip_in_a_fresh_process_is_bitwise_and_compiles_nothing(saved, tm
         import torch, fp8conf
         import torch._inductor.compile_fx as compile_fx, torch._inductor.standalone_compile as standalone
         import torch.fx.passes.regional_inductor as regional_inductor
-        import fp8conf.graph.compile as graph_compile
+        import fp8conf.compile.joint as graph_compile
 
         def compiled(*a, **k):
             raise RuntimeError("loading an artifact compiled a graph")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fp8conf
-from fp8conf.graph.partition import partition_joint
+from fp8conf.compile.partition import partition_joint
 from fp8conf.graph.regions import identify_fp8_regions
 from fp8conf.graph.trace import flat_graph_module
 from fp8conf.tools.example_models import build_stack
@@ -51,7 +51,7 @@ def test_partitioned_graphs_hold_the_joint_graphs_regions_whole():
     forward = {r.id: {n.name for n in r.nodes} for r in identify_fp8_regions(parts.forward)}
     backward = {r.id: {n.name for n in r.nodes} for r in identify_fp8_regions(parts.backward)}
     assert all("/forward/" in rid for rid in forward) and all("/backward/" in rid for rid in backward)
-    # Less what the backward takes from its forward or computes once (fp8conf/graph/share_scales.py).
+    # Less what the backward takes from its forward or computes once (fp8conf/compile/share_scales.py).
     assert forward | backward == {rid: names - parts.merged.keys() for rid, names in joint.items()}
     for rid, names in joint.items():
         for name in names & parts.merged.keys():
@@ -122,7 +122,7 @@ def test_tracing_and_compiling_pause_the_collector_and_restore_it(monkeypatch):
     a failed trace or compile included."""
     import gc
 
-    import fp8conf.graph.compile as graph_compile
+    import fp8conf.compile.joint as graph_compile
     from fp8conf.errors import FP8TraceError
 
     assert gc.isenabled()

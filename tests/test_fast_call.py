@@ -1,5 +1,5 @@
 """Compiled regions and pieces called straight through Inductor's generated code
-(:mod:`fp8conf.graph.fast_call`) where AOTAutograd's wrappers have nothing to do, and through
+(:mod:`fp8conf.compile.fast_call`) where AOTAutograd's wrappers have nothing to do, and through
 the artifact where they do: same results either way. Functional units compiled by Inductor's
 inner compiler compute what their saved (``standalone_compile``) form computes."""
 
@@ -14,8 +14,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fp8conf
-from fp8conf.graph import region_compile
-from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
+from fp8conf.compile import region_compile
+from fp8conf.compile.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.tools.example_models import build_stack
 
 DIM, TOKENS = 32, 16
@@ -134,7 +134,7 @@ def test_a_unit_that_mutates_or_takes_a_grad_input_goes_through_standalone_compi
 _PUT_OFF_WAIT = """
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
-from fp8conf.graph import region_compile
+from fp8conf.compile import region_compile
 
 def f(x):
     return (torch.relu(x) * 3 + 1).sum(0), x.sin().t()

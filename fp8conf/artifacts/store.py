@@ -145,7 +145,7 @@ def _input_name(spec: dict) -> str:
 
 def _compile_full(gm, example_inputs=None):
     """``gm`` compiled whole by :func:`fp8conf.compile_joint`: torch's ``CompiledArtifact``."""
-    from fp8conf.graph.compile import compile_joint
+    from fp8conf.compile import compile_joint
 
     # Unpartitioned: an artifact holds one compiled joint graph (a partitioned compile makes two).
     return compile_joint(gm, mode="full", example_inputs=example_inputs, partition=False).artifact
@@ -159,7 +159,7 @@ def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> Precompi
     """
     require(gm, "graph module", "precompile_joint", "gm")
     from fp8conf.artifacts.regional import flat_callable, region_specs
-    from fp8conf.graph.compile import compile_joint
+    from fp8conf.compile import compile_joint
     from fp8conf.graph.trace import trace_info
 
     if mode not in ("full", "regional"):
@@ -171,7 +171,7 @@ def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> Precompi
         artifact = _compile_full(gm, example_inputs)
         return PrecompiledJoint(artifact, inputs, outputs, "standalone_compile", artifact=artifact, modules=modules)
     # Unpartitioned, like a full artifact: one flat graph calling its regions' compiled code.
-    from fp8conf.graph.region_compile import for_artifacts
+    from fp8conf.compile.region_compile import for_artifacts
 
     with for_artifacts():  # each unit compiled as the artifact stores it
         compiled = compile_joint(gm, mode="regional", strict=True, partition=False)

@@ -33,7 +33,8 @@ import torch
 from torch.distributed.pipelining import PipelineStage
 
 from fp8conf.errors import FP8ConfigError
-from fp8conf.graph.split import StageSplit, compile_split, split_stage
+from fp8conf.compile import compile_split
+from fp8conf.graph.split import StageSplit, split_stage
 from fp8conf.graph.trace import joint_inputs, trace_joint
 
 __all__ = ["GraphPPStage", "CHECKED_SCHEDULES"]

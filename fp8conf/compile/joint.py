@@ -5,7 +5,7 @@ compiles each callable with it and precompiled artifacts (:mod:`fp8conf.artifact
 what its unpartitioned ``full`` mode made. Both modes work on a flat copy of the graph
 (placeholders in, a flat list out) with torch's own machinery. A whole joint graph is first cut
 into forward and backward by the min-cut partitioner, as ``torch.compile`` does
-(:mod:`fp8conf.graph.partition`): for ``full`` the very cut ``torch.compile`` makes (Inductor's
+(:mod:`fp8conf.compile.partition`): for ``full`` the very cut ``torch.compile`` makes (Inductor's
 decompositions and partition function), for ``regional`` one that keeps every FP8 region whole.
 ``full`` then compiles each half as ``torch.compile`` does, with Inductor's inner compiler
 on the graph as cut (for the fake values it records; ``torch._inductor.standalone_compile``
@@ -13,9 +13,9 @@ when ``example_inputs`` are given, or for a graph that cannot be cut), and calls
 backward with its inputs boxed, so that saved values are freed as the backward consumes them;
 ``regional`` tags the complete FP8 regions of each
 (:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct unit once
-(:mod:`fp8conf.graph.region_compile`): with ``remainder="inductor"`` (the default) each region
+(:mod:`fp8conf.compile.region_compile`): with ``remainder="inductor"`` (the default) each region
 together with the rest of the graph around it, in units that stop at the ops that must stay
-eager and at the edge of a repeated block (:mod:`fp8conf.graph.remainder`); with
+eager and at the edge of a repeated block (:mod:`fp8conf.compile.remainder`); with
 ``remainder="pieces"`` each region alone, then the pieces of the rest between them; with
 ``remainder="eager"`` the regions alone and everything else eagerly. The regional backward
 graph too takes its inputs boxed, so that each saved value is freed once the last compiled call
@@ -44,13 +44,13 @@ import torch.utils._pytree as pytree
 from fp8conf import errors
 from fp8conf.arguments import require
 from fp8conf.graph.call_inputs import input_check
-from fp8conf.graph.compile_config import MODES, REMAINDERS, CompileConfig
-from fp8conf.graph.partition import partition_joint, run_partitioned
+from fp8conf.compile.config import MODES, REMAINDERS, CompileConfig
+from fp8conf.compile.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
-from fp8conf.graph.compile_workers import unit_compiler
-from fp8conf.graph.region_compile import compile_regions, cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
+from fp8conf.compile.workers import unit_compiler
+from fp8conf.compile.region_compile import compile_regions, cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
 from fp8conf.graph.regions import Region, check_attributed, tag_fp8_regions
-from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
+from fp8conf.compile.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
 from fp8conf.log import fell_back, library_notices_quieted
 
@@ -111,7 +111,7 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     left eager a :class:`~fp8conf.errors.RegionCompileError`). ``example_inputs`` (flat, in
     placeholder order) are what ``full`` specializes to; by default, tensors like the traced ones.
     With ``partition`` (the default), a joint graph is first cut into forward and backward by the
-    min-cut partitioner, as ``torch.compile`` does (:mod:`fp8conf.graph.partition`); graphs
+    min-cut partitioner, as ``torch.compile`` does (:mod:`fp8conf.compile.partition`); graphs
     without tangents are compiled whole either way.
 
     ``remainder`` (``regional`` only) is what becomes of the nodes outside the FP8 regions:
@@ -127,7 +127,7 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     eager either way and are named in ``eager_nodes``.
 
     ``workers`` (``regional`` only) is how many helper processes compile distinct units beside
-    this one (:mod:`fp8conf.graph.compile_workers`): the units are shared out, largest first,
+    this one (:mod:`fp8conf.compile.workers`): the units are shared out, largest first,
     between the helpers and this process, which compiles its share while the helpers compile
     theirs; ``0`` (the default) compiles them one after the other here. Either way the same units
     are compiled the same way.
@@ -272,7 +272,7 @@ def _boxed_entry(artifact) -> Callable | None:
 def _boxed_graph(gm: torch.fx.GraphModule) -> Callable | None:
     """``gm`` (a regionally compiled backward) regenerated to take its inputs as one list and
     empty it, as ``torch.compile``'s backward does, and to hand each compiled call its inputs
-    as one list too (:func:`~fp8conf.graph.region_compile.pack_inputs`, the graph dropping its
+    as one list too (:func:`~fp8conf.compile.region_compile.pack_inputs`, the graph dropping its
     own references to the values it no longer needs before the call), so that Inductor's code
     frees each saved value after its last use inside the call; ``None`` (and ``gm`` unchanged)
     on a torch without FX's boxed code generator."""
@@ -348,7 +348,7 @@ def _regional(gm, graphs, names, strict, remainder, compiler) -> CompiledJoint:
     """Tag the complete FP8 regions of each of ``graphs`` (the flat joint graph, or its forward
     and backward) and compile them as ``remainder`` says, each structurally distinct unit once,
     with ``compiler`` (here, or in worker processes side by side:
-    :mod:`fp8conf.graph.compile_workers`); ``fn`` is one flat callable, or a list of them when
+    :mod:`fp8conf.compile.workers`); ``fn`` is one flat callable, or a list of them when
     several graphs are given."""
     regions, fns, compiled_names, distinct, fallbacks = _compile_units(graphs, strict, remainder, compiler)
     tagged = {n.name for r in regions if r.complete for n in r.nodes}
@@ -393,7 +393,7 @@ def _compile_units(graphs, strict, remainder, compiler):
         compiled_names |= cut.names
         cuts.append(cut)
     # One dynamo-disable frame per graph: the regions called straight through Inductor's code
-    # (fp8conf.graph.fast_call) no longer pass through the artifact's own.
+    # (fp8conf.compile.fast_call) no longer pass through the artifact's own.
     fns = [torch._dynamo.disable(cut.bind()) for cut in cuts]
     fallbacks = list(dict.fromkeys(line for cut in cuts for line in cut.fallbacks))
     return regions, fns, compiled_names, len(cache), fallbacks

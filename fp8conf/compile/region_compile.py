@@ -13,7 +13,7 @@ regional artifact stores (:func:`for_artifacts`).
 
 Only complete regions reach this module (:mod:`fp8conf.graph.regions` checks that they are
 convex, so each is one piece that can be cut out alone). The pieces of the eager remainder
-(:mod:`fp8conf.graph.remainder`) are cut out, keyed and compiled the same way, after the regions
+(:mod:`fp8conf.compile.remainder`) are cut out, keyed and compiled the same way, after the regions
 and sharing their cache.
 """
 
@@ -31,7 +31,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fp8conf.graph.fast_call import fast_entry_or_reason, graph_allows_fast_call
+from fp8conf.compile.fast_call import fast_entry_or_reason, graph_allows_fast_call
 from fp8conf.log import fell_back
 from fp8conf.graph.regions import Region
 
@@ -44,7 +44,7 @@ __all__ = [
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"
 #: Prefix of the submodules pieces of the eager remainder are cut into.
 PIECE_SUBMODULE_PREFIX = "fp8conf_piece_"
-#: Whether compiled regions and pieces are called through :func:`fp8conf.graph.fast_call.fast_entry`
+#: Whether compiled regions and pieces are called through :func:`fp8conf.compile.fast_call.fast_entry`
 #: where it is safe (read when a graph is compiled; ``False`` keeps every call on the artifact,
 #: as benchmarks/bench_host.py does to measure what the fast path saves).
 FAST_CALLS = True
@@ -87,7 +87,7 @@ def compile_regions(gm: torch.fx.GraphModule, regions: list[Region], cache: dict
     them; ``cache`` maps structural keys to compiled regions and may be shared between graphs
     (a joint graph's forward and backward). Returns a flat callable of ``gm`` and the names of
     the nodes that now run compiled. ``error(region, exc)`` builds the exception raised when
-    Inductor rejects a region. ``compiler`` (:mod:`fp8conf.graph.compile_workers`; by default
+    Inductor rejects a region. ``compiler`` (:mod:`fp8conf.compile.workers`; by default
     this process) compiles each distinct region."""
     cut = cut_regions(gm, regions, cache, error, compiler)
     return cut.bind(), cut.names
@@ -102,7 +102,7 @@ def cut_regions(gm, regions: list[Region], cache: dict, error, compiler=None) ->
 
 def cut_pieces(gm, pieces: list[list[torch.fx.Node]], cache: dict, error, compiler=None) -> CutUnits:
     """:func:`cut_regions` for pieces of the eager remainder or units around the regions
-    (:func:`fp8conf.graph.remainder.remainder_pieces`); ``error(piece, exc)`` builds the exception
+    (:func:`fp8conf.compile.remainder.remainder_pieces`); ``error(piece, exc)`` builds the exception
     raised when Inductor rejects a piece."""
     return _cut(gm, pieces, PIECE_SUBMODULE_PREFIX, cache, lambda i, exc: error(pieces[i], exc), compiler)
 
@@ -268,7 +268,7 @@ def for_artifacts():
 
 def compile_unit(submodule, fake_inputs) -> Callable:
     """Compile one cut-out unit for ``fake_inputs`` (in this process; see
-    :mod:`fp8conf.graph.compile_workers` for the same in a worker).
+    :mod:`fp8conf.compile.workers` for the same in a worker).
 
     A unit that is already what AOTAutograd would make of it (:func:`_functional_unit`: tensors
     in, none requiring grad, no op that mutates) is compiled as ``torch.compile`` compiles the
@@ -393,7 +393,7 @@ def _inner_compile_unit(submodule, fake_inputs, fake_mode):
     from torch._inductor.fx_passes.joint_graph import joint_graph_passes
     from torch._inductor.utils import BoxedBool
 
-    from fp8conf.graph.partition import inductor_decomposed
+    from fp8conf.compile.partition import inductor_decomposed
 
     table = select_decomp_table()
     if any(n.op == "call_function" and n.target in table for n in submodule.graph.nodes):
@@ -426,7 +426,7 @@ def _no_nested_remat():
 def region_call(compiled, fast: Callable | None = None) -> Callable:
     """A plain function, not the artifact object (FX code generation calls functions by name),
     whose ``__wrapped__`` is the artifact (what a regional artifact saves). With ``fast``
-    (:func:`fp8conf.graph.fast_call.fast_entry`), calls after the first skip the artifact's
+    (:func:`fp8conf.compile.fast_call.fast_entry`), calls after the first skip the artifact's
     wrappers; the first goes through them, for whatever torch does on a graph's first run
     (writing its autotuning cache, say). Its ``boxed`` attribute takes the inputs as one list
     and empties it (through the fast entry's own, after the first call); ``fast`` is the fast

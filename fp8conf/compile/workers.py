@@ -8,10 +8,10 @@ between this process and ``workers`` helper processes, each unit to whichever ha
 nodes to compile so far, and this process compiles its own share while the helpers compile
 theirs. A helper receives a unit (pickled with torch's ``GraphPickler``, its inputs described by
 shape, stride, dtype and device), compiles it with ``standalone_compile`` (the form a regional
-artifact stores, :func:`fp8conf.graph.region_compile.standalone_unit`), under the parent's
+artifact stores, :func:`fp8conf.compile.region_compile.standalone_unit`), under the parent's
 Inductor and functorch settings, and sends back Inductor's serialized artifact
 (``AOTCompiledArtifact``), which the parent loads and calls as it would its own; the units this
-process keeps are compiled as without helpers (:func:`fp8conf.graph.region_compile.compile_unit`),
+process keeps are compiled as without helpers (:func:`fp8conf.compile.region_compile.compile_unit`),
 the same kernels either way. Helpers are started when the compile begins, before the min-cut partition, so
 that their start (importing torch and Inductor, starting their own Triton compile processes)
 overlaps the cutting of the graph, and stopped when it ends; they share the parent's Inductor
@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from fp8conf.graph import region_compile
+from fp8conf.compile import region_compile
 
 __all__ = ["InProcessCompiler", "WorkerPool", "unit_compiler"]
 
@@ -58,7 +58,7 @@ class WorkerPool:
     after every graph of the compile has been cut) shares them out, largest first, each to
     whichever of this process and the helpers has the fewest nodes to compile so far, sends the
     helpers theirs and compiles this process's own while the helpers work. A unit that cannot be
-    pickled is compiled here. Each helper is ``python -m fp8conf.graph.compile_workers``, a
+    pickled is compiled here. Each helper is ``python -m fp8conf.compile.workers``, a
     process of its own that imports nothing of the caller's program (unlike ``multiprocessing``'s
     spawn, which would run a script without a ``__main__`` guard again), fed pickled requests on
     its stdin."""
@@ -155,7 +155,7 @@ class _Worker:
 
     def __init__(self, env: dict, settings: tuple):
         self._log = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen([sys.executable, "-m", "fp8conf.graph.compile_workers"], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-m", "fp8conf.compile.workers"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, env=env)
         try:
             self._send(("settings", settings))
@@ -194,7 +194,7 @@ def unit_compiler(workers: int = 0):
     """The compiler for a regional compile: this process and ``workers`` helpers, or (``0``) this process alone. A
     torch whose ``standalone_compile`` cannot bundle a unit into one serializable artifact
     compiles here."""
-    from fp8conf.graph.region_compile import bundles_units
+    from fp8conf.compile.region_compile import bundles_units
 
     if workers <= 0 or not bundles_units():
         return InProcessCompiler()
@@ -215,7 +215,7 @@ def _apply_settings(inductor_settings: dict, functorch_settings: dict, threads: 
     from torch._inductor.async_compile import maybe_warm_pool
 
     # This worker's own Triton compile processes, started before its first unit arrives (see
-    # fp8conf.graph.compile._warm_compile_pool); nothing without Triton.
+    # fp8conf.compile.joint._warm_compile_pool); nothing without Triton.
     maybe_warm_pool()
     # What Inductor would import on the first compile, imported while the parent still traces
     # and cuts: the unit arrives to a worker that only has to compile it.
@@ -238,7 +238,7 @@ def _compile(data: bytes, inputs: list[tuple]) -> bytes:
     from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from fp8conf.graph.region_compile import standalone_unit
+    from fp8conf.compile.region_compile import standalone_unit
 
     fake_mode = FakeTensorMode(shape_env=ShapeEnv())
     submodule = GraphPickler.loads(data, fake_mode)

@@ -13,9 +13,9 @@ Two ways to cut, one per compile mode. For ``regional`` (the default), nodes kee
 and meta (provenance, ``partitioner_tag``, annotations) in both graphs, a forward node the
 backward recomputes appears in both, still tagged forward, and every FP8 region stays whole on
 its side of the cut, its backward taking the scales the forward computed
-(:mod:`fp8conf.graph.share_scales`, which rewrites the joint graph first); equal blocks are
+(:mod:`fp8conf.compile.share_scales`, which rewrites the joint graph first); equal blocks are
 then made to save and recompute the same values, where the partitioner broke a tie for one of
-them another way (:mod:`fp8conf.graph.block_saves`). For
+them another way (:mod:`fp8conf.compile.block_saves`). For
 ``full`` (``keep_fp8_regions=False``) the cut is the one ``torch.compile`` makes: the joint
 graph is first rewritten into Inductor's decompositions, then handed to Inductor's own partition
 function, which runs its joint-graph passes and the min-cut
@@ -35,9 +35,9 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 
-from fp8conf.graph.block_saves import align_block_saves
+from fp8conf.compile.block_saves import align_block_saves
 from fp8conf.graph.lazy_code import graph_module
-from fp8conf.graph.share_scales import share_forward_scales
+from fp8conf.compile.share_scales import share_forward_scales
 from fp8conf.log import warn_once
 
 __all__ = ["PartitionedJoint", "partition_joint", "run_partitioned", "inductor_decomposed"]
