@@ -190,6 +190,14 @@ def test_the_pipeline_stages_never_import_the_compile_engine():
     assert not found, "pipeline stages that import the compile engine:\n" + "\n".join(found)
 
 
+def test_artifacts_use_only_the_engines_entry_point():
+    # Artifacts ask the engine through fp8conf.compile's own names, never through its modules.
+    edges = _import_graph(ROOT)
+    found = [line for line in _imports_of_package(edges, "fp8conf.artifacts", "fp8conf.compile")
+             if not line.endswith(" imports fp8conf.compile")]
+    assert not found, "artifact modules that reach inside the compile engine:\n" + "\n".join(found)
+
+
 def test_the_layer_scan_sees_a_stage_importing_the_engine(tmp_path):
     package = tmp_path / "fp8conf"
     for sub in ("graph", "compile"):

@@ -170,11 +170,11 @@ def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> Precompi
     if mode == "full":
         artifact = _compile_full(gm, example_inputs)
         return PrecompiledJoint(artifact, inputs, outputs, "standalone_compile", artifact=artifact, modules=modules)
-    # Unpartitioned, like a full artifact: one flat graph calling its regions' compiled code.
-    from fp8conf.compile.region_compile import for_artifacts
+    # Unpartitioned, like a full artifact: one flat graph calling its regions' compiled code,
+    # each unit compiled as the artifact stores it.
+    from fp8conf.compile import CompileConfig
 
-    with for_artifacts():  # each unit compiled as the artifact stores it
-        compiled = compile_joint(gm, mode="regional", strict=True, partition=False)
+    compiled = compile_joint(gm, CompileConfig(mode="regional", strict=True, partition=False, saveable_units=True))
     flat = flat_callable(compiled.artifact)
     return PrecompiledJoint(flat, inputs, outputs, "regional", artifact=compiled.artifact, modules=modules, regions=region_specs(compiled))
 

@@ -27,6 +27,9 @@ _EXPORTS = {
     "fp8conf.compile.config": ("MODES", "REMAINDERS", "CompileConfig"),
     "fp8conf.compile.joint": ("CompiledJoint", "compile_joint"),
     "fp8conf.compile.stage": ("compile_split",),
+    # What artifacts need of the engine: its own units, and a loaded unit called as compiling calls it.
+    "fp8conf.compile.compiled_unit": ("CompiledUnit",),
+    "fp8conf.compile.region_compile": ("unit_call",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

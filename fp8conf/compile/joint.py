@@ -157,11 +157,11 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
         # at all, and the partitioner cannot read nodes without meta["val"].
         check_attributed(flat, strict=strict)
         # Workers start before the cut, so that their start overlaps it.
-        compiler = unit_compiler(workers)
+        compiler = unit_compiler(workers, saveable=config.saveable_units)
         try:
             parts = partition_joint(flat, keep_fp8_regions=True) if partition else None
             graphs = [flat] if parts is None else [parts.forward, parts.backward]
-            compiled = _regional(gm, graphs, names, strict, remainder, compiler)
+            compiled = _regional(gm, graphs, names, strict, remainder, compiler, config.fast_calls)
         finally:
             compiler.close()
         if parts is not None:
@@ -344,13 +344,13 @@ def _with_convention(gm, flat_fn, check=None) -> Callable:
     return run
 
 
-def _regional(gm, graphs, names, strict, remainder, compiler) -> CompiledJoint:
+def _regional(gm, graphs, names, strict, remainder, compiler, fast_calls) -> CompiledJoint:
     """Tag the complete FP8 regions of each of ``graphs`` (the flat joint graph, or its forward
     and backward) and compile them as ``remainder`` says, each structurally distinct unit once,
     with ``compiler`` (here, or in worker processes side by side:
     :mod:`fp8conf.compile.workers`); ``fn`` is one flat callable, or a list of them when
     several graphs are given."""
-    regions, fns, compiled_names, distinct, fallbacks = _compile_units(graphs, strict, remainder, compiler)
+    regions, fns, compiled_names, distinct, fallbacks = _compile_units(graphs, strict, remainder, compiler, fast_calls)
     tagged = {n.name for r in regions if r.complete for n in r.nodes}
     left_eager = tagged - compiled_names
     if left_eager and strict:
@@ -368,7 +368,7 @@ def _regional(gm, graphs, names, strict, remainder, compiler) -> CompiledJoint:
     return CompiledJoint(fn, "regional", tuple(regions), compiled, names - compiled, artifact, distinct, tuple(fallbacks))
 
 
-def _compile_units(graphs, strict, remainder, compiler):
+def _compile_units(graphs, strict, remainder, compiler, fast_calls):
     """:func:`_regional`'s tagging and compiling; every graph's units are cut and submitted
     before any is bound, so that a pool compiles the forward's and the backward's together."""
     regions, cuts, compiled_names, cache = [], [], set(), {}
@@ -386,7 +386,7 @@ def _compile_units(graphs, strict, remainder, compiler):
         elif remainder == "eager":
             cut = cut_regions(graph, complete, cache, _region_error, compiler)
         else:
-            compile_regions(graph, complete, cache, error=_region_error, compiler=compiler)
+            compile_regions(graph, complete, cache, error=_region_error, compiler=compiler, fast_calls=fast_calls)
             compiled_names |= {n.name for r in complete for n in r.nodes}
             # Regions are single calls by now, so no piece can reach into one.
             cut = cut_pieces(graph, remainder_pieces(graph, keep_eager=uncompiled), cache, _piece_error, compiler)
@@ -394,7 +394,7 @@ def _compile_units(graphs, strict, remainder, compiler):
         cuts.append(cut)
     # One dynamo-disable frame per graph: the regions called straight through Inductor's code
     # (fp8conf.compile.fast_call) no longer pass through the artifact's own.
-    fns = [torch._dynamo.disable(cut.bind()) for cut in cuts]
+    fns = [torch._dynamo.disable(cut.bind(fast_calls=fast_calls)) for cut in cuts]
     fallbacks = list(dict.fromkeys(line for cut in cuts for line in cut.fallbacks))
     return regions, fns, compiled_names, len(cache), fallbacks
 

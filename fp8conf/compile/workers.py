@@ -63,7 +63,8 @@ class WorkerPool:
     spawn, which would run a script without a ``__main__`` guard again), fed pickled requests on
     its stdin."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, *, saveable: bool = False):
+        self._saveable = saveable  # the units kept here (the helpers' are saveable anyway)
         settings = (torch._inductor.config.save_config_portable(), torch._functorch.config.save_config_portable())
         # Inductor's own compile workers (Triton, C++) shared out between this process and the helpers.
         threads = max(1, min(torch._inductor.config.compile_threads, _cores()) // (workers + 1))
@@ -75,7 +76,7 @@ class WorkerPool:
         self._shared_out = False
 
     def submit(self, submodule: torch.fx.GraphModule, fake_inputs) -> _Unit:
-        unit = _Unit(submodule, list(fake_inputs), torch._guards.TracingContext.try_get())
+        unit = _Unit(submodule, list(fake_inputs), torch._guards.TracingContext.try_get(), self._saveable)
         self._units.append(unit)
         return unit
 
@@ -120,8 +121,8 @@ class _Unit:
     """A submitted unit: what to compile, the tracing context it was cut under, and where it is
     compiled (``future``: a helper's reply)."""
 
-    def __init__(self, submodule, fake_inputs, context):
-        self.submodule, self.fake_inputs, self.context = submodule, fake_inputs, context
+    def __init__(self, submodule, fake_inputs, context, saveable: bool = False):
+        self.submodule, self.fake_inputs, self.context, self.saveable = submodule, fake_inputs, context, saveable
         self.size = sum(n.op == "call_function" for n in submodule.graph.nodes)
         self.future: concurrent.futures.Future | None = None
         self._outcome = None
@@ -143,7 +144,7 @@ class _Unit:
 
             return AOTCompiledArtifact.deserialize(self.future.result())
         with torch._guards.tracing(self.context):
-            return InProcessCompiler().submit(self.submodule, self.fake_inputs)
+            return InProcessCompiler(saveable=self.saveable).submit(self.submodule, self.fake_inputs)
 
 
 class _WorkerError(RuntimeError):
@@ -190,15 +191,14 @@ class _Worker:
         self._log.close()
 
 
-def unit_compiler(workers: int = 0):
+def unit_compiler(workers: int = 0, *, saveable: bool = False):
     """The compiler for a regional compile: this process and ``workers`` helpers, or (``0``) this process alone. A
     torch whose ``standalone_compile`` cannot bundle a unit into one serializable artifact
-    compiles here."""
-    from fp8conf.compile.region_compile import bundles_units
-
-    if workers <= 0 or not bundles_units():
-        return InProcessCompiler()
-    return WorkerPool(workers)
+    compiles here. ``saveable``: every unit compiled as a regional artifact stores it
+    (:attr:`~fp8conf.CompileConfig.saveable_units`)."""
+    if workers <= 0 or not region_compile.bundles_units():
+        return InProcessCompiler(saveable=saveable)
+    return WorkerPool(workers, saveable=saveable)
 
 
 def _describe(value) -> tuple:
@@ -238,14 +238,12 @@ def _compile(data: bytes, inputs: list[tuple]) -> bytes:
     from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from fp8conf.compile.region_compile import standalone_unit
-
     fake_mode = FakeTensorMode(shape_env=ShapeEnv())
     submodule = GraphPickler.loads(data, fake_mode)
     with fake_mode:
         fakes = [_strided(*spec) for spec in inputs]
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
-        return standalone_unit(submodule, fakes).serialize()
+        return region_compile.standalone_unit(submodule, fakes).serialize()
 
 
 def _serve() -> None:
