@@ -45,11 +45,11 @@ from fp8conf import errors
 from fp8conf.arguments import require
 from fp8conf.graph.call_inputs import input_check
 from fp8conf.compile.config import MODES, REMAINDERS, CompileConfig
-from fp8conf.compile.partition import partition_joint, run_partitioned
+from fp8conf.compile.partition import partition_joint, regions_in, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
 from fp8conf.compile.workers import unit_compiler
 from fp8conf.compile.region_compile import compile_regions, cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
-from fp8conf.graph.regions import Region, check_attributed, tag_fp8_regions
+from fp8conf.graph.regions import Region, check_attributed, identify_fp8_regions, tag_fp8_regions
 from fp8conf.compile.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
 from fp8conf.log import fell_back, library_notices_quieted
@@ -144,24 +144,29 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     if cudagraph and not torch.cuda.is_available():
         raise errors.FP8ConfigError("compile_joint(cudagraph=True) needs a CUDA device; this torch sees none")
     _warm_compile_pool()
+    # Read once and handed on: the cut, the compiled halves and the input check all need it.
+    signature = joint_signature(gm)
     names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
     flat = flat_graph_module(gm)
     if not flat.graph.find_nodes(op="placeholder"):
         # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
         return CompiledJoint(gm, mode, (), frozenset(), names, inductor_compiles=0)
     if mode == "full":
-        parts = partition_joint(flat, keep_fp8_regions=False) if partition else None
-        compiled = _full(flat, parts, names, example_inputs)
+        parts = partition_joint(flat, keep_fp8_regions=False, signature=signature) if partition else None
+        compiled = _full(flat, parts, names, example_inputs, signature)
     else:
         # Before the cut: FP8 compute no region can hold would otherwise be compiled as no region
         # at all, and the partitioner cannot read nodes without meta["val"].
         check_attributed(flat, strict=strict)
+        # The regions, identified once on the joint graph and handed on: the cut keeps them
+        # whole, and each half is tagged with its share of them.
+        regions = identify_fp8_regions(flat)
         # Workers start before the cut, so that their start overlaps it.
         compiler = unit_compiler(workers, saveable=config.saveable_units)
         try:
-            parts = partition_joint(flat, keep_fp8_regions=True) if partition else None
+            parts = partition_joint(flat, keep_fp8_regions=True, signature=signature, regions=regions) if partition else None
             graphs = [flat] if parts is None else [parts.forward, parts.backward]
-            compiled = _regional(gm, graphs, names, strict, remainder, compiler, config.fast_calls)
+            compiled = _regional(gm, graphs, regions, names, strict, remainder, compiler, config.fast_calls)
         finally:
             compiler.close()
         if parts is not None:
@@ -175,8 +180,8 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
                                            eager_nodes=compiled.eager_nodes - merged, fallbacks=fallbacks)
     fn = compiled.fn
     if cudagraph:
-        fn = _cuda_graphed(fn, _static_inputs(gm))
-    check = input_check(gm, "compile_joint's callable", example_inputs if mode == "full" else None, joint_signature(gm))
+        fn = _cuda_graphed(fn, _static_inputs(gm, signature))
+    check = input_check(gm, "compile_joint's callable", example_inputs if mode == "full" else None, signature)
     return dataclasses.replace(compiled, fn=_with_convention(gm, fn, check))
 
 
@@ -193,7 +198,7 @@ def _warm_compile_pool() -> None:
         import torch._inductor.compile_fx  # noqa: F401
 
 
-def _full(flat, parts, names, example_inputs) -> CompiledJoint:
+def _full(flat, parts, names, example_inputs, signature) -> CompiledJoint:
     if parts is None:
         artifact = _standalone_compile(flat, example_inputs)
         return CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
@@ -203,7 +208,7 @@ def _full(flat, parts, names, example_inputs) -> CompiledJoint:
         # decomposing it a second time and running the joint-graph passes on it once more, after
         # which Inductor groups its kernels differently (on an H200, the backward then made every
         # layer's FP8 weight and activation casts up front and held them all at its peak).
-        params = [i for i, spec in enumerate(joint_signature(flat).inputs) if spec.kind in ("param", "buffer")]
+        params = [i for i, spec in enumerate(signature.inputs) if spec.kind in ("param", "buffer")]
         forward_code = _inner_compile(parts.forward, static=params, backward=False)
         tangents = sum(1 for p in parts.backward.graph.find_nodes(op="placeholder") if p.name.startswith("tangents"))
         saved = len(parts.backward.graph.find_nodes(op="placeholder")) - tangents
@@ -344,13 +349,13 @@ def _with_convention(gm, flat_fn, check=None) -> Callable:
     return run
 
 
-def _regional(gm, graphs, names, strict, remainder, compiler, fast_calls) -> CompiledJoint:
+def _regional(gm, graphs, joint_regions, names, strict, remainder, compiler, fast_calls) -> CompiledJoint:
     """Tag the complete FP8 regions of each of ``graphs`` (the flat joint graph, or its forward
-    and backward) and compile them as ``remainder`` says, each structurally distinct unit once,
+    and backward; ``joint_regions`` are the joint graph's, each graph's share found by name) and compile them as ``remainder`` says, each structurally distinct unit once,
     with ``compiler`` (here, or in worker processes side by side:
     :mod:`fp8conf.compile.workers`); ``fn`` is one flat callable, or a list of them when
     several graphs are given."""
-    regions, fns, compiled_names, distinct, fallbacks = _compile_units(graphs, strict, remainder, compiler, fast_calls)
+    regions, fns, compiled_names, distinct, fallbacks = _compile_units(graphs, joint_regions, strict, remainder, compiler, fast_calls)
     tagged = {n.name for r in regions if r.complete for n in r.nodes}
     left_eager = tagged - compiled_names
     if left_eager and strict:
@@ -368,12 +373,13 @@ def _regional(gm, graphs, names, strict, remainder, compiler, fast_calls) -> Com
     return CompiledJoint(fn, "regional", tuple(regions), compiled, names - compiled, artifact, distinct, tuple(fallbacks))
 
 
-def _compile_units(graphs, strict, remainder, compiler, fast_calls):
+def _compile_units(graphs, joint_regions, strict, remainder, compiler, fast_calls):
     """:func:`_regional`'s tagging and compiling; every graph's units are cut and submitted
     before any is bound, so that a pool compiles the forward's and the backward's together."""
     regions, cuts, compiled_names, cache = [], [], set(), {}
     for graph in graphs:
-        found = tag_fp8_regions(graph, strict=strict)
+        # Attribution was checked on the joint graph, before the cut.
+        found = tag_fp8_regions(graph, regions_in(graph, joint_regions), strict=strict)
         regions += found
         complete = [r for r in found if r.complete]
         # Those left uncompiled (incomplete, strict=False) stay eager whole.
@@ -444,9 +450,9 @@ def _piece_error(piece, exc: Exception) -> errors.RegionCompileError:
     )
 
 
-def _static_inputs(gm) -> tuple[bool, ...]:
-    """Which flat inputs keep their storage between steps: a joint graph's parameters and buffers."""
-    signature = joint_signature(gm)
+def _static_inputs(gm, signature) -> tuple[bool, ...]:
+    """Which flat inputs keep their storage between steps: a joint graph's parameters and buffers
+    (``signature``, ``gm``'s joint signature)."""
     count = len(gm.graph.find_nodes(op="placeholder"))
     if signature is None:
         return (False,) * count
