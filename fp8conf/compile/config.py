@@ -25,7 +25,9 @@ class CompileConfig:
     the config is made, before anything is traced or compiled."""
 
     #: ``"regional"`` compiles the complete FP8 regions (with the rest around them, by
-    #: ``remainder``); ``"full"`` compiles every node, as ``torch.compile`` would.
+    #: ``remainder``): each distinct unit once, so a deep model's cold start stays short, and
+    #: every region held to its module. ``"full"`` compiles every node, as ``torch.compile``
+    #: would, for a graph whose regions need no such account.
     mode: str = "regional"
     #: Refuse what would lose FP8 silently: an incomplete region, FP8 compute no module can be
     #: held to, a tagged region left eager. ``False`` leaves them eager and logs each.
