@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import os
 import re
@@ -70,7 +69,6 @@ import torch
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 import fp8conf
-from fp8conf.graph import region_compile
 from fp8conf.tools.example_models import build_stack
 
 import goals  # benchmarks/goals.py, beside this script
@@ -170,9 +168,9 @@ def make_variant(label, work: Workload):
     helpers = re.search(r", (\d+) workers?$", label)
     workers = int(helpers.group(1)) if helpers else 0
     # ", saveable units": every unit compiled as a regional artifact stores it.
-    saveable = region_compile.for_artifacts() if label.endswith(", saveable units") else contextlib.nullcontext()
-    with saveable:
-        compiled = fp8conf.compile_joint(gm, mode=mode, cudagraph="CUDA graphs" in label, remainder=remainder, workers=workers)
+    config = fp8conf.CompileConfig(mode=mode, cudagraph="CUDA graphs" in label, remainder=remainder, workers=workers,
+                                   saveable_units=label.endswith(", saveable units"))
+    compiled = fp8conf.compile_joint(gm, config)
     info = {"inductor_compiles": compiled.inductor_compiles, "regions": sum(r.complete for r in compiled.regions)}
     return joint_step(gm, model, work.x, work.grad, compiled), model, info
 

@@ -1,6 +1,6 @@
 """Host time per step of fp8conf's regional compile: compiled regions and pieces called through
 their ``CompiledArtifact`` (every AOTAutograd and Inductor wrapper layer) versus directly through
-Inductor's generated code where that is safe (:mod:`fp8conf.graph.fast_call`).
+Inductor's generated code where that is safe (:mod:`fp8conf.compile.fast_call`).
 
 Both variants are compiled from one traced joint graph of the Llama-shaped model
 (``benchmarks/llama.py``), the second from the Inductor cache the first filled, and must give
@@ -31,7 +31,6 @@ import torch
 import torch.utils._pytree as pytree
 
 import fp8conf
-from fp8conf.graph import region_compile
 
 from llama import build_llama  # benchmarks/llama.py, beside this script
 
@@ -129,8 +128,7 @@ def main():
 
     rows, results = [], []
     for label, fast in (("artifact calls", False), ("fast calls", True)):
-        region_compile.FAST_CALLS = fast
-        compiled = fp8conf.compile_joint(gm, mode="regional")
+        compiled = fp8conf.compile_joint(gm, fp8conf.CompileConfig(mode="regional", fast_calls=fast))
         step = lambda: compiled(primals, tangents)  # noqa: E731
         results.append([t.clone() for t in pytree.tree_leaves(step()) if isinstance(t, torch.Tensor)])
         step()
@@ -139,7 +137,6 @@ def main():
         site, site_args = _piece_site_args(compiled, args.device)
         rows.append((label, len(sites), fast_sites, outer, _wall_us(step, args.device, args.steps, args.repeats),
                      _python_us(step, args.steps, args.profile_top, label), *_per_call_us(site, site_args)))
-    region_compile.FAST_CALLS = True
     equal = all(torch.equal(a, b) for a, b in zip(*results, strict=True))
 
     print(f"regional host time, llama dim {args.dim} x {args.layers}, {args.tokens} tokens, {args.recipe}, {args.device}; results equal: {equal}")

@@ -22,7 +22,7 @@ MODULES = (
     "torch._inductor.lowering",
     "torch._inductor.scheduler",
     "torchao.float8",
-    "fp8conf.graph.compile",
+    "fp8conf.compile.joint",
     "fp8conf.artifacts.store",
 )
 CUDA_MODULES = ("torch._inductor.codegen.triton", "triton.compiler.compiler")

@@ -3,8 +3,9 @@
 The pipeline, one folder per layer and one module per stage (:mod:`fp8conf.graph`):
 :func:`trace_joint` (joint graph, :class:`JointSignature`, provenance) -> :func:`op_roles` ->
 :func:`validate_fp8_graph` -> :func:`identify_fp8_regions` / :func:`tag_fp8_regions` ->
-:func:`compile_joint` or :func:`split_stage` (GraphPP; :mod:`fp8conf.pipeline` runs the split
-callables as pipeline stages). Then :mod:`fp8conf.artifacts` (:class:`QuantizationSignature`,
+:func:`split_stage` (GraphPP; :mod:`fp8conf.pipeline` runs the split callables as pipeline
+stages). The compile engine (:mod:`fp8conf.compile`) takes the stages' results:
+:func:`compile_joint` / :func:`compile_split` under one :class:`CompileConfig`. Then :mod:`fp8conf.artifacts` (:class:`QuantizationSignature`,
 signed, fingerprint-checked precompiled artifacts) and :mod:`fp8conf.quantized` (module discovery,
 :class:`MXLinear` and its e8m0 op). Every error is an :class:`FP8Error` (:mod:`fp8conf.errors`).
 """
@@ -25,9 +26,8 @@ _EXPORTS = {
     "fp8conf.graph.roles": ("OpRole", "classify_node", "is_fp8_compute", "op_roles"),
     "fp8conf.graph.validate": ("Finding", "ValidationReport", "validate_fp8_graph"),
     "fp8conf.graph.regions": ("Region", "identify_fp8_regions", "tag_fp8_regions"),
-    "fp8conf.graph.compile": ("CompiledJoint", "compile_joint"),
-    "fp8conf.graph.compile_config": ("CompileConfig",),
-    "fp8conf.graph.split": ("StageSplit", "compile_split", "split_stage"),
+    "fp8conf.graph.split": ("StageSplit", "split_stage"),
+    "fp8conf.compile": ("CompileConfig", "CompiledJoint", "compile_joint", "compile_split"),
     "fp8conf.artifacts.signature": ("QuantizationSignature",),
     "fp8conf.artifacts.store": (
         "PrecompiledJoint", "load_artifact", "load_for_model", "precompile_joint", "precompile_model", "read_header", "save_artifact",
@@ -88,14 +88,14 @@ __all__ = [
     "Region",
     "identify_fp8_regions",
     "tag_fp8_regions",
-    # compile (fp8conf.graph.compile)
+    # the compile engine (fp8conf.compile)
     "compile_joint",
     "CompileConfig",
     "CompiledJoint",
+    "compile_split",
     # GraphPP split (fp8conf.graph.split)
     "split_stage",
     "StageSplit",
-    "compile_split",
     # artifacts (fp8conf.artifacts)
     "QuantizationSignature",
     "precompile_joint",

@@ -47,7 +47,7 @@ def inductor_calls(monkeypatch):
     import torch
     import torch._inductor.compile_fx
 
-    from fp8conf.graph import region_compile
+    from fp8conf.compile import region_compile
 
     calls, inside_unit = [], []
     for owner, name in ((torch._inductor, "standalone_compile"), (torch._inductor.compile_fx, "compile_fx_inner"),

@@ -146,7 +146,7 @@ def test_round_trip_in_a_fresh_process_is_bitwise_and_compiles_nothing(saved, tm
         import torch, fp8conf
         import torch._inductor.compile_fx as compile_fx, torch._inductor.standalone_compile as standalone
         import torch.fx.passes.regional_inductor as regional_inductor
-        import fp8conf.graph.compile as graph_compile
+        import fp8conf.compile.joint as graph_compile
 
         def compiled(*a, **k):
             raise RuntimeError("loading an artifact compiled a graph")
@@ -230,6 +230,44 @@ def test_cli_save_with_a_repeat_naming_no_container_is_a_usage_error(tmp_path, c
     out = tmp_path / "none.fp8"
     assert main(["precompile", "save", "--model", "fingerprint_models:model_a", "--out", str(out), "--repeat", "trunk"]) == EXIT_USAGE
     assert "has no submodule 'trunk'" in capsys.readouterr().err and not out.exists()
+
+
+def test_cli_save_hands_one_compile_config_to_precompile_model(tmp_path, monkeypatch):
+    import fp8conf.artifacts.store
+
+    seen = []
+
+    def precompile_model(path, model, args, config=None, **keywords):
+        seen.append(config)
+        raise fp8conf.FP8ConfigError("stopped before compiling")
+
+    monkeypatch.setattr(fp8conf.artifacts.store, "precompile_model", precompile_model)
+    out = tmp_path / "config.fp8"
+    argv = ["precompile", "save", "--model", "fingerprint_models:model_a", "--out", str(out), "--mechanism", "regional"]
+    main(argv + ["--no-strict", "--remainder", "eager", "--workers", "2"])
+    assert seen == [fp8conf.CompileConfig(strict=False, remainder="eager", workers=2)]
+
+
+def test_cli_save_refuses_a_bad_compile_setting_before_tracing(tmp_path, capsys):
+    from fp8conf.tools.precompile import EXIT_USAGE
+
+    out = tmp_path / "bad.fp8"
+    assert main(["precompile", "save", "--model", "fingerprint_models:model_a", "--out", str(out), "--workers", "-1"]) == EXIT_USAGE
+    assert "CompileConfig(workers=-1)" in capsys.readouterr().err and not out.exists()
+
+
+def test_precompile_takes_a_compile_config_or_its_keywords_not_both():
+    gm = fp8conf.trace_joint(*_small())
+    with pytest.raises(fp8conf.FP8ConfigError, match="not both"):
+        fp8conf.precompile_joint(gm, config=fp8conf.CompileConfig(mode="regional"), mode="full")
+    with pytest.raises(fp8conf.FP8ConfigError, match="cannot hold a CUDA graph"):
+        fp8conf.precompile_joint(gm, config=fp8conf.CompileConfig(mode="full", cudagraph=True))
+    with pytest.raises(fp8conf.FP8ConfigError, match="choose one of"):
+        fp8conf.precompile_joint(gm, mode="fast")
+
+
+def _small():
+    return build_model(SPEC_A)  # (model, args)
 
 
 def test_a_deep_model_precompiled_from_its_repeated_trace_loads_and_computes_its_step(tmp_path):

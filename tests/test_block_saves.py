@@ -1,4 +1,4 @@
-"""Equal blocks cut alike by the regional partition (fp8conf/graph/block_saves.py): every block
+"""Equal blocks cut alike by the regional partition (fp8conf/compile/block_saves.py): every block
 of a Llama saves and recomputes the same values, the first one (fed by the embedding) included,
 so that one block's backward compiles once; the result still matches the eager joint graph."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import fp8conf
-from fp8conf.graph.compile import _with_convention
-from fp8conf.graph.partition import partition_joint, run_partitioned
+from fp8conf.compile.joint import _with_convention
+from fp8conf.compile.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import get_block
 from fp8conf.graph.roles import is_fp8_compute
 from fp8conf.graph.trace import flat_graph_module

@@ -14,8 +14,8 @@ import torch
 import torch._inductor.compile_fx
 
 import fp8conf
-import fp8conf.graph.compile as graph_compile
-from fp8conf.graph.partition import partition_joint
+import fp8conf.compile.joint as graph_compile
+from fp8conf.compile.partition import partition_joint
 from fp8conf.graph.trace import flat_graph_module
 from fp8conf.tools.example_models import build_stack
 from fp8conf.tools.saved import saved_by_compiled_joint, saved_by_torch_compile

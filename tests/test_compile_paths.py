@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fp8conf
-from fp8conf.graph.partition import partition_joint
+from fp8conf.compile.partition import partition_joint
 from fp8conf.graph.regions import identify_fp8_regions
 from fp8conf.graph.trace import flat_graph_module
 from fp8conf.tools.example_models import build_stack
@@ -51,7 +51,7 @@ def test_partitioned_graphs_hold_the_joint_graphs_regions_whole():
     forward = {r.id: {n.name for n in r.nodes} for r in identify_fp8_regions(parts.forward)}
     backward = {r.id: {n.name for n in r.nodes} for r in identify_fp8_regions(parts.backward)}
     assert all("/forward/" in rid for rid in forward) and all("/backward/" in rid for rid in backward)
-    # Less what the backward takes from its forward or computes once (fp8conf/graph/share_scales.py).
+    # Less what the backward takes from its forward or computes once (fp8conf/compile/share_scales.py).
     assert forward | backward == {rid: names - parts.merged.keys() for rid, names in joint.items()}
     for rid, names in joint.items():
         for name in names & parts.merged.keys():
@@ -122,7 +122,7 @@ def test_tracing_and_compiling_pause_the_collector_and_restore_it(monkeypatch):
     a failed trace or compile included."""
     import gc
 
-    import fp8conf.graph.compile as graph_compile
+    import fp8conf.compile.joint as graph_compile
     from fp8conf.errors import FP8TraceError
 
     assert gc.isenabled()
@@ -148,3 +148,37 @@ def test_tracing_and_compiling_pause_the_collector_and_restore_it(monkeypatch):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_one_regional_compile_finds_the_regions_and_reads_the_joint_signature_once(monkeypatch):
+    # Data flows forward: the regions found on the joint graph are handed to the cut and to the
+    # tagging of each half, the signature to the cut, the halves and the input check.
+    import collections
+    import sys
+
+    import fp8conf.graph.regions
+    import fp8conf.graph.trace
+
+    _, _, gm = traced(2)
+    calls = collections.Counter()
+    for owner, name in ((fp8conf.graph.regions, "identify_fp8_regions"), (fp8conf.graph.trace, "joint_signature")):
+        real = getattr(owner, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        # Wherever the function was imported by name, lazily or not.
+        for module in [m for n, m in list(sys.modules.items()) if n == "fp8conf" or n.startswith("fp8conf.")]:
+            if getattr(module, name, None) is real:
+                monkeypatch.setattr(module, name, counted)
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    assert dict(calls) == {"identify_fp8_regions": 1, "joint_signature": 1}
+    # The regions handed on are the ones each half holds: every one tagged, compiled, whole.
+    complete = [r for r in compiled.regions if r.complete]
+    assert len(complete) == 8 and all(len({n.graph for n in r.nodes}) == 1 for r in complete)
+    assert {n.name for r in complete for n in r.nodes} <= compiled.compiled_nodes
+    # The same regions as found afresh in each half (less the nodes the cut merged away).
+    parts = partition_joint(flat_graph_module(gm))
+    afresh = {r.id: {n.name for n in r.nodes} for g in (parts.forward, parts.backward) for r in identify_fp8_regions(g)}
+    assert {r.id: {n.name for n in r.nodes} for r in compiled.regions} == afresh

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import fp8conf
-from fp8conf.graph.partition import partition_joint
-from fp8conf.graph.region_compile import compile_regions
+from fp8conf.compile.partition import partition_joint
+from fp8conf.compile.region_compile import compile_regions
 from fp8conf.graph.regions import tag_fp8_regions
 from fp8conf.graph.provenance import get_block, repeated_block
-from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
+from fp8conf.compile.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.roles import is_fp8_dtype
 from fp8conf.graph.trace import flat_graph_module
 from stack_steps import DIM, TOKENS, assert_matches_eager, traced
@@ -179,7 +179,7 @@ def test_the_regional_backward_frees_saved_values_as_it_goes(monkeypatch):
     list, which the call empties: a saved value that only the first call reads is freed by the
     time that call returns, not held by the caller, the graph or the list until the whole
     backward returns."""
-    from fp8conf.graph import region_compile
+    from fp8conf.compile import region_compile
 
     roles, refs, dead_after_first, held = {}, [], [], set()
     make_call = region_compile.region_call
@@ -225,7 +225,7 @@ def test_units_that_differ_only_in_the_values_leaving_them_compile_once(inductor
     gets its own values."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fp8conf.graph.region_compile import cut_pieces
+    from fp8conf.compile.region_compile import cut_pieces
 
     def step(x, y):
         a1 = torch.sin(x) * 2 + 1  # the first unit's sum leaves it

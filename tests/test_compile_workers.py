@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fp8conf
-from fp8conf.graph import region_compile
+from fp8conf.compile import region_compile
 from stack_steps import DIM, TOKENS, traced
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import fp8conf
 from fp8conf import log
-from fp8conf.graph import fast_call
+from fp8conf.compile import fast_call
 from stack_steps import assert_matches_eager, traced
 
 
@@ -44,7 +44,7 @@ def test_a_unit_whose_wrappers_cannot_be_seen_through_falls_back_once_and_says_s
 
 
 def test_a_backward_that_cannot_be_called_boxed_says_the_memory_saving_is_lost(monkeypatch, fresh_log):
-    from fp8conf.graph import compile as compile_module
+    from fp8conf.compile import joint as compile_module
 
     monkeypatch.setattr(compile_module, "_boxed_graph", lambda gm: None)
     model, x, gm = traced(2)

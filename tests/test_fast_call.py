@@ -1,5 +1,5 @@
 """Compiled regions and pieces called straight through Inductor's generated code
-(:mod:`fp8conf.graph.fast_call`) where AOTAutograd's wrappers have nothing to do, and through
+(:mod:`fp8conf.compile.fast_call`) where AOTAutograd's wrappers have nothing to do, and through
 the artifact where they do: same results either way. Functional units compiled by Inductor's
 inner compiler compute what their saved (``standalone_compile``) form computes."""
 
@@ -14,8 +14,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fp8conf
-from fp8conf.graph import region_compile
-from fp8conf.graph.fast_call import fast_entry, graph_allows_fast_call
+from fp8conf.compile import CompiledUnit, region_compile
+from fp8conf.compile.fast_call import fast_entry, graph_allows_fast_call
 from fp8conf.tools.example_models import build_stack
 
 DIM, TOKENS = 32, 16
@@ -31,15 +31,13 @@ def _steps(compiled, gm, model, x, grad, steps=2):
     return [t for t in torch.utils._pytree.tree_leaves(outs) if isinstance(t, torch.Tensor)]
 
 
-def test_ordinary_regions_take_the_fast_path_with_equal_results(monkeypatch):
+def test_ordinary_regions_take_the_fast_path_with_equal_results():
     model = build_stack(DIM, 2, seed=0)
     x = torch.randn(TOKENS, DIM, requires_grad=True)
     grad = torch.randn(TOKENS, DIM)
     gm = fp8conf.trace_joint(model, (x,))
-    monkeypatch.setattr(region_compile, "FAST_CALLS", False)
-    slow = fp8conf.compile_joint(gm, mode="regional")
-    monkeypatch.setattr(region_compile, "FAST_CALLS", True)
-    fast = fp8conf.compile_joint(gm, mode="regional")
+    slow = fp8conf.compile_joint(gm, fp8conf.CompileConfig(mode="regional", fast_calls=False))
+    fast = fp8conf.compile_joint(gm, fp8conf.CompileConfig(mode="regional", fast_calls=True))
     assert all(n.target.fast is None for n in _call_sites(slow))
     regions = [n for n in _call_sites(fast) if n.name.startswith("region")]
     assert regions and all(n.target.fast is not None for n in regions)
@@ -84,8 +82,7 @@ def test_functional_units_are_compiled_by_the_inner_compiler_as_their_saved_form
     grad = torch.randn(TOKENS, DIM)
     gm = fp8conf.trace_joint(model, (x,))
     inner = fp8conf.compile_joint(gm, mode="regional")
-    with region_compile.for_artifacts():
-        saved_form = fp8conf.compile_joint(gm, mode="regional")
+    saved_form = fp8conf.compile_joint(gm, fp8conf.CompileConfig(mode="regional", saveable_units=True))
     assert inner.inductor_compiles == saved_form.inductor_compiles > 0
     kinds = {type(u).__name__ for u in _units(inner)}
     assert kinds == {"InnerCompiledUnit"}, f"every unit of the block stack is functional, yet some were compiled otherwise: {kinds}"
@@ -112,7 +109,7 @@ def _unit_of(fn, x):
 def test_a_unit_whose_outputs_alias_is_inner_compiled_with_the_traced_values_and_strides():
     x = torch.randn(4, 8)
     unit = _unit_of(_views_of_the_input, x)
-    assert isinstance(unit, region_compile.InnerCompiledUnit)
+    assert isinstance(unit, region_compile.InnerCompiledUnit) and isinstance(unit, CompiledUnit)
     for _ in range(2):
         expected, got = _views_of_the_input(x), unit(x)
         for a, b in zip(expected, got):
@@ -122,7 +119,7 @@ def test_a_unit_whose_outputs_alias_is_inner_compiled_with_the_traced_values_and
 def test_a_unit_that_mutates_or_takes_a_grad_input_goes_through_standalone_compile():
     x = torch.randn(4, 8)
     unit = _unit_of(_mutating, x)
-    assert not isinstance(unit, region_compile.InnerCompiledUnit)
+    assert not isinstance(unit, region_compile.InnerCompiledUnit) and not isinstance(unit, CompiledUnit)
     eager_input, compiled_input = x.clone(), x.clone()
     assert torch.equal(_mutating(eager_input)[0], unit(compiled_input)[0]) and torch.equal(eager_input, compiled_input)
     with torch._subclasses.FakeTensorMode() as mode:
@@ -134,7 +131,7 @@ def test_a_unit_that_mutates_or_takes_a_grad_input_goes_through_standalone_compi
 _PUT_OFF_WAIT = """
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
-from fp8conf.graph import region_compile
+from fp8conf.compile import region_compile
 
 def f(x):
     return (torch.relu(x) * 3 + 1).sum(0), x.sin().t()

@@ -19,7 +19,7 @@ from conformance.fingerprints import reordered
 from conformance.models import LayerSpec, ModelSpec, build_model
 from fp8conf import ArtifactError, ArtifactIntegrityError, FingerprintMismatchError, QuantizationSignature
 from fp8conf.artifacts import store
-from fp8conf.graph import compile as graph_compile
+from fp8conf.compile import joint as graph_compile
 from fp8conf.artifacts.signature import ABSENT
 from fingerprint_models import SPEC_A, SPEC_B
 

@@ -12,7 +12,8 @@ import fp8conf
 from conformance import rewrites
 from conformance.strategies import runnable_recipes
 from fp8conf.tools.example_models import build_stack
-from fp8conf.graph.split import compile_split, split_stage
+from fp8conf.compile import compile_split
+from fp8conf.graph.split import split_stage
 from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY
 from fp8conf.graph.validate import SIBLING_COMPUTE_META_KEY
 from fp8conf.tools.pipeline_check import launch, stage_indices

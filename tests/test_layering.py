@@ -165,3 +165,46 @@ def test_the_cycle_scan_sees_a_cycle_through_a_lazy_import(tmp_path):
     (package / "b.py").write_text("def f():\n    from fp8conf.a import x\n")
     (package / "c.py").write_text("from . import a\n")
     assert _cycles(_import_graph(tmp_path, ("fp8conf",))) == [["fp8conf.a", "fp8conf.b"]]
+
+
+# --- the pipeline stages know nothing of the compile engine ------------------------------------
+
+
+def _imports_of_package(edges: dict[str, set[str]], importer: str, imported: str) -> list[str]:
+    return sorted(
+        f"{name} imports {target}"
+        for name, targets in edges.items()
+        if name == importer or name.startswith(importer + ".")
+        for target in targets
+        if target == imported or target.startswith(imported + ".")
+    )
+
+
+def test_the_pipeline_stages_never_import_the_compile_engine():
+    # The engine (fp8conf.compile) takes the stages' results as arguments; a stage that reached
+    # into it would let the layers run both ways again.
+    edges = _import_graph(ROOT)
+    assert "fp8conf.compile.joint" in edges and "fp8conf.graph.trace" in edges, "the scan sees both packages"
+    assert _imports_of_package(edges, "fp8conf.compile", "fp8conf.graph"), "the engine is seen taking the stages' results"
+    found = _imports_of_package(edges, "fp8conf.graph", "fp8conf.compile")
+    assert not found, "pipeline stages that import the compile engine:\n" + "\n".join(found)
+
+
+def test_artifacts_use_only_the_engines_entry_point():
+    # Artifacts ask the engine through fp8conf.compile's own names, never through its modules.
+    edges = _import_graph(ROOT)
+    found = [line for line in _imports_of_package(edges, "fp8conf.artifacts", "fp8conf.compile")
+             if not line.endswith(" imports fp8conf.compile")]
+    assert not found, "artifact modules that reach inside the compile engine:\n" + "\n".join(found)
+
+
+def test_the_layer_scan_sees_a_stage_importing_the_engine(tmp_path):
+    package = tmp_path / "fp8conf"
+    for sub in ("graph", "compile"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "compile" / "joint.py").write_text("")
+    (package / "graph" / "regions.py").write_text("def f():\n    from fp8conf.compile.joint import x\n")
+    edges = _import_graph(tmp_path, ("fp8conf",))
+    assert _imports_of_package(edges, "fp8conf.graph", "fp8conf.compile") == ["fp8conf.graph.regions imports fp8conf.compile.joint"]

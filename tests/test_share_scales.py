@@ -1,4 +1,4 @@
-"""Backward FP8 regions take the scales their forward computed (fp8conf/graph/share_scales.py):
+"""Backward FP8 regions take the scales their forward computed (fp8conf/compile/share_scales.py):
 after the regional cut no node of a backward region repeats one of its own region or a scale
 of the forward, each takes one amax (its output gradient's), what the backward takes from a
 forward region is never a cast tensor, and every region stays complete. On a Llama traced from
@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from fp8conf.graph.partition import partition_joint
+from fp8conf.compile.partition import partition_joint
 from fp8conf.graph.regions import identify_fp8_regions
 from fp8conf.graph.roles import is_fp8_dtype
 from fp8conf.graph.trace import flat_graph_module

@@ -10,7 +10,7 @@ object, then by the sha256 of its serialized bytes), in a table after the graphs
 site of the pickled graph (``torch.fx._graph_pickler.GraphPickler``) calls a stand-in submodule
 naming its piece. Any call of an ``AOTCompiledArtifact`` counts as a piece, whatever the
 regional compile made it for; a unit the compile made with Inductor's inner compiler
-(:class:`~fp8conf.graph.region_compile.InnerCompiledUnit`, which cannot be serialized) is
+(a :class:`~fp8conf.compile.CompiledUnit`, which cannot be serialized) is
 compiled once more, by ``standalone_compile``, and stored in that form (the same kernels).
 :func:`fp8conf.precompile_joint` and :func:`save_split_artifact` without ``fns`` compile every unit
 in that form from the start. An artifact of mechanism ``regional`` holds one such graph per
@@ -78,10 +78,10 @@ def _compiled_piece(target):
         from torch._inductor.standalone_compile import AOTCompiledArtifact
     except ImportError:  # a torch without it has no such pieces to find
         return None
-    from fp8conf.graph.region_compile import InnerCompiledUnit
+    from fp8conf.compile import CompiledUnit
 
     artifact = getattr(target, "__wrapped__", None)
-    if isinstance(artifact, InnerCompiledUnit):
+    if isinstance(artifact, CompiledUnit):
         return artifact.saveable()  # compiled again, once, in the form an artifact stores
     return artifact if isinstance(artifact, AOTCompiledArtifact) else None
 
@@ -194,11 +194,10 @@ def _load_pieces(data: bytes, entries: list[dict], path: str) -> list[Callable]:
 def _piece_call(artifact) -> Callable:
     """A plain function wrapping the artifact, as compiling makes it: saving a loaded graph again
     finds the artifact behind it; after its first call it skips the artifact's wrappers where
-    they have nothing to do (:mod:`fp8conf.graph.fast_call`)."""
-    from fp8conf.graph import region_compile
-    from fp8conf.graph.fast_call import fast_entry
+    they have nothing to do (:mod:`fp8conf.compile.fast_call`)."""
+    from fp8conf.compile import unit_call
 
-    return region_compile.region_call(artifact, fast_entry(artifact) if region_compile.FAST_CALLS else None)
+    return unit_call(artifact)
 
 
 def _bind_pieces(graph, pieces: list[Callable], part: str, path: str) -> None:
@@ -297,7 +296,8 @@ def save_split_artifact(path, gm, split, signature: QuantizationSignature, fns: 
     :func:`fp8conf.save_artifact` signs. ``fns`` is what ``fp8conf.compile_split(split,
     mode="regional")`` returned (compiled here when omitted)."""
     import fp8conf
-    from fp8conf.graph.split import StageSplit, compile_split
+    from fp8conf.compile import CompileConfig, compile_split
+    from fp8conf.graph.split import StageSplit
     from fp8conf.graph.trace import trace_info
 
     path = os.fspath(path)
@@ -310,10 +310,8 @@ def save_split_artifact(path, gm, split, signature: QuantizationSignature, fns: 
     check_signature_describes(signature, info.modules if info else None, path)
     inputs, outputs = describe_graph(gm)
     if fns is None:
-        from fp8conf.graph.region_compile import for_artifacts
-
-        with for_artifacts():  # each unit compiled as the artifact stores it
-            fns = compile_split(split, mode="regional")
+        # Each unit compiled as the artifact stores it.
+        fns = compile_split(split, CompileConfig(mode="regional", saveable_units=True))
     wrong = sorted(name for name, fn in fns.items() if getattr(fn, "mode", None) != "regional")
     if set(fns) != set(split.parts) or wrong:
         raise FP8ConfigError(

@@ -143,44 +143,55 @@ def _input_name(spec: dict) -> str:
     return spec.get("target") or f"{spec['kind']}.{spec.get('index')}"
 
 
-def _compile_full(gm, example_inputs=None):
-    """``gm`` compiled whole by :func:`fp8conf.compile_joint`: torch's ``CompiledArtifact``."""
-    from fp8conf.graph.compile import compile_joint
+def precompile_config(config, where: str, **keywords):
+    """The :class:`~fp8conf.CompileConfig` a precompile compiles with: ``config`` or the keywords
+    that make one (:meth:`CompileConfig.of <fp8conf.CompileConfig.of>`; ``mode`` defaults to
+    ``"full"`` here), in the form an artifact stores: unpartitioned (an artifact holds one
+    compiled joint graph, where a partitioned compile makes two) and, for ``regional``, every
+    unit compiled as the artifact stores it. CUDA graphs are a way of calling, not something
+    saved: ``cudagraph=True`` is refused."""
+    import dataclasses
 
-    # Unpartitioned: an artifact holds one compiled joint graph (a partitioned compile makes two).
-    return compile_joint(gm, mode="full", example_inputs=example_inputs, partition=False).artifact
+    from fp8conf.compile import CompileConfig
+
+    if config is None and keywords.get("mode") is None:
+        keywords["mode"] = "full"
+    config = CompileConfig.of(config, where, **keywords)
+    if config.cudagraph:
+        raise FP8ConfigError(f"{where}: an artifact cannot hold a CUDA graph; compile with cudagraph=False and "
+                             "pass cudagraph=True to compile_joint where the loaded graph is run")
+    return dataclasses.replace(config, partition=False, saveable_units=config.mode == "regional")
 
 
-def precompile_joint(gm, example_inputs=None, *, mode: str = "full") -> PrecompiledJoint:
+def precompile_joint(gm, example_inputs=None, config=None, *, mode: str | None = None, strict: bool | None = None) -> PrecompiledJoint:
     """Compile a joint graph of :func:`fp8conf.trace_joint` with :func:`fp8conf.compile_joint`,
-    in a form :func:`save_artifact` saves: ``mode="full"`` (Inductor's ``standalone_compile``; the
-    result is specialized to ``example_inputs``, the flat inputs in placeholder order, tensors like
-    the traced ones when omitted) or ``"regional"`` (the complete FP8 regions, strictly).
+    in a form :func:`save_artifact` saves, under ``config`` (a :class:`~fp8conf.CompileConfig`)
+    or the keywords that make one (defaults ``mode="full"``, ``strict=True``): ``mode="full"``
+    (Inductor's ``standalone_compile``; the result is specialized to ``example_inputs``, the flat
+    inputs in placeholder order, tensors like the traced ones when omitted) or ``"regional"``
+    (the complete FP8 regions; ``remainder`` and ``workers`` as the config says). The artifact's
+    form is fixed (see :func:`precompile_config`): unpartitioned, without CUDA graphs.
     """
     require(gm, "graph module", "precompile_joint", "gm")
     from fp8conf.artifacts.regional import flat_callable, region_specs
-    from fp8conf.graph.compile import compile_joint
+    from fp8conf.compile import compile_joint
     from fp8conf.graph.trace import trace_info
 
-    if mode not in ("full", "regional"):
-        raise FP8ConfigError(f"precompile_joint(mode={mode!r}): choose 'full' or 'regional'")
+    config = precompile_config(config, "precompile_joint", mode=mode, strict=strict)
     inputs, outputs = describe_graph(gm)
     info = trace_info(gm)
     modules = info.modules if info else None
-    if mode == "full":
-        artifact = _compile_full(gm, example_inputs)
+    if config.mode == "full":
+        artifact = compile_joint(gm, config, example_inputs=example_inputs).artifact
         return PrecompiledJoint(artifact, inputs, outputs, "standalone_compile", artifact=artifact, modules=modules)
-    # Unpartitioned, like a full artifact: one flat graph calling its regions' compiled code.
-    from fp8conf.graph.region_compile import for_artifacts
-
-    with for_artifacts():  # each unit compiled as the artifact stores it
-        compiled = compile_joint(gm, mode="regional", strict=True, partition=False)
+    # One flat graph calling its regions' compiled code.
+    compiled = compile_joint(gm, config)
     flat = flat_callable(compiled.artifact)
     return PrecompiledJoint(flat, inputs, outputs, "regional", artifact=compiled.artifact, modules=modules, regions=region_specs(compiled))
 
 
 def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, example_inputs=None, *, mechanism: str = "auto",
-                  key=None, unsigned: bool = False) -> ArtifactHeader:
+                  key=None, unsigned: bool = False, config=None) -> ArtifactHeader:
     """Save a compiled joint graph with ``signature`` at ``path`` (atomically), signed with ``key``
     (bytes or a key file; by default the environment's, see :mod:`fp8conf.artifacts.keys`), and
     return its header. ``unsigned=True`` writes it without a MAC.
@@ -188,7 +199,9 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
     ``gm_or_compiled`` is a joint graph of :func:`fp8conf.trace_joint` (compiled here) or a
     :class:`PrecompiledJoint` from :func:`precompile_joint`. ``mechanism`` is ``"standalone_compile"``,
     ``"graph_pickler"``, ``"regional"`` or ``"auto"`` (the first, falling back to the second with a
-    warning when the graph cannot be compiled or saved).
+    warning when the graph cannot be compiled or saved). A traced graph is compiled under
+    ``config`` (a :class:`~fp8conf.CompileConfig`; see :func:`precompile_joint`), its mode the
+    mechanism's: ``regional`` for ``"regional"``, ``full`` otherwise.
     """
     require(path, "path", "save_artifact", "path")
     import torch
@@ -215,7 +228,7 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
         info = trace_info(gm_or_compiled)
         check_signature_describes(signature, info.modules if info else None, path)
         inputs, outputs = describe_graph(gm_or_compiled)
-        payload, used, parts, pieces, note = _compile_for_saving(gm_or_compiled, mechanism, example_inputs, path)
+        payload, used, parts, pieces, note = _compile_for_saving(gm_or_compiled, mechanism, example_inputs, path, config)
     else:
         raise FP8ConfigError(f"save_artifact: expected a torch.fx.GraphModule from trace_joint or a PrecompiledJoint, got {type(gm_or_compiled).__qualname__}")
     header = ArtifactHeader(
@@ -236,14 +249,20 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
     return header
 
 
-def _compile_for_saving(gm, mechanism: str, example_inputs, path: str) -> tuple[bytes, str, list[dict], list[dict], str]:
+def _compile_for_saving(gm, mechanism: str, example_inputs, path: str, config=None) -> tuple[bytes, str, list[dict], list[dict], str]:
     """``(payload, mechanism used, parts, pieces, note)`` of the traced graph ``gm`` compiled as asked."""
+    import dataclasses
+
+    from fp8conf.compile import CompileConfig
+
+    config = CompileConfig.of(config, "save_artifact")
     if mechanism == "regional":
-        payload, parts, pieces = _compiled_payload(precompile_joint(gm, mode="regional"), path)
+        payload, parts, pieces = _compiled_payload(precompile_joint(gm, config=dataclasses.replace(config, mode="regional")), path)
         return payload, "regional", parts, pieces, ""
     if mechanism in ("auto", "standalone_compile"):
         try:
-            return _standalone_payload(precompile_joint(gm, example_inputs).artifact, path), "standalone_compile", [], [], ""
+            full = precompile_joint(gm, example_inputs, dataclasses.replace(config, mode="full"))
+            return _standalone_payload(full.artifact, path), "standalone_compile", [], [], ""
         except Exception as exc:
             if mechanism == "standalone_compile":
                 raise ArtifactError(f"cannot compile and save {path!r} with standalone_compile: {type(exc).__name__}: {exc}", path=path) from exc
@@ -331,7 +350,11 @@ def _load_pickled_graph(payload: bytes, header: ArtifactHeader, path: str) -> Pr
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     flat = GraphPickler.loads(payload, FakeTensorMode(shape_env=ShapeEnv()))
-    artifact = _compile_full(flat, _inputs_from_specs(header.inputs))
+    from fp8conf.compile import compile_joint
+
+    # Compiled on load as precompile_joint compiles a full artifact.
+    config = precompile_config(None, "load_artifact", mode="full")
+    artifact = compile_joint(flat, config, example_inputs=_inputs_from_specs(header.inputs)).artifact
     return PrecompiledJoint(artifact, header.inputs, header.outputs, "graph_pickler", artifact=artifact, graph=flat)
 
 
@@ -347,14 +370,20 @@ def _load_regional(payload: bytes, header: ArtifactHeader, path: str) -> Precomp
 # --- model-level entry points -------------------------------------------------------------------
 
 
-def precompile_model(path, model, args, *, strict: bool = True, mechanism: str = "auto", key=None, unsigned: bool = False,
-                     repeat: str | None = None, per_block: tuple[str, ...] = ()) -> ArtifactHeader:
-    """Trace ``model(*args)``'s training step, validate it (strictly when ``strict``), compile it
-    and save it at ``path`` with the model's quantization signature, signed with ``key`` (see
-    :func:`save_artifact`). ``repeat`` and ``per_block`` are :func:`fp8conf.trace_joint`'s: a deep
-    model of equal blocks traced at the cost of four."""
+def precompile_model(path, model, args, config=None, *, strict: bool | None = None, mechanism: str = "auto", key=None,
+                     unsigned: bool = False, repeat: str | None = None, per_block: tuple[str, ...] = ()) -> ArtifactHeader:
+    """Trace ``model(*args)``'s training step, validate it (strictly when ``config.strict``),
+    compile it under ``config`` (a :class:`~fp8conf.CompileConfig`, or the ``strict`` keyword that
+    makes one; the mode is ``mechanism``'s, see :func:`save_artifact`) and save it at ``path``
+    with the model's quantization signature, signed with ``key`` (see :func:`save_artifact`).
+    ``repeat`` and ``per_block`` are :func:`fp8conf.trace_joint`'s: a deep model of equal blocks
+    traced at the cost of four."""
     require(path, "path", "precompile_model", "path")
     require(model, "model", "precompile_model", "model")
+    from fp8conf.compile import CompileConfig
+
+    config = CompileConfig.of(config, "precompile_model", strict=strict)
+    strict = config.strict
     from fp8conf.graph.trace import trace_joint
     from fp8conf.graph.validate import validate_fp8_graph
 
@@ -363,7 +392,7 @@ def precompile_model(path, model, args, *, strict: bool = True, mechanism: str =
     signature = QuantizationSignature.from_model(model, strict=strict)
     gm = trace_joint(model, args, repeat=repeat, per_block=per_block)
     validate_fp8_graph(gm, strict=strict)  # a strict artifact is one whose graph passed strict validation
-    return save_artifact(path, gm, signature, mechanism=mechanism, key=signing_key, unsigned=signing_key is None)
+    return save_artifact(path, gm, signature, mechanism=mechanism, key=signing_key, unsigned=signing_key is None, config=config)
 
 
 def load_for_model(path, model, args=None, *, strict: bool = True, key=None, trust_unsigned: bool = False) -> PrecompiledJoint:

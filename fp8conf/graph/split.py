@@ -42,14 +42,12 @@ import torch.utils._pytree as pytree
 
 from fp8conf.arguments import require
 from fp8conf import errors
-from fp8conf.graph.compile import compile_joint
-from fp8conf.graph.compile_config import CompileConfig
 from fp8conf.graph.provenance import get_provenance, node_passes
 from fp8conf.graph.roles import is_fp8_compute
 from fp8conf.graph.trace import JOINT_SIGNATURE_META_KEY, JointSignature, collector_paused, joint_signature, trace_info
 from fp8conf.graph.validate import SIBLING_COMPUTE_META_KEY, validate_fp8_graph
 
-__all__ = ["SPLIT_META_KEY", "SplitPart", "StageSplit", "split_stage", "compile_split"]
+__all__ = ["SPLIT_META_KEY", "SplitPart", "StageSplit", "split_stage"]
 
 #: Key of :class:`SplitPart` in a callable's ``gm.meta``.
 SPLIT_META_KEY = "fp8conf_split"
@@ -320,15 +318,3 @@ def _compute_per_call(part) -> collections.Counter:
         if is_fp8_compute(node) and node.op == "call_function" and provenance is not None:
             found[(provenance.module_fqn, provenance.call, passes[node])] += 1
     return found
-
-
-def compile_split(split: StageSplit, config: CompileConfig | None = None, *, mode: str | None = None, strict: bool | None = None,
-                  cudagraph: bool | None = None) -> dict[str, Callable]:
-    """Compile each callable of ``split`` with :func:`fp8conf.compile_joint` (``"regional"``: its
-    complete FP8 regions, re-identified in that callable, with FP8 placeholders as boundaries;
-    ``"full"``: all of it), under ``config`` (a :class:`~fp8conf.CompileConfig`) or the keywords
-    that make one (defaults ``mode="regional"``, ``strict=True``, ``cudagraph=False``). Returns
-    the ``fns`` mapping :meth:`StageSplit.run` and the pipeline runner take."""
-    require(split, StageSplit, "compile_split", "split", "a StageSplit (what fp8conf.split_stage(gm) returns)")
-    config = CompileConfig.of(config, "compile_split", mode=mode, strict=strict, cudagraph=cudagraph)
-    return {name: compile_joint(part, config) for name, part in split.parts.items()}

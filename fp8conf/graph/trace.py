@@ -322,7 +322,7 @@ def run_joint(gm: torch.fx.GraphModule, model: torch.nn.Module, args, grad_outpu
     """Execute a joint graph made by :func:`trace_joint` with ``model``'s current parameters.
 
     ``fn`` runs instead of ``gm`` when given: a compiled version of it with the same calling
-    convention (see :mod:`fp8conf.graph.compile`). Returns ``(outputs, grads)``: the forward outputs
+    convention (see :mod:`fp8conf.compile.joint`). Returns ``(outputs, grads)``: the forward outputs
     as a tuple, and gradients keyed by parameter FQN plus ``"input.<i>"`` for positional inputs
     that receive one.
 

@@ -33,7 +33,8 @@ import torch
 from torch.distributed.pipelining import PipelineStage
 
 from fp8conf.errors import FP8ConfigError
-from fp8conf.graph.split import StageSplit, compile_split, split_stage
+from fp8conf.compile import CompileConfig, compile_split
+from fp8conf.graph.split import StageSplit, split_stage
 from fp8conf.graph.trace import joint_inputs, trace_joint
 
 __all__ = ["GraphPPStage", "CHECKED_SCHEDULES"]
@@ -55,7 +56,8 @@ CHECKED_SCHEDULES = {
 class GraphPPStage(PipelineStage):
     """Stage ``stage_index`` of ``num_stages``: ``submodule`` traced on ``example_input`` (one
     microbatch, on ``device``), split into forward / dI / dW, and optionally compiled
-    (``compile="regional"`` or ``"full"``, see :func:`fp8conf.compile_split`).
+    (``compile="regional"`` or ``"full"``, compiled with ``strict``, or a
+    :class:`~fp8conf.CompileConfig`; see :func:`fp8conf.compile_split`).
 
     ``runs`` records the callables in the order the schedule ran them, as ``(part, microbatch)``
     with ``part`` one of ``"forward"``, ``"backward_input"``, ``"backward_weight"``.
@@ -69,7 +71,7 @@ class GraphPPStage(PipelineStage):
         device: torch.device | str,
         example_input: torch.Tensor,
         *,
-        compile: str | None = None,
+        compile: str | CompileConfig | None = None,
         strict: bool = True,
         group=None,
     ):
@@ -82,7 +84,9 @@ class GraphPPStage(PipelineStage):
                 f"stage {stage_index} ({type(submodule).__qualname__}) returns {self.split.num_outputs} outputs: "
                 "a GraphPP stage takes one activation and returns one; return a single tensor"
             )
-        self.fns = compile_split(self.split, mode=compile, strict=strict) if compile else {}
+        if compile is not None and not isinstance(compile, CompileConfig):
+            compile = CompileConfig(mode=compile, strict=strict)
+        self.fns = compile_split(self.split, compile) if compile is not None else {}
         # The shapes travel as static metadata: the library allocates its receive buffers from
         # them and never runs the module to infer them.
         super().__init__(

@@ -29,7 +29,7 @@ def diagnose() -> dict:
     import torch
     import torchao
 
-    from fp8conf.graph.compile import compile_joint
+    from fp8conf.compile import compile_joint
     from fp8conf.graph.trace import trace_joint
     from fp8conf.tools.example_models import build_stack
 

@@ -77,6 +77,10 @@ def add_parser(commands) -> argparse.ArgumentParser:
     save.add_argument("--mechanism", default="auto", choices=("auto", "standalone_compile", "graph_pickler", "regional"),
                       help="regional: only the FP8 regions compiled, the rest eager (the default auto: standalone_compile, else graph_pickler)")
     save.add_argument("--unsigned", action="store_true", help="write it without a MAC (it then loads only with --trust-unsigned)")
+    save.add_argument("--remainder", default=None, choices=("inductor", "pieces", "eager"),
+                      help="regional only: what becomes of the nodes outside the FP8 regions (CompileConfig.remainder; default inductor)")
+    save.add_argument("--workers", default=None, type=int, metavar="N",
+                      help="regional only: helper processes compiling distinct units (CompileConfig.workers; default 0)")
     save.add_argument("--repeat", default=None, metavar="CONTAINER",
                       help="trace four of the equal blocks in this container (e.g. layers) and copy the rest (trace_joint(repeat=...))")
 
@@ -217,14 +221,24 @@ def _key(args) -> bytes | None:
     return read_key_file(args.key_file, given_as="--key-file")
 
 
+def compile_config(args):
+    """The :class:`~fp8conf.CompileConfig` the options ask for, checked before anything is traced
+    (a bad value is exit status 2)."""
+    from fp8conf.compile import CompileConfig
+
+    given = {name: getattr(args, name, None) for name in ("remainder", "workers")}
+    return CompileConfig(strict=args.strict, **{name: value for name, value in given.items() if value is not None})
+
+
 def _save(args) -> int:
     from fp8conf.artifacts.store import precompile_model
 
+    config = compile_config(args)
     key = _key(args)
     model, model_args = _model_and_args(args.model)
     if model_args is None:
         raise _UsageError(f"--model {args.model} must return (model, args) to be traced")
-    header = precompile_model(args.out, model, model_args, strict=args.strict, mechanism=args.mechanism,
+    header = precompile_model(args.out, model, model_args, config, mechanism=args.mechanism,
                               key=key, unsigned=args.unsigned, repeat=args.repeat)
     signed = f"signed with key id {header.key_id}" if header.key_id else "UNSIGNED (loads only with --trust-unsigned)"
     print(f"saved {args.out}: {header.mechanism}, {header.payload_size} bytes, fingerprint {header.fingerprint}, {signed}")

@@ -8,10 +8,10 @@ between this process and ``workers`` helper processes, each unit to whichever ha
 nodes to compile so far, and this process compiles its own share while the helpers compile
 theirs. A helper receives a unit (pickled with torch's ``GraphPickler``, its inputs described by
 shape, stride, dtype and device), compiles it with ``standalone_compile`` (the form a regional
-artifact stores, :func:`fp8conf.graph.region_compile.standalone_unit`), under the parent's
+artifact stores, :func:`fp8conf.compile.region_compile.standalone_unit`), under the parent's
 Inductor and functorch settings, and sends back Inductor's serialized artifact
 (``AOTCompiledArtifact``), which the parent loads and calls as it would its own; the units this
-process keeps are compiled as without helpers (:func:`fp8conf.graph.region_compile.compile_unit`),
+process keeps are compiled as without helpers (:func:`fp8conf.compile.region_compile.compile_unit`),
 the same kernels either way. Helpers are started when the compile begins, before the min-cut partition, so
 that their start (importing torch and Inductor, starting their own Triton compile processes)
 overlaps the cutting of the graph, and stopped when it ends; they share the parent's Inductor
@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from fp8conf.graph import region_compile
+from fp8conf.compile import region_compile
 
 __all__ = ["InProcessCompiler", "WorkerPool", "unit_compiler"]
 
@@ -58,12 +58,13 @@ class WorkerPool:
     after every graph of the compile has been cut) shares them out, largest first, each to
     whichever of this process and the helpers has the fewest nodes to compile so far, sends the
     helpers theirs and compiles this process's own while the helpers work. A unit that cannot be
-    pickled is compiled here. Each helper is ``python -m fp8conf.graph.compile_workers``, a
+    pickled is compiled here. Each helper is ``python -m fp8conf.compile.workers``, a
     process of its own that imports nothing of the caller's program (unlike ``multiprocessing``'s
     spawn, which would run a script without a ``__main__`` guard again), fed pickled requests on
     its stdin."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, *, saveable: bool = False):
+        self._saveable = saveable  # the units kept here (the helpers' are saveable anyway)
         settings = (torch._inductor.config.save_config_portable(), torch._functorch.config.save_config_portable())
         # Inductor's own compile workers (Triton, C++) shared out between this process and the helpers.
         threads = max(1, min(torch._inductor.config.compile_threads, _cores()) // (workers + 1))
@@ -75,7 +76,7 @@ class WorkerPool:
         self._shared_out = False
 
     def submit(self, submodule: torch.fx.GraphModule, fake_inputs) -> _Unit:
-        unit = _Unit(submodule, list(fake_inputs), torch._guards.TracingContext.try_get())
+        unit = _Unit(submodule, list(fake_inputs), torch._guards.TracingContext.try_get(), self._saveable)
         self._units.append(unit)
         return unit
 
@@ -120,8 +121,8 @@ class _Unit:
     """A submitted unit: what to compile, the tracing context it was cut under, and where it is
     compiled (``future``: a helper's reply)."""
 
-    def __init__(self, submodule, fake_inputs, context):
-        self.submodule, self.fake_inputs, self.context = submodule, fake_inputs, context
+    def __init__(self, submodule, fake_inputs, context, saveable: bool = False):
+        self.submodule, self.fake_inputs, self.context, self.saveable = submodule, fake_inputs, context, saveable
         self.size = sum(n.op == "call_function" for n in submodule.graph.nodes)
         self.future: concurrent.futures.Future | None = None
         self._outcome = None
@@ -143,7 +144,7 @@ class _Unit:
 
             return AOTCompiledArtifact.deserialize(self.future.result())
         with torch._guards.tracing(self.context):
-            return InProcessCompiler().submit(self.submodule, self.fake_inputs)
+            return InProcessCompiler(saveable=self.saveable).submit(self.submodule, self.fake_inputs)
 
 
 class _WorkerError(RuntimeError):
@@ -155,7 +156,7 @@ class _Worker:
 
     def __init__(self, env: dict, settings: tuple):
         self._log = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen([sys.executable, "-m", "fp8conf.graph.compile_workers"], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-m", "fp8conf.compile.workers"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, env=env)
         try:
             self._send(("settings", settings))
@@ -190,15 +191,14 @@ class _Worker:
         self._log.close()
 
 
-def unit_compiler(workers: int = 0):
+def unit_compiler(workers: int = 0, *, saveable: bool = False):
     """The compiler for a regional compile: this process and ``workers`` helpers, or (``0``) this process alone. A
     torch whose ``standalone_compile`` cannot bundle a unit into one serializable artifact
-    compiles here."""
-    from fp8conf.graph.region_compile import bundles_units
-
-    if workers <= 0 or not bundles_units():
-        return InProcessCompiler()
-    return WorkerPool(workers)
+    compiles here. ``saveable``: every unit compiled as a regional artifact stores it
+    (:attr:`~fp8conf.CompileConfig.saveable_units`)."""
+    if workers <= 0 or not region_compile.bundles_units():
+        return InProcessCompiler(saveable=saveable)
+    return WorkerPool(workers, saveable=saveable)
 
 
 def _describe(value) -> tuple:
@@ -215,7 +215,7 @@ def _apply_settings(inductor_settings: dict, functorch_settings: dict, threads: 
     from torch._inductor.async_compile import maybe_warm_pool
 
     # This worker's own Triton compile processes, started before its first unit arrives (see
-    # fp8conf.graph.compile._warm_compile_pool); nothing without Triton.
+    # fp8conf.compile.joint._warm_compile_pool); nothing without Triton.
     maybe_warm_pool()
     # What Inductor would import on the first compile, imported while the parent still traces
     # and cuts: the unit arrives to a worker that only has to compile it.
@@ -238,14 +238,12 @@ def _compile(data: bytes, inputs: list[tuple]) -> bytes:
     from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from fp8conf.graph.region_compile import standalone_unit
-
     fake_mode = FakeTensorMode(shape_env=ShapeEnv())
     submodule = GraphPickler.loads(data, fake_mode)
     with fake_mode:
         fakes = [_strided(*spec) for spec in inputs]
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
-        return standalone_unit(submodule, fakes).serialize()
+        return region_compile.standalone_unit(submodule, fakes).serialize()
 
 
 def _serve() -> None:

@@ -25,7 +25,9 @@ class CompileConfig:
     the config is made, before anything is traced or compiled."""
 
     #: ``"regional"`` compiles the complete FP8 regions (with the rest around them, by
-    #: ``remainder``); ``"full"`` compiles every node, as ``torch.compile`` would.
+    #: ``remainder``): each distinct unit once, so a deep model's cold start stays short, and
+    #: every region held to its module. ``"full"`` compiles every node, as ``torch.compile``
+    #: would, for a graph whose regions need no such account.
     mode: str = "regional"
     #: Refuse what would lose FP8 silently: an incomplete region, FP8 compute no module can be
     #: held to, a tagged region left eager. ``False`` leaves them eager and logs each.
@@ -41,7 +43,17 @@ class CompileConfig:
     #: pieces, ``"eager"`` the regions alone and the rest eagerly.
     remainder: str = "inductor"
     #: ``regional`` only: helper processes compiling distinct units beside this one (0: here).
+    #: Distinct units are independent and their compiles mostly Python, so side by side they
+    #: shorten a deep model's cold start; each helper costs a process importing torch.
     workers: int = 0
+    #: Call compiled units straight through Inductor's generated code where torch's wrappers
+    #: have nothing to do (:mod:`fp8conf.compile.fast_call`): less host time per step, same
+    #: values. ``False`` keeps every call on torch's artifact, to measure what the fast path saves.
+    fast_calls: bool = True
+    #: ``regional`` only: compile every unit as a regional artifact stores it
+    #: (``standalone_compile``) instead of by Inductor's inner compiler, so that what an artifact
+    #: saves is what ran; precompiling sets it. The same kernels, a slower cold start.
+    saveable_units: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -50,7 +62,7 @@ class CompileConfig:
             raise FP8ConfigError(f"CompileConfig(remainder={self.remainder!r}): choose one of {REMAINDERS}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise FP8ConfigError(f"CompileConfig(workers={self.workers!r}): give a number of processes, 0 (this process, the default) or more")
-        for name in ("strict", "cudagraph", "partition"):
+        for name in ("strict", "cudagraph", "partition", "fast_calls", "saveable_units"):
             if not isinstance(getattr(self, name), bool):
                 raise FP8ConfigError(f"CompileConfig({name}={getattr(self, name)!r}): give True or False")
 

@@ -5,7 +5,7 @@ compiles each callable with it and precompiled artifacts (:mod:`fp8conf.artifact
 what its unpartitioned ``full`` mode made. Both modes work on a flat copy of the graph
 (placeholders in, a flat list out) with torch's own machinery. A whole joint graph is first cut
 into forward and backward by the min-cut partitioner, as ``torch.compile`` does
-(:mod:`fp8conf.graph.partition`): for ``full`` the very cut ``torch.compile`` makes (Inductor's
+(:mod:`fp8conf.compile.partition`): for ``full`` the very cut ``torch.compile`` makes (Inductor's
 decompositions and partition function), for ``regional`` one that keeps every FP8 region whole.
 ``full`` then compiles each half as ``torch.compile`` does, with Inductor's inner compiler
 on the graph as cut (for the fake values it records; ``torch._inductor.standalone_compile``
@@ -13,9 +13,9 @@ when ``example_inputs`` are given, or for a graph that cannot be cut), and calls
 backward with its inputs boxed, so that saved values are freed as the backward consumes them;
 ``regional`` tags the complete FP8 regions of each
 (:mod:`fp8conf.graph.regions`) and compiles them, each structurally distinct unit once
-(:mod:`fp8conf.graph.region_compile`): with ``remainder="inductor"`` (the default) each region
+(:mod:`fp8conf.compile.region_compile`): with ``remainder="inductor"`` (the default) each region
 together with the rest of the graph around it, in units that stop at the ops that must stay
-eager and at the edge of a repeated block (:mod:`fp8conf.graph.remainder`); with
+eager and at the edge of a repeated block (:mod:`fp8conf.compile.remainder`); with
 ``remainder="pieces"`` each region alone, then the pieces of the rest between them; with
 ``remainder="eager"`` the regions alone and everything else eagerly. The regional backward
 graph too takes its inputs boxed, so that each saved value is freed once the last compiled call
@@ -44,13 +44,13 @@ import torch.utils._pytree as pytree
 from fp8conf import errors
 from fp8conf.arguments import require
 from fp8conf.graph.call_inputs import input_check
-from fp8conf.graph.compile_config import MODES, REMAINDERS, CompileConfig
-from fp8conf.graph.partition import partition_joint, run_partitioned
+from fp8conf.compile.config import MODES, REMAINDERS, CompileConfig
+from fp8conf.compile.partition import partition_joint, regions_in, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
-from fp8conf.graph.compile_workers import unit_compiler
-from fp8conf.graph.region_compile import compile_regions, cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
-from fp8conf.graph.regions import Region, check_attributed, tag_fp8_regions
-from fp8conf.graph.remainder import blocks_from_regions, remainder_pieces
+from fp8conf.compile.workers import unit_compiler
+from fp8conf.compile.region_compile import compile_regions, cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
+from fp8conf.graph.regions import Region, check_attributed, identify_fp8_regions, tag_fp8_regions
+from fp8conf.compile.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
 from fp8conf.log import fell_back, library_notices_quieted
 
@@ -111,7 +111,7 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     left eager a :class:`~fp8conf.errors.RegionCompileError`). ``example_inputs`` (flat, in
     placeholder order) are what ``full`` specializes to; by default, tensors like the traced ones.
     With ``partition`` (the default), a joint graph is first cut into forward and backward by the
-    min-cut partitioner, as ``torch.compile`` does (:mod:`fp8conf.graph.partition`); graphs
+    min-cut partitioner, as ``torch.compile`` does (:mod:`fp8conf.compile.partition`); graphs
     without tangents are compiled whole either way.
 
     ``remainder`` (``regional`` only) is what becomes of the nodes outside the FP8 regions:
@@ -127,7 +127,7 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     eager either way and are named in ``eager_nodes``.
 
     ``workers`` (``regional`` only) is how many helper processes compile distinct units beside
-    this one (:mod:`fp8conf.graph.compile_workers`): the units are shared out, largest first,
+    this one (:mod:`fp8conf.compile.workers`): the units are shared out, largest first,
     between the helpers and this process, which compiles its share while the helpers compile
     theirs; ``0`` (the default) compiles them one after the other here. Either way the same units
     are compiled the same way.
@@ -144,24 +144,29 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     if cudagraph and not torch.cuda.is_available():
         raise errors.FP8ConfigError("compile_joint(cudagraph=True) needs a CUDA device; this torch sees none")
     _warm_compile_pool()
+    # Read once and handed on: the cut, the compiled halves and the input check all need it.
+    signature = joint_signature(gm)
     names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
     flat = flat_graph_module(gm)
     if not flat.graph.find_nodes(op="placeholder"):
         # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
         return CompiledJoint(gm, mode, (), frozenset(), names, inductor_compiles=0)
     if mode == "full":
-        parts = partition_joint(flat, keep_fp8_regions=False) if partition else None
-        compiled = _full(flat, parts, names, example_inputs)
+        parts = partition_joint(flat, keep_fp8_regions=False, signature=signature) if partition else None
+        compiled = _full(flat, parts, names, example_inputs, signature)
     else:
         # Before the cut: FP8 compute no region can hold would otherwise be compiled as no region
         # at all, and the partitioner cannot read nodes without meta["val"].
         check_attributed(flat, strict=strict)
+        # The regions, identified once on the joint graph and handed on: the cut keeps them
+        # whole, and each half is tagged with its share of them.
+        regions = identify_fp8_regions(flat)
         # Workers start before the cut, so that their start overlaps it.
-        compiler = unit_compiler(workers)
+        compiler = unit_compiler(workers, saveable=config.saveable_units)
         try:
-            parts = partition_joint(flat, keep_fp8_regions=True) if partition else None
+            parts = partition_joint(flat, keep_fp8_regions=True, signature=signature, regions=regions) if partition else None
             graphs = [flat] if parts is None else [parts.forward, parts.backward]
-            compiled = _regional(gm, graphs, names, strict, remainder, compiler)
+            compiled = _regional(gm, graphs, regions, names, strict, remainder, compiler, config.fast_calls)
         finally:
             compiler.close()
         if parts is not None:
@@ -175,8 +180,8 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
                                            eager_nodes=compiled.eager_nodes - merged, fallbacks=fallbacks)
     fn = compiled.fn
     if cudagraph:
-        fn = _cuda_graphed(fn, _static_inputs(gm))
-    check = input_check(gm, "compile_joint's callable", example_inputs if mode == "full" else None, joint_signature(gm))
+        fn = _cuda_graphed(fn, _static_inputs(gm, signature))
+    check = input_check(gm, "compile_joint's callable", example_inputs if mode == "full" else None, signature)
     return dataclasses.replace(compiled, fn=_with_convention(gm, fn, check))
 
 
@@ -193,7 +198,7 @@ def _warm_compile_pool() -> None:
         import torch._inductor.compile_fx  # noqa: F401
 
 
-def _full(flat, parts, names, example_inputs) -> CompiledJoint:
+def _full(flat, parts, names, example_inputs, signature) -> CompiledJoint:
     if parts is None:
         artifact = _standalone_compile(flat, example_inputs)
         return CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
@@ -203,7 +208,7 @@ def _full(flat, parts, names, example_inputs) -> CompiledJoint:
         # decomposing it a second time and running the joint-graph passes on it once more, after
         # which Inductor groups its kernels differently (on an H200, the backward then made every
         # layer's FP8 weight and activation casts up front and held them all at its peak).
-        params = [i for i, spec in enumerate(joint_signature(flat).inputs) if spec.kind in ("param", "buffer")]
+        params = [i for i, spec in enumerate(signature.inputs) if spec.kind in ("param", "buffer")]
         forward_code = _inner_compile(parts.forward, static=params, backward=False)
         tangents = sum(1 for p in parts.backward.graph.find_nodes(op="placeholder") if p.name.startswith("tangents"))
         saved = len(parts.backward.graph.find_nodes(op="placeholder")) - tangents
@@ -272,7 +277,7 @@ def _boxed_entry(artifact) -> Callable | None:
 def _boxed_graph(gm: torch.fx.GraphModule) -> Callable | None:
     """``gm`` (a regionally compiled backward) regenerated to take its inputs as one list and
     empty it, as ``torch.compile``'s backward does, and to hand each compiled call its inputs
-    as one list too (:func:`~fp8conf.graph.region_compile.pack_inputs`, the graph dropping its
+    as one list too (:func:`~fp8conf.compile.region_compile.pack_inputs`, the graph dropping its
     own references to the values it no longer needs before the call), so that Inductor's code
     frees each saved value after its last use inside the call; ``None`` (and ``gm`` unchanged)
     on a torch without FX's boxed code generator."""
@@ -344,13 +349,13 @@ def _with_convention(gm, flat_fn, check=None) -> Callable:
     return run
 
 
-def _regional(gm, graphs, names, strict, remainder, compiler) -> CompiledJoint:
+def _regional(gm, graphs, joint_regions, names, strict, remainder, compiler, fast_calls) -> CompiledJoint:
     """Tag the complete FP8 regions of each of ``graphs`` (the flat joint graph, or its forward
-    and backward) and compile them as ``remainder`` says, each structurally distinct unit once,
+    and backward; ``joint_regions`` are the joint graph's, each graph's share found by name) and compile them as ``remainder`` says, each structurally distinct unit once,
     with ``compiler`` (here, or in worker processes side by side:
-    :mod:`fp8conf.graph.compile_workers`); ``fn`` is one flat callable, or a list of them when
+    :mod:`fp8conf.compile.workers`); ``fn`` is one flat callable, or a list of them when
     several graphs are given."""
-    regions, fns, compiled_names, distinct, fallbacks = _compile_units(graphs, strict, remainder, compiler)
+    regions, fns, compiled_names, distinct, fallbacks = _compile_units(graphs, joint_regions, strict, remainder, compiler, fast_calls)
     tagged = {n.name for r in regions if r.complete for n in r.nodes}
     left_eager = tagged - compiled_names
     if left_eager and strict:
@@ -368,12 +373,13 @@ def _regional(gm, graphs, names, strict, remainder, compiler) -> CompiledJoint:
     return CompiledJoint(fn, "regional", tuple(regions), compiled, names - compiled, artifact, distinct, tuple(fallbacks))
 
 
-def _compile_units(graphs, strict, remainder, compiler):
+def _compile_units(graphs, joint_regions, strict, remainder, compiler, fast_calls):
     """:func:`_regional`'s tagging and compiling; every graph's units are cut and submitted
     before any is bound, so that a pool compiles the forward's and the backward's together."""
     regions, cuts, compiled_names, cache = [], [], set(), {}
     for graph in graphs:
-        found = tag_fp8_regions(graph, strict=strict)
+        # Attribution was checked on the joint graph, before the cut.
+        found = tag_fp8_regions(graph, regions_in(graph, joint_regions), strict=strict)
         regions += found
         complete = [r for r in found if r.complete]
         # Those left uncompiled (incomplete, strict=False) stay eager whole.
@@ -386,15 +392,15 @@ def _compile_units(graphs, strict, remainder, compiler):
         elif remainder == "eager":
             cut = cut_regions(graph, complete, cache, _region_error, compiler)
         else:
-            compile_regions(graph, complete, cache, error=_region_error, compiler=compiler)
+            compile_regions(graph, complete, cache, error=_region_error, compiler=compiler, fast_calls=fast_calls)
             compiled_names |= {n.name for r in complete for n in r.nodes}
             # Regions are single calls by now, so no piece can reach into one.
             cut = cut_pieces(graph, remainder_pieces(graph, keep_eager=uncompiled), cache, _piece_error, compiler)
         compiled_names |= cut.names
         cuts.append(cut)
     # One dynamo-disable frame per graph: the regions called straight through Inductor's code
-    # (fp8conf.graph.fast_call) no longer pass through the artifact's own.
-    fns = [torch._dynamo.disable(cut.bind()) for cut in cuts]
+    # (fp8conf.compile.fast_call) no longer pass through the artifact's own.
+    fns = [torch._dynamo.disable(cut.bind(fast_calls=fast_calls)) for cut in cuts]
     fallbacks = list(dict.fromkeys(line for cut in cuts for line in cut.fallbacks))
     return regions, fns, compiled_names, len(cache), fallbacks
 
@@ -444,9 +450,9 @@ def _piece_error(piece, exc: Exception) -> errors.RegionCompileError:
     )
 
 
-def _static_inputs(gm) -> tuple[bool, ...]:
-    """Which flat inputs keep their storage between steps: a joint graph's parameters and buffers."""
-    signature = joint_signature(gm)
+def _static_inputs(gm, signature) -> tuple[bool, ...]:
+    """Which flat inputs keep their storage between steps: a joint graph's parameters and buffers
+    (``signature``, ``gm``'s joint signature)."""
     count = len(gm.graph.find_nodes(op="placeholder"))
     if signature is None:
         return (False,) * count

@@ -9,11 +9,11 @@ FQNs. Regions with equal keys compute the same function of their inputs, so the 
 compiled and the others call the same compiled code: by Inductor's inner compiler, as
 ``torch.compile`` compiles what AOTAutograd hands it (:class:`InnerCompiledUnit`), where the unit
 is already functional, else by ``torch._inductor.standalone_compile``, which is also the form a
-regional artifact stores (:func:`for_artifacts`).
+regional artifact stores (``CompileConfig(saveable_units=True)``).
 
 Only complete regions reach this module (:mod:`fp8conf.graph.regions` checks that they are
 convex, so each is one piece that can be cut out alone). The pieces of the eager remainder
-(:mod:`fp8conf.graph.remainder`) are cut out, keyed and compiled the same way, after the regions
+(:mod:`fp8conf.compile.remainder`) are cut out, keyed and compiled the same way, after the regions
 and sharing their cache.
 """
 
@@ -31,23 +31,20 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fp8conf.graph.fast_call import fast_entry_or_reason, graph_allows_fast_call
+from fp8conf.compile.compiled_unit import CompiledUnit
+from fp8conf.compile.fast_call import fast_entry, fast_entry_or_reason, graph_allows_fast_call
 from fp8conf.log import fell_back
 from fp8conf.graph.regions import Region
 
 __all__ = [
-    "InProcessCompiler", "REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "FAST_CALLS", "structural_key", "compile_regions",
-           "cut_regions", "cut_pieces", "CutUnits", "compile_unit", "standalone_unit", "InnerCompiledUnit", "for_artifacts",
-           "bundles_units", "region_call", "pack_inputs", "tracing_fake_mode"]
+    "InProcessCompiler", "REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "structural_key", "compile_regions",
+           "cut_regions", "cut_pieces", "CutUnits", "compile_unit", "standalone_unit", "InnerCompiledUnit",
+           "bundles_units", "region_call", "unit_call", "pack_inputs", "tracing_fake_mode"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"
 #: Prefix of the submodules pieces of the eager remainder are cut into.
 PIECE_SUBMODULE_PREFIX = "fp8conf_piece_"
-#: Whether compiled regions and pieces are called through :func:`fp8conf.graph.fast_call.fast_entry`
-#: where it is safe (read when a graph is compiled; ``False`` keeps every call on the artifact,
-#: as benchmarks/bench_host.py does to measure what the fast path saves).
-FAST_CALLS = True
 
 
 def structural_key(gm: torch.fx.GraphModule) -> tuple:
@@ -82,15 +79,15 @@ def _describe(value):
 
 
 def compile_regions(gm: torch.fx.GraphModule, regions: list[Region], cache: dict,
-                    error: Callable[[Region, Exception], Exception], compiler=None) -> tuple[Callable, set[str]]:
+                    error: Callable[[Region, Exception], Exception], compiler=None, *, fast_calls: bool = True) -> tuple[Callable, set[str]]:
     """Cut ``regions`` (complete, tagged, nodes of ``gm``) out of ``gm`` in place and compile
     them; ``cache`` maps structural keys to compiled regions and may be shared between graphs
     (a joint graph's forward and backward). Returns a flat callable of ``gm`` and the names of
     the nodes that now run compiled. ``error(region, exc)`` builds the exception raised when
-    Inductor rejects a region. ``compiler`` (:mod:`fp8conf.graph.compile_workers`; by default
-    this process) compiles each distinct region."""
+    Inductor rejects a region. ``compiler`` (:mod:`fp8conf.compile.workers`; by default
+    this process) compiles each distinct region; ``fast_calls`` is :meth:`CutUnits.bind`'s."""
     cut = cut_regions(gm, regions, cache, error, compiler)
-    return cut.bind(), cut.names
+    return cut.bind(fast_calls=fast_calls), cut.names
 
 
 def cut_regions(gm, regions: list[Region], cache: dict, error, compiler=None) -> CutUnits:
@@ -102,7 +99,7 @@ def cut_regions(gm, regions: list[Region], cache: dict, error, compiler=None) ->
 
 def cut_pieces(gm, pieces: list[list[torch.fx.Node]], cache: dict, error, compiler=None) -> CutUnits:
     """:func:`cut_regions` for pieces of the eager remainder or units around the regions
-    (:func:`fp8conf.graph.remainder.remainder_pieces`); ``error(piece, exc)`` builds the exception
+    (:func:`fp8conf.compile.remainder.remainder_pieces`); ``error(piece, exc)`` builds the exception
     raised when Inductor rejects a piece."""
     return _cut(gm, pieces, PIECE_SUBMODULE_PREFIX, cache, lambda i, exc: error(pieces[i], exc), compiler)
 
@@ -125,9 +122,11 @@ class CutUnits:
         #: Fast paths not taken where they should have been, each a line (see fp8conf.log.fell_back).
         self.fallbacks: list[str] = []
 
-    def bind(self) -> Callable:
+    def bind(self, *, fast_calls: bool = True) -> Callable:
         """Wait for the units' compiled code and replace each submodule call by a call of it;
-        returns a flat callable of the graph."""
+        returns a flat callable of the graph. With ``fast_calls``
+        (:attr:`~fp8conf.CompileConfig.fast_calls`) a unit is called through
+        :func:`fp8conf.compile.fast_call.fast_entry` where that is safe."""
         gm = self._gm
         if not self._calls:
             return _flat_callable(gm)
@@ -141,7 +140,7 @@ class CutUnits:
                     raise compiled.error(exc) from exc
                 self._cache[key] = compiled
             fast = None
-            if FAST_CALLS and graph_allows_fast_call(submodule, fake_inputs):
+            if fast_calls and graph_allows_fast_call(submodule, fake_inputs):
                 fast, reason = fast_entry_or_reason(compiled)
                 if fast is None:
                     # Nothing in the unit needs torch's wrappers, yet they cannot be skipped.
@@ -158,16 +157,18 @@ class CutUnits:
 
 
 class InProcessCompiler:
-    """Compiles each unit here, when it is submitted."""
+    """Compiles each unit here, when it is submitted; ``saveable`` as :func:`compile_unit` takes it."""
+
+    def __init__(self, *, saveable: bool = False):
+        self.saveable = saveable
 
     def submit(self, submodule: torch.fx.GraphModule, fake_inputs) -> Callable:
-        return compile_unit(submodule, fake_inputs)
+        return compile_unit(submodule, fake_inputs, saveable=self.saveable)
 
     @staticmethod
     def result(compiled) -> Callable:
-        finish = getattr(compiled, "finish", None)  # an inner-compiled unit's kernels, built meanwhile
-        if finish is not None:
-            finish()
+        if isinstance(compiled, CompiledUnit):  # its kernels, built meanwhile
+            compiled.finish()
         return compiled
 
     def close(self) -> None:
@@ -250,34 +251,20 @@ def bundles_units() -> bool:
     return "aot" in inspect.signature(torch._inductor.standalone_compile).parameters
 
 
-#: Set while a compile's units must be serializable as they are compiled (see :func:`for_artifacts`).
-_FOR_ARTIFACTS: contextvars.ContextVar[bool] = contextvars.ContextVar("fp8conf_units_for_artifacts", default=False)
-
-
-@contextlib.contextmanager
-def for_artifacts():
-    """Units compiled inside this context are compiled as a regional artifact stores them
-    (``standalone_compile``), not by the inner compiler: what :func:`fp8conf.precompile_joint`
-    and :func:`fp8conf.artifacts.regional.save_split_artifact` compile is saved as it ran."""
-    token = _FOR_ARTIFACTS.set(True)
-    try:
-        yield
-    finally:
-        _FOR_ARTIFACTS.reset(token)
-
-
-def compile_unit(submodule, fake_inputs) -> Callable:
+def compile_unit(submodule, fake_inputs, *, saveable: bool = False) -> Callable:
     """Compile one cut-out unit for ``fake_inputs`` (in this process; see
-    :mod:`fp8conf.graph.compile_workers` for the same in a worker).
+    :mod:`fp8conf.compile.workers` for the same in a worker).
 
     A unit that is already what AOTAutograd would make of it (:func:`_functional_unit`: tensors
     in, none requiring grad, no op that mutates) is compiled as ``torch.compile`` compiles the
     graphs AOTAutograd hands it, by Inductor's inner compiler (:class:`InnerCompiledUnit`);
     ``standalone_compile`` would trace it through AOTAutograd once more first (on an H200, 3.1 s
     of a 6-block regional first step, against 1.1 s for the decompositions and passes here).
-    Other units, and every unit under :func:`for_artifacts`, go through ``standalone_compile``.
+    Other units, and every unit when ``saveable`` (:attr:`~fp8conf.CompileConfig.saveable_units`:
+    compiled as a regional artifact stores it, so that what is saved is what ran), go through
+    ``standalone_compile``.
     """
-    if not _FOR_ARTIFACTS.get() and _functional_unit(submodule, fake_inputs):
+    if not saveable and _functional_unit(submodule, fake_inputs):
         return InnerCompiledUnit(submodule, fake_inputs)
     return standalone_unit(submodule, fake_inputs)
 
@@ -393,7 +380,7 @@ def _inner_compile_unit(submodule, fake_inputs, fake_mode):
     from torch._inductor.fx_passes.joint_graph import joint_graph_passes
     from torch._inductor.utils import BoxedBool
 
-    from fp8conf.graph.partition import inductor_decomposed
+    from fp8conf.compile.partition import inductor_decomposed
 
     table = select_decomp_table()
     if any(n.op == "call_function" and n.target in table for n in submodule.graph.nodes):
@@ -426,7 +413,7 @@ def _no_nested_remat():
 def region_call(compiled, fast: Callable | None = None) -> Callable:
     """A plain function, not the artifact object (FX code generation calls functions by name),
     whose ``__wrapped__`` is the artifact (what a regional artifact saves). With ``fast``
-    (:func:`fp8conf.graph.fast_call.fast_entry`), calls after the first skip the artifact's
+    (:func:`fp8conf.compile.fast_call.fast_entry`), calls after the first skip the artifact's
     wrappers; the first goes through them, for whatever torch does on a graph's first run
     (writing its autotuning cache, say). Its ``boxed`` attribute takes the inputs as one list
     and empties it (through the fast entry's own, after the first call); ``fast`` is the fast
@@ -457,6 +444,13 @@ def region_call(compiled, fast: Callable | None = None) -> Callable:
     for fn in (region, boxed):
         fn.fast, fn.current = fast, current
     return region
+
+
+def unit_call(artifact, *, fast_calls: bool = True) -> Callable:
+    """A unit loaded from a regional artifact (an ``AOTCompiledArtifact``), called as a compile
+    makes its units called (:func:`region_call`), through its fast entry where there is one and
+    ``fast_calls`` asks for it."""
+    return region_call(artifact, fast_entry(artifact) if fast_calls else None)
 
 
 def pack_inputs(*values) -> list:

@@ -26,16 +26,17 @@ import torch
 import torch.fx
 
 from fp8conf.graph.provenance import node_passes
-from fp8conf.graph.regions import identify_fp8_regions
+from fp8conf.graph.regions import Region, identify_fp8_regions
 from fp8conf.graph.roles import is_fp8_dtype
 
 __all__ = ["share_forward_scales"]
 
 
-def share_forward_scales(gm: torch.fx.GraphModule) -> dict[str, str]:
+def share_forward_scales(gm: torch.fx.GraphModule, regions: list[Region] | None = None) -> dict[str, str]:
     """Merge the repeats of ``gm``'s (a joint graph's) backward FP8 regions as the module's
     documentation says; rewrites ``gm``'s graph and returns, for each node it removed, the name
-    of the node that now computes its value. Only complete regions are touched."""
+    of the node that now computes its value. Only complete regions are touched. ``regions`` are
+    ``gm``'s as :func:`fp8conf.identify_fp8_regions` found them (identified here when omitted)."""
     passes = node_passes(gm.graph)
     forward: dict[tuple, torch.fx.Node] = {}
     for node in gm.graph.nodes:
@@ -43,7 +44,7 @@ def share_forward_scales(gm: torch.fx.GraphModule) -> dict[str, str]:
             forward.setdefault(_key(node, {}), node)
     replace: dict[torch.fx.Node, torch.fx.Node] = {}
     dead: dict[torch.fx.Node, torch.fx.Node] = {}  # left without users, with the twin that took their work
-    for region in identify_fp8_regions(gm):
+    for region in identify_fp8_regions(gm) if regions is None else regions:
         if region.complete and region.pass_name == "backward":
             _share_in(region, forward, replace, dead)
     for node in replace:

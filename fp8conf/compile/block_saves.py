@@ -1,12 +1,12 @@
 """Equal blocks saving equal values: the min-cut partitioner's ties broken one way for all of them.
 
-The min-cut partitioner (:mod:`fp8conf.graph.partition`) decides for every block of a model on
+The min-cut partitioner (:mod:`fp8conf.compile.partition`) decides for every block of a model on
 its own which forward values the backward keeps and which it recomputes. Where two choices cost
 the same it breaks the tie by where the block sits in the graph, so a block can come out of the
 cut unlike its equals. In a Llama the first block is fed by the embedding, which the backward
 keeps anyway: the partitioner keeps the attention output and recomputes the residual sum from it
 for that block, where for every other block it keeps the sum. That block's backward is then a
-unit of its own, and regional compilation (:mod:`fp8conf.graph.region_compile`) compiles one
+unit of its own, and regional compilation (:mod:`fp8conf.compile.region_compile`) compiles one
 more Inductor graph as large as a block's backward: seconds of the first step, at any depth.
 
 :func:`align_block_saves` rewrites the two graphs of such a cut so that each block that differs

@@ -13,9 +13,9 @@ Two ways to cut, one per compile mode. For ``regional`` (the default), nodes kee
 and meta (provenance, ``partitioner_tag``, annotations) in both graphs, a forward node the
 backward recomputes appears in both, still tagged forward, and every FP8 region stays whole on
 its side of the cut, its backward taking the scales the forward computed
-(:mod:`fp8conf.graph.share_scales`, which rewrites the joint graph first); equal blocks are
+(:mod:`fp8conf.compile.share_scales`, which rewrites the joint graph first); equal blocks are
 then made to save and recompute the same values, where the partitioner broke a tie for one of
-them another way (:mod:`fp8conf.graph.block_saves`). For
+them another way (:mod:`fp8conf.compile.block_saves`). For
 ``full`` (``keep_fp8_regions=False``) the cut is the one ``torch.compile`` makes: the joint
 graph is first rewritten into Inductor's decompositions, then handed to Inductor's own partition
 function, which runs its joint-graph passes and the min-cut
@@ -35,12 +35,14 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 
-from fp8conf.graph.block_saves import align_block_saves
+from fp8conf.compile.block_saves import align_block_saves
 from fp8conf.graph.lazy_code import graph_module
-from fp8conf.graph.share_scales import share_forward_scales
+from fp8conf.compile.share_scales import share_forward_scales
+from fp8conf.graph.regions import Region, identify_fp8_regions
+from fp8conf.graph.trace import JointSignature, joint_signature
 from fp8conf.log import warn_once
 
-__all__ = ["PartitionedJoint", "partition_joint", "run_partitioned", "inductor_decomposed"]
+__all__ = ["PartitionedJoint", "partition_joint", "regions_in", "run_partitioned", "inductor_decomposed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +67,8 @@ class PartitionedJoint:
     merged: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
-def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True) -> PartitionedJoint | None:
+def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True, signature: JointSignature | None = None,
+                    regions: list[Region] | None = None) -> PartitionedJoint | None:
     """Partition ``flat`` (a joint graph as :func:`fp8conf.graph.trace.flat_graph_module` makes
     it) with the min-cut partitioner; ``None`` when it is no joint graph the partitioner can
     read: the partitioner tells primals from tangents by placeholder name, as AOTAutograd names
@@ -73,13 +76,18 @@ def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True
 
     ``keep_fp8_regions`` (for the regional mode) keeps nodes, names and FP8 regions whole;
     without it the cut is ``torch.compile``'s own (see the module's documentation), and ``None``
-    also when the placeholders record no fake values to trace the decompositions with."""
+    also when the placeholders record no fake values to trace the decompositions with.
+
+    ``signature`` (``flat``'s :class:`~fp8conf.JointSignature`) and ``regions`` (its FP8 regions,
+    for ``keep_fp8_regions``) are what the compile already holds; each is read from ``flat``
+    when omitted. The halves' regions are then ``regions_in(half, regions)``."""
+    signature = signature if signature is not None else joint_signature(flat)
     placeholders = flat.graph.find_nodes(op="placeholder")
     primals = [p for p in placeholders if p.name.startswith("primals")]
     tangents = [p for p in placeholders if p.name.startswith("tangents")]
     if not tangents or len(primals) + len(tangents) != len(placeholders) or placeholders[: len(primals)] != primals:
         return None
-    num_forward_outputs = _forward_output_count(flat, len(primals))
+    num_forward_outputs = _forward_output_count(flat, len(primals), signature)
     if num_forward_outputs is None:
         return None
     unknown = next((n for n in flat.graph.nodes if n.op in ("placeholder", "call_function") and "val" not in n.meta), None)
@@ -91,9 +99,10 @@ def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True
         return None
     merged = {}
     if keep_fp8_regions:
-        forward, backward, merged = _partition_keeping_regions(flat, num_forward_outputs)
+        regions = identify_fp8_regions(flat) if regions is None else regions
+        forward, backward, merged = _partition_keeping_regions(flat, num_forward_outputs, regions)
     else:
-        cut = _partition_as_torch_compile(flat, num_forward_outputs)
+        cut = _partition_as_torch_compile(flat, num_forward_outputs, signature)
         if cut is None:
             return None
         forward, backward = cut
@@ -112,7 +121,7 @@ def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True
     return PartitionedJoint(forward, backward, len(primals), num_forward_outputs, tuple(sources), merged)
 
 
-def _partition_keeping_regions(flat, num_forward_outputs):
+def _partition_keeping_regions(flat, num_forward_outputs, regions):
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     examples = [p.meta.get("val") for p in flat.graph.find_nodes(op="placeholder")]
@@ -120,8 +129,8 @@ def _partition_keeping_regions(flat, num_forward_outputs):
     # output gradient's second cast); the partitioner's own common-subexpression pass would
     # merge a backward region's cast into the forward one it repeats, leaving the region
     # incomplete and its nodes neither compiled nor eager.
-    merged = share_forward_scales(flat)
-    pinned = _pin_backward_regions(flat)
+    merged = share_forward_scales(flat, regions)
+    pinned = _pin_backward_regions(regions, merged)
     with torch._functorch.config.patch(cse=False):
         forward, backward = min_cut_rematerialization_partition(flat, examples, num_fwd_outputs=num_forward_outputs)
     for graph in (flat, forward, backward):
@@ -141,18 +150,17 @@ def _remade(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return new
 
 
-def _partition_as_torch_compile(flat, num_forward_outputs):
+def _partition_as_torch_compile(flat, num_forward_outputs, signature):
     """The cut ``torch.compile`` makes of the same joint graph: AOTAutograd traces it in
     Inductor's decompositions, and Inductor's partition function runs the joint-graph pattern
     passes, then the min-cut partitioner, told which inputs (parameters, buffers) outlive the
     step so that keeping them for the backward costs nothing."""
-    from fp8conf.graph.trace import joint_signature
     from torch._inductor.compile_fx import partition_fn
 
     decomposed = _decompose_for_inductor(flat)
     if decomposed is None:
         return None
-    static = [i for i, spec in enumerate(joint_signature(flat).inputs) if spec.kind in ("param", "buffer")]
+    static = [i for i, spec in enumerate(signature.inputs) if spec.kind in ("param", "buffer")]
     examples = [p.meta["val"] for p in decomposed.graph.find_nodes(op="placeholder")]
     return partition_fn(decomposed, examples, num_fwd_outputs=num_forward_outputs, static_lifetime_input_indices=static)
 
@@ -189,14 +197,11 @@ def _decompose_for_inductor(flat):
     return decomposed
 
 
-def _forward_output_count(flat, num_primals) -> int | None:
+def _forward_output_count(flat, num_primals, signature) -> int | None:
     """How many forward outputs precede the gradients, when the graph is a whole joint graph:
     AOTAutograd's joint returns the forward outputs, then one gradient (or None) per primal, as
     its :class:`~fp8conf.JointSignature` records. A GraphPP callable has primals and tangents
     too, but returns other things."""
-    from fp8conf.graph.trace import joint_signature
-
-    signature = joint_signature(flat)
     outputs = _output_nodes(flat)
     if signature is None or len(signature.outputs) != len(outputs) or len(outputs) < num_primals:
         return None
@@ -209,20 +214,40 @@ def _forward_output_count(flat, num_primals) -> int | None:
     return count
 
 
-def _pin_backward_regions(flat: torch.fx.GraphModule) -> set[str]:
+def _pin_backward_regions(regions: list[Region], merged: Mapping[str, str]) -> set[str]:
     """Keep the backward FP8 regions whole in the backward graph. Left to itself, the partitioner
     moves what does not depend on the tangents (the weight's amax, scale and cast) into the
     forward and saves its result, cutting the region in two; ``must_be_in_backward`` (a
-    partitioner tag) forbids that. Returns the names pinned, to be tagged back ``is_backward``."""
-    from fp8conf.graph.regions import identify_fp8_regions
-
+    partitioner tag) forbids that. ``regions`` are the joint graph's, found before
+    :func:`~fp8conf.compile.share_scales.share_forward_scales` removed the nodes in ``merged``.
+    Returns the names pinned, to be tagged back ``is_backward``."""
     pinned = set()
-    for region in identify_fp8_regions(flat):
+    for region in regions:
         if region.complete and region.pass_name == "backward":
             for node in region.nodes:
+                if node.name in merged:
+                    continue  # no longer in the graph: its twin computes it
                 node.meta = dict(node.meta, partitioner_tag="must_be_in_backward")
                 pinned.add(node.name)
     return pinned
+
+
+def regions_in(graph: torch.fx.GraphModule, regions: list[Region]) -> list[Region]:
+    """``regions``, found on a joint graph, as they lie in ``graph``, that graph itself or one of
+    its halves (nodes keep their names across the cut): those whose FP8 compute ``graph`` runs,
+    with ``graph``'s nodes, less the nodes merged away (in neither half). The cut keeps every
+    region whole on its side, so these are the regions identification would find in ``graph``,
+    without walking it again."""
+    # Only the nodes that compute: a value saved across the cut is a placeholder of the same
+    # name on the other side (a boundary there, not part of the region).
+    by_name = {node.name: node for node in graph.graph.nodes if node.op == "call_function"}
+    found = []
+    for region in regions:
+        if not all(node.name in by_name for node in region.compute_nodes):
+            continue
+        nodes = tuple(by_name[node.name] for node in region.nodes if node.name in by_name)
+        found.append(dataclasses.replace(region, nodes=nodes, compute_nodes=tuple(by_name[n.name] for n in region.compute_nodes)))
+    return found
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list:

@@ -23,6 +23,8 @@ from collections.abc import Callable
 import torch
 import torch.fx
 
+from fp8conf.compile.compiled_unit import CompiledUnit
+
 __all__ = ["fast_entry", "fast_entry_or_reason", "graph_allows_fast_call"]
 
 #: Names the runtime wrapper's generated code binds only when it has work of its own to do:
@@ -89,10 +91,12 @@ def _direct_call(graph) -> Callable | None:
 
 def _next_layer(layer):
     """The layer ``layer`` calls, when ``layer`` is known to only forward its arguments to it."""
+    if isinstance(layer, CompiledUnit):  # one of the engine's own units
+        return layer.compiled_fn
     name = type(layer).__name__
     if name == "AOTCompiledArtifact":
         return getattr(layer, "inner_fn", None)
-    if name in ("BundledAOTAutogradSerializableCallable", "SerializableCompiledFunction", "InnerCompiledUnit"):
+    if name in ("BundledAOTAutogradSerializableCallable", "SerializableCompiledFunction"):
         return getattr(layer, "compiled_fn", None)
     code = getattr(layer, "__code__", None)
     if code is None or layer.__closure__ is None:
