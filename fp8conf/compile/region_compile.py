@@ -36,10 +36,10 @@ from fp8conf.compile.fast_call import fast_entry, fast_entry_or_reason, graph_al
 from fp8conf.log import fell_back
 from fp8conf.graph.regions import Region
 
-__all__ = [
-    "InProcessCompiler", "REGION_SUBMODULE_PREFIX", "PIECE_SUBMODULE_PREFIX", "structural_key", "compile_regions",
-           "cut_regions", "cut_pieces", "CutUnits", "compile_unit", "standalone_unit", "InnerCompiledUnit",
-           "bundles_units", "region_call", "unit_call", "pack_inputs", "tracing_fake_mode"]
+# What the engine's other modules (joint, workers, compiled_unit) and artifacts use.
+__all__ = ["InProcessCompiler", "structural_key", "compile_regions", "cut_regions", "cut_pieces", "compile_unit",
+           "standalone_unit", "InnerCompiledUnit", "bundles_units", "region_call", "unit_call", "pack_inputs",
+           "tracing_fake_mode"]
 
 #: Prefix of the submodules regions are cut into (one per region, before compilation).
 REGION_SUBMODULE_PREFIX = "fp8conf_region_"

@@ -66,7 +66,7 @@ def repeat_blocks(gm: torch.fx.GraphModule, blocks: list[str]) -> torch.fx.Graph
     """The joint graph of a model whose container holds ``blocks`` (all of them, in order), built
     from ``gm``, its graph traced with only the first :data:`TRACED_BLOCKS` of them."""
     traced = _segments(gm, blocks[:TRACED_BLOCKS])
-    return _Stitch(gm, traced, blocks).graph_module()
+    return _Emit(gm, _Plan(traced, blocks)).graph_module()
 
 
 def repeat_calls(calls, blocks: list[str]) -> tuple[CallRecord, ...]:
@@ -168,12 +168,14 @@ def _unsupported(why: str) -> FP8TraceError:
     )
 
 
-class _Stitch:
-    """Emits the whole model's graph: block 0, the template once per middle block, block 3 as the
-    last block, everything outside the blocks as traced."""
+class _Plan:
+    """What a middle block reads, learnt from the traced blocks 1 (the template) and 2 (its
+    reference): its own values, its parameters, the previous block's values (``prev_rule``), the
+    next block's gradients (``next_rule``) and values every block shares. Raises when the two
+    blocks differ or something outside the blocks reads them."""
 
-    def __init__(self, gm, traced: list[_Block], blocks: list[str]):
-        self.gm, self.blocks = gm, blocks
+    def __init__(self, traced: list[_Block], blocks: list[str]):
+        self.blocks = blocks
         self.first, self.template, self.reference, self.last = traced
         self.middle = len(blocks) - 2  # copies of the template: blocks[1] .. blocks[-2]
         self.t_forward, self.t_backward = self.template.index()
@@ -185,7 +187,6 @@ class _Stitch:
         self._pair(self.template.forward, self.reference.forward, "forward")
         self._pair(self.template.backward, self.reference.backward, "backward")
         self._check_outside_users()
-        self._seq_plan()
 
     # -- what a middle block reads from its neighbours, learnt from blocks 1 and 2 -----------------
 
@@ -245,13 +246,18 @@ class _Stitch:
                     if user not in allowed and user.op != "output":
                         raise _unsupported(f"{user.name}, outside the blocks, reads {node.name} of {block.fqn}")
 
-    # -- sequence numbers: each copy's own, forward ops and their backward nodes alike ------------
 
-    def _seq_plan(self):
-        nodes = self.gm.graph.nodes
+class _SeqNumbers:
+    """Sequence numbers of the whole model's nodes: each copy of the template its own range,
+    forward ops and their backward nodes alike; a gradient accumulation (a number no forward op
+    has) a fresh one per copy."""
+
+    def __init__(self, gm, plan: _Plan):
+        nodes = gm.graph.nodes
+        self.middle = plan.middle
         forward = {n.meta["seq_nr"] for n in nodes if n.op == "call_function" and n.meta.get("partitioner_tag") != "is_backward" and "seq_nr" in n.meta}
-        t = [n.meta["seq_nr"] for n in self.template.forward if "seq_nr" in n.meta]
-        r = [n.meta["seq_nr"] for n in self.reference.forward if "seq_nr" in n.meta]
+        t = [n.meta["seq_nr"] for n in plan.template.forward if "seq_nr" in n.meta]
+        r = [n.meta["seq_nr"] for n in plan.reference.forward if "seq_nr" in n.meta]
         if not t or not r or max(t) >= min(r):
             raise _unsupported("the sequence numbers of the middle blocks do not follow each other")
         span = max(t) - min(t) + 1
@@ -263,7 +269,7 @@ class _Stitch:
         self.next_free = max(forward, default=0) + self.shift + 1
         self.fresh = {}
 
-    def _seq(self, seq, copy: int | None):
+    def __call__(self, seq, copy: int | None):
         if seq not in self.forward_seq:  # gradient accumulation: a number no forward op has
             key = (copy, seq)
             if key not in self.fresh:
@@ -275,44 +281,50 @@ class _Stitch:
             return seq + (copy - 1) * self.width if copy else seq
         return seq + self.shift if seq > self.r_max else seq
 
-    # -- emission ----------------------------------------------------------------------------------
+
+class _Emit:
+    """Emits the whole model's graph from a :class:`_Plan`: block 0, the template once per middle
+    block, block 3 as the last block, everything outside the blocks as traced."""
+
+    def __init__(self, gm, plan: _Plan):
+        self.gm, self.plan, self.seq = gm, plan, _SeqNumbers(gm, plan)
 
     def graph_module(self) -> torch.fx.GraphModule:
         graph = torch.fx.Graph()
-        self.graph, self.env, self.copies = graph, {}, [None] + [{} for _ in range(self.middle)]
+        self.graph, self.env, self.copies = graph, {}, [None] + [{} for _ in range(self.plan.middle)]
         self.numbers = {}  # per name base, the highest number a traced node's name has
         for node in self.gm.graph.nodes:
             base, number = _NAME.match(node.name).groups()
             self.numbers[base] = max(self.numbers.get(base, 0), int(number or 0))
-        self.block_placeholders = [None] + [{} for _ in range(self.middle)]
+        self.block_placeholders = [None] + [{} for _ in range(self.plan.middle)]
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        t_runs = _runs(placeholders, self.template.placeholders)
+        t_runs = _runs(placeholders, self.plan.template.placeholders)
         self.primals = 0
         for node in placeholders:
-            if node in self.template.placeholders:
+            if node in self.plan.template.placeholders:
                 if node in t_runs:
-                    for k in range(1, self.middle + 1):
+                    for k in range(1, self.plan.middle + 1):
                         for p in t_runs[node]:
-                            self.block_placeholders[k][self.template.placeholders[p]] = self._placeholder(p, self.template.fqn, self.blocks[k], fresh=k > 1)
-            elif node in self.reference.placeholders:
+                            self.block_placeholders[k][self.plan.template.placeholders[p]] = self._placeholder(p, self.plan.template.fqn, self.plan.blocks[k], fresh=k > 1)
+            elif node in self.plan.reference.placeholders:
                 continue
-            elif node in self.last.placeholders:
-                self.env[node] = self._placeholder(node, self.last.fqn, self.blocks[-1])
+            elif node in self.plan.last.placeholders:
+                self.env[node] = self._placeholder(node, self.plan.last.fqn, self.plan.blocks[-1])
             else:
                 self.env[node] = self._placeholder(node, None, None)
-        t_first_forward, t_first_backward = self.template.forward[0], self.template.backward[0]
+        t_first_forward, t_first_backward = self.plan.template.forward[0], self.plan.template.backward[0]
         for node in self.gm.graph.nodes:
-            if node.op in ("placeholder", "output") or node in self.r_nodes:
+            if node.op in ("placeholder", "output") or node in self.plan.r_nodes:
                 continue
             if node is t_first_forward:
-                for k in range(1, self.middle + 1):
-                    for t in self.template.forward:
+                for k in range(1, self.plan.middle + 1):
+                    for t in self.plan.template.forward:
                         self._copy(t, k)
             elif node is t_first_backward:
-                for k in range(self.middle, 0, -1):
-                    for t in self.template.backward:
+                for k in range(self.plan.middle, 0, -1):
+                    for t in self.plan.template.backward:
                         self._copy(t, k)
-            elif node not in self.t_nodes:
+            elif node not in self.plan.t_nodes:
                 self._emit_outside(node)
         self._output()
         graph._codegen = self._codegen()
@@ -341,16 +353,16 @@ class _Stitch:
         def arg(a):
             if a in env:
                 return env[a]
-            if a in self.template.placeholders:
-                return self.block_placeholders[k][self.template.placeholders[a]]
-            if a in self.first_forward:  # the previous block's value
-                return self.env[a] if k == 1 else self.copies[k - 1][self.template.forward[self.prev_rule[a]]]
-            if a in self.r_backward:  # the next block's gradient
-                return self.env[self.next_rule[a]] if k == self.middle else self.copies[k + 1][self.template.backward[self.r_backward[a]]]
+            if a in self.plan.template.placeholders:
+                return self.block_placeholders[k][self.plan.template.placeholders[a]]
+            if a in self.plan.first_forward:  # the previous block's value
+                return self.env[a] if k == 1 else self.copies[k - 1][self.plan.template.forward[self.plan.prev_rule[a]]]
+            if a in self.plan.r_backward:  # the next block's gradient
+                return self.env[self.plan.next_rule[a]] if k == self.plan.middle else self.copies[k + 1][self.plan.template.backward[self.plan.r_backward[a]]]
             return self.env[a]
 
         new = self._node_copy(node, arg, node.name if k == 1 else self._fresh_name(node.name))
-        self._rename_meta(new, self.template.fqn, self.blocks[k], k)
+        self._rename_meta(new, self.plan.template.fqn, self.plan.blocks[k], k)
         env[node] = new
 
     def _node_copy(self, node, arg, name: str):
@@ -368,20 +380,20 @@ class _Stitch:
         return f"{base}_{number}"
 
     def _outside_arg(self, a):
-        if a in self.t_nodes:
+        if a in self.plan.t_nodes:
             return self.copies[1][a]
-        if a in self.r_forward:
-            return self.copies[self.middle][self.template.forward[self.r_forward[a]]]
-        if a in self.r_backward:
-            return self.copies[self.middle][self.template.backward[self.r_backward[a]]]
+        if a in self.plan.r_forward:
+            return self.copies[self.plan.middle][self.plan.template.forward[self.plan.r_forward[a]]]
+        if a in self.plan.r_backward:
+            return self.copies[self.plan.middle][self.plan.template.backward[self.plan.r_backward[a]]]
         return self.env[a]
 
     def _emit_outside(self, node):
         new = self._node_copy(node, self._outside_arg, node.name)
-        if node in self.last.forward or node in self.last_backward:
-            self._rename_meta(new, self.last.fqn, self.blocks[-1], None)
+        if node in self.plan.last.forward or node in self.plan.last_backward:
+            self._rename_meta(new, self.plan.last.fqn, self.plan.blocks[-1], None)
         elif "seq_nr" in new.meta and node.op == "call_function":
-            new.meta["seq_nr"] = self._seq(new.meta["seq_nr"], None)
+            new.meta["seq_nr"] = self.seq(new.meta["seq_nr"], None)
         self.env[node] = new
 
     def _rename_meta(self, new, old: str, fqn: str, k: int | None):
@@ -395,7 +407,7 @@ class _Stitch:
             if isinstance(meta.get(key), dict):
                 meta[key] = {_rename(name, old, fqn): (_rename(path, old, fqn), kind) for name, (path, kind) in meta[key].items()}
         if "seq_nr" in meta:
-            meta["seq_nr"] = self._seq(meta["seq_nr"], k)
+            meta["seq_nr"] = self.seq(meta["seq_nr"], k)
 
     def _output(self):
         old = self.gm.graph.find_nodes(op="output")[0]
@@ -405,24 +417,24 @@ class _Stitch:
         t_run = []
 
         def flush():
-            for k in range(1, self.middle + 1):
+            for k in range(1, self.plan.middle + 1):
                 for value, desc in t_run:
                     values.append(None if value is None else self.copies[k][value])
-                    new_descs.append(_retarget(desc, self.template.fqn, self.blocks[k]))
+                    new_descs.append(_retarget(desc, self.plan.template.fqn, self.plan.blocks[k]))
             t_run.clear()
 
         for value, desc in zip(flat, descs):
             target = _desc_target(desc)
-            if target and _inside(target, self.template.fqn):
+            if target and _inside(target, self.plan.template.fqn):
                 t_run.append((value, desc))
                 continue
             flush()
-            if target and _inside(target, self.reference.fqn):
+            if target and _inside(target, self.plan.reference.fqn):
                 continue
-            if value is not None and (value in self.t_nodes or value in self.r_nodes):
-                raise _unsupported(f"the graph returns {value.name} of {self.template.fqn if value in self.t_nodes else self.reference.fqn}, which is no gradient of its parameters")
+            if value is not None and (value in self.plan.t_nodes or value in self.plan.r_nodes):
+                raise _unsupported(f"the graph returns {value.name} of {self.plan.template.fqn if value in self.plan.t_nodes else self.plan.reference.fqn}, which is no gradient of its parameters")
             values.append(None if value is None else self._outside_arg(value))
-            new_descs.append(_retarget(desc, self.last.fqn, self.blocks[-1]) if target and _inside(target, self.last.fqn) else desc)
+            new_descs.append(_retarget(desc, self.plan.last.fqn, self.plan.blocks[-1]) if target and _inside(target, self.plan.last.fqn) else desc)
         flush()
         output = self.graph.output(values)
         output.meta = dict(old.meta)
