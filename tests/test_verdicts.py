@@ -183,6 +183,23 @@ def test_a_cheap_failing_example_is_shrunk(suite):
     result.stdout.fnmatch_lines(["Minimal model (runnable):", "x = 1000"])
 
 
+def test_shrinking_is_bounded_by_a_count_not_by_the_time_the_machine_takes(suite):
+    # One failing test shrunk twice, the second time with every example slowed down (the test's
+    # source, which seeds a derandomized run, is the same): a count of shrinks ends both, so both
+    # show the same model, where a time bound would show a larger one for the slow run.
+    suite.makepyfile(test_counted=SLOW_FAILURE.replace("time.sleep(0.3)", "time.sleep(float(open('delay.txt').read()))"))
+    shown = []
+    for delay in ("0", "0.05"):
+        (suite.path / "delay.txt").write_text(delay)
+        result = run(suite, FAKE, "--fp8-shrinks=2", "--fp8-report=out/r.json", "test_counted.py")
+        result.assert_outcomes(failed=1)
+        found = json.loads((suite.path / "out" / "r.json").read_text())["properties"]["PROV-002"]
+        assert found["reproducer"]["shrink"] == "shrunk"
+        shown.append(found["reproducer"]["failing_case"])
+    assert shown[0] == shown[1] and "x=1000," not in shown[0]
+    result.stdout.fnmatch_lines(["Failing model, shrunk as many times as --fp8-shrinks allows (runnable):"])
+
+
 def test_piped_run_prints_a_line_per_property(suite):
     suite.makepyfile(test_defect=DEFECT_TESTS)
     # A subprocess writes to a pipe, as in CI or under tee.
@@ -286,6 +303,7 @@ def test_fp8_property_selects_by_citation_not_by_name(suite):
         (["--fp8-expectations=latin1.json"], "ERROR: --fp8-expectations: */latin1.json: not UTF-8 text (byte 0xe9 at offset 17); save it as UTF-8"),
         (["--fp8-expectations=bad.json"], "ERROR: --fp8-expectations: */bad.json: not valid JSON*"),
         (["--fp8-shrink-seconds=-1"], "ERROR: --fp8-shrink-seconds must be 0 or more seconds, got -1"),
+        (["--fp8-shrinks=-1"], "ERROR: --fp8-shrinks must be 0 or more, got -1"),
     ],
 )
 def test_usage_errors_come_before_any_test(suite, args, message):

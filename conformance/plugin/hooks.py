@@ -15,7 +15,7 @@ import pytest
 import conformance
 from conformance.api import SPEC_VERSION, Backend
 from conformance.plugin import gating, profiles, usage
-from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS
+from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS, DEFAULT_SHRINKS
 from conformance.plugin.loading import ENTRY_POINT_GROUP, load_backend
 
 __all__ = [
@@ -93,14 +93,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "Unlike -k, it matches the property a test cites, not words in its name.",
     )
     group.addoption(
+        "--fp8-shrinks",
+        metavar="N",
+        type=int,
+        default=DEFAULT_SHRINKS,
+        help="how many times Hypothesis may shrink the failing example of one test (default "
+        f"{DEFAULT_SHRINKS}; 0: show the first failing example). A count, so that the model a "
+        "failure shows is the same on a busy machine as on an idle one.",
+    )
+    group.addoption(
         "--fp8-shrink-seconds",
         metavar="SECONDS",
         type=float,
         default=DEFAULT_SHRINK_SECONDS,
-        help="how long Hypothesis may shrink the failing example of one test (default "
+        help="a guard on the time Hypothesis may shrink the failing example of one test (default "
         f"{DEFAULT_SHRINK_SECONDS:g}; 0: show the first failing example). A failure whose "
         "example takes more than a tenth of this is not shrunk; the report says whether the "
-        "model it shows was.",
+        "model it shows was, and whether this guard ended the shrink.",
     )
 
 

@@ -25,7 +25,7 @@ from hypothesis.internal.conjecture import engine
 from hypothesis.statistics import collector
 
 from conformance import evidence, notes, replay, watchdog
-from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS
+from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS, DEFAULT_SHRINKS
 from conformance.plugin.report import (
     DEVICE_KEY,
     EXAMPLE_OUTCOMES_KEY,
@@ -70,17 +70,21 @@ def _shrink_budget(example_seconds: float, budget: float) -> float:
 
 
 @contextlib.contextmanager
-def _bounded_shrinking(item: pytest.Item, shrinks: bool, budget: float) -> Iterator[Callable]:
-    """Bound Hypothesis's shrinking of this test to ``budget`` seconds, or skip it when one
-    example costs too much to re-run; yields the wrapper that times each example.
+def _bounded_shrinking(item: pytest.Item, shrinks: bool, budget: float, count: int) -> Iterator[Callable]:
+    """Bound Hypothesis's shrinking of this test to ``count`` shrinks, guarded by ``budget``
+    seconds, or skip it when one example costs too much to re-run; yields the wrapper that times
+    each example.
 
-    Hypothesis reads its shrink deadline (``engine.MAX_SHRINKING_SECONDS``, documented as
-    monkeypatchable) when shrinking starts, after the first failure: the failing example's
+    The count (``engine.MAX_SHRINKS``) is what normally ends a shrink, so that a derandomized
+    run shows the same examples, and the report groups the same failures, however busy the
+    machine. Hypothesis reads its shrink deadline (``engine.MAX_SHRINKING_SECONDS``, documented
+    as monkeypatchable) when shrinking starts, after the first failure: the failing example's
     cost is known by then. Its warning about five minutes of shrinking is dropped: the report
     says that shrinking stopped (``shrink: bounded``).
     """
     state = item.stash[_SHRINK_KEY] = {"shrink": "minimal" if shrinks else "none"}
-    saved = engine.MAX_SHRINKING_SECONDS
+    saved = engine.MAX_SHRINKING_SECONDS, engine.MAX_SHRINKS
+    engine.MAX_SHRINKS = count
     outer = reporting.current_reporter()
 
     def report(text: object) -> None:
@@ -105,17 +109,18 @@ def _bounded_shrinking(item: pytest.Item, shrinks: bool, budget: float) -> Itera
         with reporting.with_reporter(report):
             yield timed
     finally:
-        engine.MAX_SHRINKING_SECONDS = saved
+        engine.MAX_SHRINKING_SECONDS, engine.MAX_SHRINKS = saved
 
 
 @contextlib.contextmanager
 def hypothesis_instrumented(
-    item: pytest.Item, *, expected_to_fail: bool, shrink_seconds: float = DEFAULT_SHRINK_SECONDS
+    item: pytest.Item, *, expected_to_fail: bool, shrink_seconds: float = DEFAULT_SHRINK_SECONDS,
+    shrinks: int = DEFAULT_SHRINKS,
 ) -> Iterator[None]:
     """Around the call of a Hypothesis test: note its statistics and count its examples,
     note each example's outcome by its drawn model (:func:`_noted`), re-arm the per-example
-    timer at each one, bound shrinking to ``shrink_seconds`` (none when
-    an example costs more than a tenth of that) and, for a test expected to fail, skip it.
+    timer at each one, bound shrinking to ``shrinks`` shrinks guarded by ``shrink_seconds`` (none
+    when an example costs more than a tenth of that) and, for a test expected to fail, skip it.
 
     Enter it inside Hypothesis's own ``pytest_runtest_call`` wrapper, which installs its
     statistics collector and may replace the test's settings first.
@@ -142,13 +147,14 @@ def hypothesis_instrumented(
         p for p in phases
         if p is not hypothesis.Phase.explain and not (expected_to_fail and p in _SHRINK_PHASES)
     ]
-    shrinks = hypothesis.Phase.shrink in phases and shrink_seconds > 0
+    shrink_count = shrinks
+    shrinks = hypothesis.Phase.shrink in phases and shrink_seconds > 0 and shrink_count > 0
     if not shrinks:
         phases = [p for p in phases if p is not hypothesis.Phase.shrink]
     if original_settings is not None:
         function._hypothesis_internal_use_settings = settings(parent=original_settings, phases=phases)
     try:
-        with _bounded_shrinking(item, shrinks, shrink_seconds) as timed:
+        with _bounded_shrinking(item, shrinks, shrink_seconds, shrink_count) as timed:
 
             @functools.wraps(inner)
             def counted(*args: Any, **kwargs: Any) -> Any:
@@ -312,13 +318,16 @@ def _shown_example(item: pytest.Item) -> dict[str, Any]:
 
 def _shrink_outcome(item: pytest.Item) -> str | None:
     """Whether the failing example shown was shrunk: ``minimal`` (shrinking finished),
-    ``bounded`` (stopped at ``--fp8-shrink-seconds``), ``none``; None for a plain test."""
+    ``shrunk`` (stopped after ``--fp8-shrinks`` shrinks), ``bounded`` (stopped by the guard
+    ``--fp8-shrink-seconds``), ``none``; None for a plain test."""
     state = item.stash.get(_SHRINK_KEY, None)
     if state is None:
         return None
     stats = item.stash.get(_STATS_KEY, {})
     if state["shrink"] == "minimal" and "very slow" in str(stats.get("stopped-because", "")):
         return "bounded"
+    if state["shrink"] == "minimal" and "shrunk test case" in str(stats.get("stopped-because", "")):
+        return "shrunk"
     return state["shrink"]
 
 

@@ -33,7 +33,8 @@ _OWN_PROPERTY = re.compile(r" \(property [A-Z0-9]+-\d+\)")
 #: What the shown model of a failure is, by the reproducer's ``shrink``.
 MODEL_HEADINGS = {
     "minimal": "Minimal model (runnable)",
-    "bounded": "Failing model, partly shrunk: shrinking stopped at its time limit (runnable)",
+    "shrunk": "Failing model, shrunk as many times as --fp8-shrinks allows (runnable)",
+    "bounded": "Failing model, partly shrunk: shrinking stopped at its time guard (runnable)",
     "none": "Failing model, not shrunk (runnable)",
 }
 

@@ -68,6 +68,8 @@ class ConformanceRun:
             if seconds is not None and seconds < 0:
                 name = "--fp8-" + option.replace("_", "-")
                 raise pytest.UsageError(f"{name} must be 0 or more seconds, got {seconds:g}")
+        if config.getoption("fp8_shrinks") < 0:
+            raise pytest.UsageError(f"--fp8-shrinks must be 0 or more, got {config.getoption('fp8_shrinks')}")
         self.progress = progress.ProgressLines(config)
         self.crash_notes = crashes.CrashNotes(config, spec)
         self._unquiet = lambda: None  # removes the log filter installed at session start
@@ -192,9 +194,9 @@ class ConformanceRun:
         if not item.stash.get(_CITED_KEY, False):
             return (yield)
         expected = item.stash.get(_EXPECTED_KEY, False)
-        shrink_seconds = self.config.getoption("fp8_shrink_seconds")
         with instrumentation.hypothesis_instrumented(
-            item, expected_to_fail=expected, shrink_seconds=shrink_seconds
+            item, expected_to_fail=expected, shrink_seconds=self.config.getoption("fp8_shrink_seconds"),
+            shrinks=self.config.getoption("fp8_shrinks"),
         ):
             return (yield)
 
@@ -272,6 +274,7 @@ class ConformanceRun:
                 "expectations": self.config.getoption("fp8_expectations") or None,
                 "timeout_s": self.timeout,
                 "shrink_s": self.config.getoption("fp8_shrink_seconds"),
+                "shrinks": self.config.getoption("fp8_shrinks"),
                 "device": self.config.getoption("fp8_device"),
             },
             expectations=self.expectations,
