@@ -21,6 +21,7 @@ _EXPORTS = {
     "fp8conf.quantized.float8": ("QuantizationConfig", "find_quantized_modules"),
     "fp8conf.quantized.mx": ("MXLinear", "convert_to_mx_training"),
     "fp8conf.quantized.grouped": ("Float8GroupedExperts", "convert_to_float8_grouped_experts"),
+    "fp8conf.quantized.scaled_mm": ("ScaledMMLinear", "convert_to_scaled_mm_training"),
     "fp8conf.graph.trace": ("JointSignature", "TraceInfo", "copy_graph_module", "joint_signature", "run_joint", "trace_info", "trace_joint"),
     "fp8conf.graph.provenance": ("PROVENANCE_META_KEY", "CallRecord", "Provenance", "get_provenance", "node_passes"),
     "fp8conf.graph.roles": ("OpRole", "classify_node", "is_fp8_compute", "op_roles"),
@@ -61,6 +62,8 @@ __all__ = [
     "convert_to_mx_training",
     "Float8GroupedExperts",
     "convert_to_float8_grouped_experts",
+    "ScaledMMLinear",
+    "convert_to_scaled_mm_training",
     # trace (fp8conf.graph.trace)
     "trace_joint",
     "run_joint",

@@ -25,6 +25,7 @@ The branches are siblings, so catching one never swallows another stage's failur
     |   `-- StaleArtifactError         built for other parameter, buffer or input shapes
     |-- MXArgumentError           an argument of an MX op or helper (also a ValueError)
     |-- MXConversionError         a module that cannot become an MXLinear (also a ValueError)
+    |-- ScaledMMConversionError   a module or torch that cannot become a ScaledMMLinear (also a ValueError)
     `-- GroupedExpertsError       an experts module or argument FP8 grouped experts cannot take (also a ValueError)
 """
 
@@ -54,6 +55,7 @@ __all__ = [
     "StaleArtifactError",
     "MXArgumentError",
     "MXConversionError",
+    "ScaledMMConversionError",
     "GroupedExpertsError",
     "FP8ValidationWarning",
 ]
@@ -299,6 +301,19 @@ class MXConversionError(FP8Error, ValueError):
     """
 
     def __init__(self, message: str, *, module_fqn: str):
+        super().__init__(message)
+        self.module_fqn = module_fqn
+
+
+class ScaledMMConversionError(FP8Error, ValueError):
+    """A module that cannot become a :class:`~fp8conf.ScaledMMLinear` (or a torch without
+    ``F.scaled_mm``), or an argument it cannot take.
+
+    Attributes:
+        module_fqn: fully qualified name of the module, when one is concerned (else None).
+    """
+
+    def __init__(self, message: str, *, module_fqn: str | None = None):
         super().__init__(message)
         self.module_fqn = module_fqn
 

@@ -38,7 +38,8 @@ class QuantizationConfig:
     """How one quantized module computes.
 
     Attributes:
-        kind: ``"float8_linear"``, ``"mxfp8_linear"`` or ``"float8_grouped_experts"``.
+        kind: ``"float8_linear"``, ``"mxfp8_linear"``, ``"float8_grouped_experts"`` or
+            ``"float8_scaled_mm_linear"``.
         recipe: recipe name; ``"custom"`` for a Float8LinearConfig matching no named recipe.
         emulate: True when the module deliberately computes in high precision (no FP8 matmul).
         fp8_grad_input: the backward computes grad_input with an FP8 matmul.
@@ -109,7 +110,7 @@ def quantization_config_of(module: torch.nn.Module) -> QuantizationConfig | None
     if isinstance(module, Float8Linear):
         return _float8_linear_config(module)
     kind = getattr(module, "quant_kind", None)
-    if kind in ("mxfp8_linear", "float8_grouped_experts"):
+    if kind in ("mxfp8_linear", "float8_grouped_experts", "float8_scaled_mm_linear"):
         return QuantizationConfig(kind=kind, recipe=module.recipe, emulate=bool(module.emulate))
     return None
 
