@@ -85,6 +85,22 @@ class NoRegionIds(ReferenceBackend):
         return found
 
 
+class BackwardRegionsJudgedPartial(ReferenceBackend):
+    """Judges every backward region partial, as a completeness check that takes a value saved
+    for backward for one made outside the region would: the backward regions are reported, not
+    tagged, and never compiled. Its report and its tags agree."""
+
+    name = "mutant-backward-regions-judged-partial"
+    KILLED_BY = "REG-004"
+
+    def regions(self, gm):
+        found = [
+            r if r.pass_name == "forward" else dataclasses.replace(r, complete=False, reason="a saved value enters from the forward")
+            for r in identify_fp8_regions(gm)
+        ]
+        return _tag(gm, found)
+
+
 class IncompleteRegionsTagged(ReferenceBackend):
     """Tags every region, complete or not."""
 
@@ -329,6 +345,7 @@ MUTANTS = [
     OneIdPerModule,
     CastsAndMatmulsOnly,
     NoRegionIds,
+    BackwardRegionsJudgedPartial,
     IncompleteRegionsTagged,
     UntrackedValuesAreBoundaries,
     NameDependentIds,
