@@ -259,6 +259,34 @@ class RunJointIgnoresCompiled(ReferenceBackend):
         return super().run_joint(gm, model, args, grad_outputs)
 
 
+class FullCompileReturnsGraph(ReferenceBackend):
+    """Full compile that hands back the graph module itself, reporting every node compiled: the
+    step runs eagerly and matches eager exactly."""
+
+    name = "mutant-full-compile-returns-graph"
+    KILLED_BY = "NUM-001"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        if mode != "full":
+            return super().compile(gm, mode=mode, cudagraph=cudagraph)
+        names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
+        return Compiled(gm, names, frozenset())
+
+
+class FullCompileRegionsOnly(ReferenceBackend):
+    """Full compile that compiles the tagged FP8 regions only and runs the rest eagerly,
+    reporting every node compiled."""
+
+    name = "mutant-full-compile-regions-only"
+    KILLED_BY = "NUM-001"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        if mode != "full":
+            return super().compile(gm, mode=mode, cudagraph=cudagraph)
+        compiled = super().compile(gm, mode="regional", cudagraph=cudagraph)
+        return dataclasses.replace(compiled, compiled_nodes=compiled.compiled_nodes | compiled.eager_nodes, eager_nodes=frozenset())
+
+
 class CompiledButEager(ReferenceBackend):
     """Reports the tagged regions as compiled but runs the whole graph eagerly."""
 
@@ -356,6 +384,8 @@ MUTANTS = [
     ParametersFrozenFullCompile,
     ParametersFrozenRegionalCompile,
     RunJointIgnoresCompiled,
+    FullCompileReturnsGraph,
+    FullCompileRegionsOnly,
     CompiledButEager,
     RegionalCompilesAround,
     RegionalCompilesWholeGraph,
