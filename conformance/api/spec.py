@@ -64,7 +64,7 @@ def _p(id: str, level: str, capability: str, title: str, since: str = "1.0") -> 
 _ALL = [
     _p("PROV-001", "MUST", "provenance", "Every FP8 compute node, forward and backward, carries provenance naming the module that issued it."),
     _p("PROV-002", "MUST", "provenance", "Provenance kind, recipe and emulate equal that module's config; for a backend that records no recipe (`provenance_has_recipe = False`) kind and emulate, and the report row notes that the recipe was not checked; a recipe such a backend gives all the same must equal the module's."),
-    _p("PROV-003", "MUST", "provenance", "A backward node carries the provenance of the forward op it differentiates; gradient accumulation carries none. Backward nodes keep `seq_nr`."),
+    _p("PROV-003", "MUST", "provenance", "A backward node carries the provenance of the forward op it differentiates; gradient accumulation carries none. Backward nodes keep `seq_nr`. Every node that the gradients of the step's outputs reach, from the placeholders `run_joint` feeds them to, is backward by `is_backward`."),
     _p("PROV-004", "MUST", "provenance", "A forward node carries provenance only of the module that issued it; nodes of unquantized modules carry none."),
     _p("PROV-005", "SHOULD", "provenance", "Provenance survives common rewrites (CSE, DCE) unchanged."),
     _p("PROV-006", "MUST", "provenance", "A module called twice attributes both calls to its FQN; nested quantized modules attribute to the innermost."),
