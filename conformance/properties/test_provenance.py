@@ -155,7 +155,8 @@ def _check_backward_pass_covers_what_the_output_gradients_reach(fp8_backend, spe
         "suite cannot tell which nodes are backward",
         spec,
     )
-    late = [n for n in case.gm.graph.nodes if n in surely_backward(tangents) and not fp8_backend.is_backward(n)]
+    reached = surely_backward(tangents)
+    late = [n for n in case.gm.graph.nodes if n in reached and not fp8_backend.is_backward(n)]
     check(
         not late,
         "PROV-003",
