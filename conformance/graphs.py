@@ -10,7 +10,11 @@ The suite needs ground truth that does not come from the backend under test:
 * :func:`trace_with_oracle`: while the backend traces, the suite annotates each quantized
   module's forward with ``torch.fx.traceback.annotate`` under a key of its own. Forward nodes
   then say which module issued them; backward nodes are paired with the forward op they
-  differentiate through autograd's ``seq_nr``. The backend's provenance is compared with this.
+  differentiate through autograd's ``seq_nr``. The backend's provenance is compared with this;
+* :func:`tangent_placeholders` / :func:`surely_backward`: which placeholders the backend's
+  runner feeds the gradients of the step's outputs, seen while it runs the graph, and the nodes
+  those reach: no forward value can depend on the gradient of the step's outputs, so those
+  nodes are backward whatever the backend says.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ __all__ = [
     "tagged_groups",
     "incompleteness",
     "non_convexity",
+    "tangent_placeholders",
+    "surely_backward",
 ]
 
 ORACLE_KEY = "conformance.issued_by"
@@ -336,3 +342,51 @@ def non_convexity(nodes: set) -> str | None:
                 seen.add(user)
                 stack.append(user)
     return None
+
+
+class _InputsSeen(Exception):
+    """Stops a run once the graph's inputs were seen: nothing of the graph needs to execute."""
+
+
+def tangent_placeholders(run_joint, gm: torch.fx.GraphModule, grad_outputs) -> list[torch.fx.Node]:
+    """The placeholders of ``gm`` that the backend's runner feeds the gradients of the step's
+    outputs (``grad_outputs``), observed: ``run_joint(fn)`` must run the joint graph through the
+    backend with ``fn`` in its place; ``fn`` reads its arguments as ``gm`` binds them to its
+    placeholders (its own calling convention) and stops the run there. A placeholder is a
+    tangent when it receives one of ``grad_outputs``, the tensor itself or an equal copy."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    seen: list = []
+
+    def fn(*args):
+        seen.extend(gm.graph.process_inputs(*args))
+        raise _InputsSeen
+
+    try:
+        run_joint(fn)
+    except _InputsSeen:
+        pass
+    if len(seen) != len(placeholders):
+        raise ValueError(f"the runner fed {len(seen)} value(s) to a graph of {len(placeholders)} placeholder(s)")
+    return [p for p, value in zip(placeholders, seen) if any(_same_tensor(value, g) for g in grad_outputs)]
+
+
+def _same_tensor(value, expected) -> bool:
+    if value is expected:
+        return True
+    return (
+        isinstance(value, torch.Tensor) and isinstance(expected, torch.Tensor)
+        and value.shape == expected.shape and value.dtype == expected.dtype and value.device == expected.device
+        and torch.equal(value, expected)
+    )
+
+
+def surely_backward(tangents) -> set[torch.fx.Node]:
+    """The ``call_function`` nodes the tangent placeholders reach: they depend on the gradient
+    of the step's outputs, which no forward value can, so they belong to the backward."""
+    found, stack = set(), [u for t in tangents for u in t.users]
+    while stack:
+        node = stack.pop()
+        if node not in found:
+            found.add(node)
+            stack.extend(node.users)
+    return {n for n in found if n.op == "call_function"}

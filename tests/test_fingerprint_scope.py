@@ -167,3 +167,13 @@ def test_a_refused_inexpressible_change_is_not_supported_never_a_failure(tmp_pat
         assert row["status"] == "pass", out[-3000:]
         assert row["outcomes"] == {"pass": 7, "not_supported": 2}, row
         assert any("UnsupportedConfig" in note for note in row.get("notes", ())), row
+
+
+def test_a_refused_undeclared_field_leaves_the_declared_ones_checked(tmp_path):
+    # Its jobs express pad_inner_dim: other fields' changes are refused (a right answer, noted),
+    # and the changes of pad_inner_dim are still drawn and checked, so FPR-001 passes, not skips.
+    statuses, out = run_suite("mutants.contract:ExpressesPadInnerDimOnly", ["FPR-001"], tmp_path)
+    row = statuses["FPR-001"]
+    assert row["status"] == "pass", out[-3000:]
+    assert row["outcomes"] == {"pass": 9}, row
+    assert any("expressible_config_fields ['pad_inner_dim']" in note for note in row.get("notes", ())), row

@@ -36,15 +36,35 @@ def _compare(property_id, spec, label, expected, seen):
 def _check_matches_eager(property_id, backend, spec, mode):
     case = traced(property_id, backend, spec)
     compiled = call_backend(property_id, backend, "compile", case.gm, mode=mode, expect=Compiled)
+    # Only the compiled callable's own calls are counted, not what the runner does around it.
+    fn, dispatched = observed(compiled.fn)
     # Two steps with fresh inputs and an optimizer-like update of the parameters in between: a
     # compiled graph must reuse neither the first step's values nor the first step's weights.
     with _parameters_restored(case.model):
         for step in range(2):
             args, grad_out = _fresh_args(spec, step), _grad_outputs(spec, 100 + step)
             expected = call_backend(property_id, backend, "run_joint", case.gm, case.model, args, grad_out)
-            seen = _run_compiled(property_id, backend, spec, case.gm, case.model, args, grad_out, compiled.fn)
+            seen = _run_compiled(property_id, backend, spec, case.gm, case.model, args, grad_out, fn)
             _compare(property_id, spec, f"{mode} compile, step {step}", expected, seen)
             _descend(case.model, expected[1])
+    if mode == "full":
+        _check_nothing_ran_eagerly(property_id, spec, dispatched)
+
+
+def _check_nothing_ran_eagerly(property_id, spec, dispatched) -> None:
+    """A fully compiled step runs in Inductor's generated code and its extern kernels: no op
+    Inductor always generates code for (:func:`conformance.dispatch.always_generated`), and no
+    cast to FP8, reaches the dispatcher while it runs. The graph module itself, or a graph
+    compiled only in its FP8 regions, dispatches them."""
+    eager = sorted((str(op), n) for op, n in dispatched.counts.items() if always_generated(op))
+    check(
+        not eager and dispatched.fp8_casts == 0,
+        property_id,
+        f"while the fully compiled step ran, {dispatched.fp8_casts} cast(s) to FP8 and ops Inductor always turns into "
+        "generated code reached torch's dispatcher, so (part of) the step ran eagerly: "
+        + (", ".join(f"{op} {n} time(s)" for op, n in eager[:6]) or "no such op"),
+        spec,
+    )
 
 
 def _run_compiled(property_id, backend, spec, gm, model, args, grad_out, fn):
@@ -106,7 +126,10 @@ def test_NUM_001_full_compile_matches_eager(fp8_backend, warm_inductor, spec):
     constants at its first call (Inductor freezing), or returns the first step's results; both
     passed two steps with fresh inputs and the same weights. Between the steps the suite now moves
     every parameter in place along its gradient by half its norm, as an optimizer step does, so
-    stale weights or results are off by far more than the tolerance."""
+    stale weights or results are off by far more than the tolerance. A "full" compile that
+    returns the graph module itself, or compiles the FP8 regions only, matches eager too: the
+    suite watches the dispatcher while the compiled callable runs, where ops Inductor always
+    generates code for, and casts to FP8, show what ran eagerly."""
     _check_matches_eager("NUM-001", fp8_backend, spec, "full")
 
 

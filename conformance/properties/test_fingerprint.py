@@ -35,6 +35,7 @@ from conformance.api.types import JobConfigs
 from conformance.fingerprint_scopes import promises_of
 from conformance.fingerprints import (
     ARTIFACT_SPEC,
+    CONFIG_FIELDS,
     CONFIG_KINDS,
     QUANTIZATION_KINDS,
     STRUCTURE_KINDS,
@@ -68,13 +69,22 @@ def _fingerprint(property_id, backend, variant: Variant, model=None) -> tuple[st
     return fingerprint, signature
 
 
+class _RefusedAsInexpressible(Exception):
+    """A model with a config field the backend declares inexpressible was refused: a right
+    answer for that example, while its jobs' expressible fields are still drawn."""
+
+
 def _refused(property_id, backend, variant: Variant, exc: UnsupportedConfig) -> None:
     """The backend refused ``variant``'s model as inexpressible: ``not_supported`` when the model
     holds flipped config fields the backend does not declare expressible, a failure otherwise."""
     flipped = sorted({name for _, name in variant.config_fields})
     declared = getattr(backend, "expressible_config_fields", None)
-    if flipped and declared is None:
-        note(f"config-field changes the backend refuses as inexpressible (UnsupportedConfig) are not_supported: {', '.join(flipped)}")
+    if flipped and (declared is None or not all(set(CONFIG_FIELDS[name][0]) <= set(declared) for name in flipped)):
+        declared_text = "" if declared is None else f"; expressible_config_fields {sorted(declared)}"
+        note(f"config-field changes the backend refuses as inexpressible (UnsupportedConfig{declared_text}) are not_supported: {', '.join(flipped)}")
+        if declared:
+            # Its jobs express other fields: their changes are still drawn and checked.
+            raise _RefusedAsInexpressible
         pytest.skip(
             f"{NOT_SUPPORTED} backend {backend.name!r} refuses a config its jobs cannot express "
             f"(Float8LinearConfig {', '.join(flipped)} flipped; UnsupportedConfig: {exc})"
@@ -86,13 +96,14 @@ def _refused(property_id, backend, variant: Variant, exc: UnsupportedConfig) -> 
     fail(property_id, f"backend {backend.name!r} refused the model ({variant.describe()}) with UnsupportedConfig, yet {why}: {exc}", variant.spec)
 
 
-def _config_fields(fp8_backend, kind):
+def _config_fields(fp8_backend, kind, *, inexpressible=False):
     """The ``CONFIG_FIELDS`` entries ``kind``'s changes may flip for the backend (None for a kind
-    that flips none). A config kind the backend's jobs can express no change of is skipped as
-    ``not_supported``, at the first example, before any change is drawn."""
+    that flips none): those its jobs can express, or every one with ``inexpressible``. A config
+    kind the backend's jobs can express no change of is skipped as ``not_supported``, at the
+    first example, before any change is drawn."""
     if kind not in CONFIG_KINDS:
         return None
-    fields = drawable_config_fields(getattr(fp8_backend, "expressible_config_fields", None))
+    fields = drawable_config_fields(None if inexpressible else getattr(fp8_backend, "expressible_config_fields", None))
     flips = [(n,) for n in fields] if kind == "config_field" else [(a, b) for a in fields for b in fields if a != b]
     if not any(flippable(recipe, names) for recipe in FLOAT8_RECIPES for names in flips):
         declared = sorted(fp8_backend.expressible_config_fields or ())
@@ -136,10 +147,18 @@ def test_FPR_001_changing_a_quantization_input_changes_the_fingerprint(fp8_backe
     start from a custom config, every numerics-relevant field of ``Float8LinearConfig`` and its
     cast and gemm configs is flipped, and MX layers are drawn for a backend that claims ``mx``.
     A version read from package metadata (``importlib.metadata.version``) rather than
-    ``__version__`` sees the change too; it holds for every fingerprint scope."""
-    change = data.draw(quantization_changes(kind, fields=_config_fields(fp8_backend, kind)), label="change")
-    before, signature_before = _fingerprint("FPR-001", fp8_backend, change.before)
-    after, signature_after = _fingerprint("FPR-001", fp8_backend, change.after)
+    ``__version__`` sees the change too; it holds for every fingerprint scope. A backend that
+    declares some config fields inexpressible (``expressible_config_fields``) and then ignores a
+    change of one, neither refusing the model nor changing its fingerprint, would load an
+    artifact built for another config: such fields are flipped too, and only a refusal
+    (``UnsupportedConfig``, not_supported) or another fingerprint passes."""
+    fields = _config_fields(fp8_backend, kind, inexpressible=True)
+    change = data.draw(quantization_changes(kind, fields=fields), label="change")
+    try:
+        before, signature_before = _fingerprint("FPR-001", fp8_backend, change.before)
+        after, signature_after = _fingerprint("FPR-001", fp8_backend, change.after)
+    except _RefusedAsInexpressible:
+        return
     if before == after:
         _fail("FPR-001", f"{change.description}, yet the fingerprint stayed {before} "
               f"({_what_else('signature', signature_before, signature_after)})", change)

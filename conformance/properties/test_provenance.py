@@ -7,8 +7,8 @@ import collections
 import pytest
 from hypothesis import given
 
-from conformance.graphs import fp8_compute_nodes, no_fp8_compute_reason
-from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, traced
+from conformance.graphs import fp8_compute_nodes, no_fp8_compute_reason, surely_backward, tangent_placeholders
+from conformance.harness import call_backend, check, fail, fp8_ops, fresh_args as _fresh_args, fresh_copy, grad_outputs as _grad_outputs, traced
 from conformance.notes import note
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
@@ -97,8 +97,13 @@ def test_PROV_003_backward_nodes_carry_the_provenance_of_their_forward_op(fp8_ba
     """Cheapest defect that passes a check of compute nodes alone: gradient-accumulation nodes
     credited to the module whose gradient they add (inherited from an input). Every backward
     node is checked, and one whose ``seq_nr`` no forward op has must carry none; a backend that
-    drops ``seq_nr`` cannot pass by making the pairing unknowable, since that fails first."""
+    drops ``seq_nr`` cannot pass by making the pairing unknowable, since that fails first.
+    Which nodes are backward is not the backend's word alone (``is_backward``): one that says the
+    backward starts late (at its first FP8 matmul, say) keeps the gradient-of-output cast out of
+    this check and out of its backward regions. Every node the gradients of the step's outputs
+    reach, fed in as its runner feeds them, is backward, and ``is_backward`` must say so."""
     case = traced("PROV-003", fp8_backend, spec)
+    _check_backward_pass_covers_what_the_output_gradients_reach(fp8_backend, spec, case)
     backward = [n for n in case.gm.graph.nodes if n.op == "call_function" and fp8_backend.is_backward(n)]
     check(
         all("seq_nr" in n.meta for n in backward),
@@ -129,6 +134,37 @@ def test_PROV_003_backward_nodes_carry_the_provenance_of_their_forward_op(fp8_ba
         )
         attributed += expected is not None
     check(attributed > 0, "PROV-003", "no backward node differentiates a quantized module's op", spec)
+
+
+def _check_backward_pass_covers_what_the_output_gradients_reach(fp8_backend, spec, case) -> None:
+    """``is_backward`` against the suite's own ground truth: the nodes that the placeholders fed
+    the gradients of the step's outputs reach (:func:`conformance.graphs.surely_backward`)."""
+    grad_out = _grad_outputs(spec, 100)
+
+    def run(fn):
+        fp8_backend.run_joint(case.gm, case.model, _fresh_args(spec, 0), grad_out, fn=fn)
+
+    try:
+        tangents = tangent_placeholders(run, case.gm, grad_out)
+    except Exception as exc:
+        fail("PROV-003", f"backend {fp8_backend.name!r}: run_joint() with an observing callable raised {type(exc).__name__}: {exc}", spec)
+    check(
+        bool(tangents),
+        "PROV-003",
+        "no placeholder of the graph received the gradients of the step's outputs that run_joint was given, so the "
+        "suite cannot tell which nodes are backward",
+        spec,
+    )
+    reached = surely_backward(tangents)
+    late = [n for n in case.gm.graph.nodes if n in reached and not fp8_backend.is_backward(n)]
+    check(
+        not late,
+        "PROV-003",
+        f"{len(late)} node(s) depend on the gradient of the step's outputs (placeholder(s) "
+        f"{sorted(t.name for t in tangents)}), so they belong to the backward, but is_backward() says forward: "
+        + ", ".join(f"'{n.name}' ({n.target})" for n in late[:6]),
+        spec,
+    )
 
 
 @pytest.mark.fp8_property("PROV-004")

@@ -114,16 +114,29 @@ def test_REG_003_a_region_is_convex(fp8_backend, spec):
 @pytest.mark.fp8_property("REG-004")
 @given(spec=model_specs())
 def test_REG_004_only_complete_regions_are_tagged(fp8_backend, spec):
-    """Cheapest defect: tagging regions without a region id (regional Inductor then merges them),
-    or tagging a region the backend itself reports incomplete. Tagged nodes must carry an id,
-    every tagged group must be complete by the suite's own check, and a region is tagged
-    exactly when it is reported complete and tagged."""
+    """Cheapest defects: tagging regions without a region id (regional Inductor then merges them),
+    or tagging a region the backend itself reports incomplete; and, with the tags consistent,
+    judging complete regions partial (the backward ones, say), so they are reported and never
+    compiled. Tagged nodes must carry an id, every tagged group must be complete by the suite's
+    own check, every reported region's ``complete`` must equal the suite's own judgement of its
+    nodes, and a region is tagged exactly when it is reported complete and tagged."""
     gm, _, regions = _tagged_copy("REG-004", fp8_backend, spec)
     groups = tagged_groups(gm)
+    ops = fp8_ops("REG-004", fp8_backend)
     check(None not in groups, "REG-004", "tagged nodes carry no inductor_region id, so regions would merge when compiled", spec)
     for region_id, nodes in groups.items():
-        reason = incompleteness(nodes, fp8_backend.is_backward, fp8_ops("REG-004", fp8_backend))
+        reason = incompleteness(nodes, fp8_backend.is_backward, ops)
         check(reason is None, "REG-004", f"tagged region {region_id!r} is incomplete: {reason}", spec)
+    for region in regions:
+        # Completeness is the suite's to judge (conformance.graphs.incompleteness), not the backend's.
+        reason = incompleteness(set(region.nodes), fp8_backend.is_backward, ops)
+        check(
+            region.complete == (reason is None),
+            "REG-004",
+            f"region {region.id!r} is reported complete={region.complete}, but by the suite's own check it is "
+            + (f"incomplete: {reason}" if reason else "complete: every FP8 value and scale its compute uses is made inside it or enters at a boundary"),
+            spec,
+        )
     tagged = set().union(*groups.values()) if groups else set()
     for region in regions:
         reported_tagged = region.tagged and region.complete

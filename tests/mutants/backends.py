@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import weakref
 
 import fp8conf
 import fp8conf.graph.provenance
@@ -82,6 +84,42 @@ class AccumulationCredited(ReferenceBackend):
                 if inherited:
                     node.meta[fp8conf.PROVENANCE_META_KEY] = inherited[0]
         return gm
+
+
+class BackwardStartsLate(ReferenceBackend):
+    """Finds the start of the backward pass at its first FP8 matmul, as a pass split that looks
+    for a quantized module's gradient would: the ops before it (the gradient of the output, the
+    cast of that gradient to FP8) are called forward."""
+
+    name = "mutant-backward-starts-late"
+    KILLED_BY = "PROV-003"
+
+    def is_backward(self, node):
+        if not super().is_backward(node):
+            return False
+        late = self._called_forward.get(node.graph)
+        if late is None:
+            late = self._called_forward[node.graph] = self._before_first_backward_matmul(node.graph)
+        return node not in late
+
+    @functools.cached_property
+    def _called_forward(self):
+        return weakref.WeakKeyDictionary()
+
+    def _before_first_backward_matmul(self, graph) -> set:
+        before = set()
+        for node in graph.nodes:
+            if super().is_backward(node):
+                if node.op == "call_function" and _is_fp8_matmul(node):
+                    return before
+                before.add(node)
+        return set()  # no FP8 matmul in the backward: nothing called forward
+
+
+def _is_fp8_matmul(node) -> bool:
+    from conformance.graphs import Fp8Ops, is_fp8_compute
+
+    return is_fp8_compute(node, Fp8Ops())
 
 
 class ProvenanceLeaksForward(ReferenceBackend):
@@ -285,6 +323,7 @@ MUTANTS = [
     RecipeAlwaysTensorwise,
     RecipeUndeclaredAndWrong,
     AccumulationCredited,
+    BackwardStartsLate,
     ProvenanceLeaksForward,
     OuterModuleCredited,
     IgnoresInputGrad,

@@ -131,3 +131,39 @@ class RefusesCustomConfigs(ReferenceBackend):
     def fingerprint(self, model, *, strict=True):
         self._check_expressible(model)
         return super().fingerprint(model, strict=strict)
+
+
+class ExpressesPadInnerDimOnly(ReferenceBackend):
+    """A backend whose jobs name a recipe per module and may set ``pad_inner_dim`` on top of it,
+    and say so (``expressible_config_fields = {"pad_inner_dim"}``): a config that differs from
+    every named recipe in another field is refused with ``UnsupportedConfig``."""
+
+    name = "expresses-pad-inner-dim-only"
+    expressible_config_fields = frozenset({"pad_inner_dim"})
+
+    def _check_expressible(self, model):
+        import dataclasses
+
+        from torchao.float8.config import Float8LinearConfig, Float8LinearRecipeName
+        from torchao.float8.float8_linear import Float8Linear
+
+        from conformance.api.errors import UnsupportedConfig
+
+        for fqn, module in model.named_modules():
+            if not isinstance(module, Float8Linear):
+                continue
+            config = module.config
+            named = [
+                dataclasses.replace(Float8LinearConfig.from_recipe_name(r.value), emulate=config.emulate, pad_inner_dim=config.pad_inner_dim)
+                for r in Float8LinearRecipeName
+            ]
+            if config not in named:
+                raise UnsupportedConfig(f"module {fqn!r}: a config that no recipe with pad_inner_dim set expresses")
+
+    def quantization_signature(self, model, *, strict=True):
+        self._check_expressible(model)
+        return super().quantization_signature(model, strict=strict)
+
+    def fingerprint(self, model, *, strict=True):
+        self._check_expressible(model)
+        return super().fingerprint(model, strict=strict)

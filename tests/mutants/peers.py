@@ -153,6 +153,51 @@ class SplitDropsInPlaceOps(MakeFxBackend):
             return super().split_stage(gm, strict=strict)
 
 
+def _leaves(value, prefix=""):
+    """A config dataclass flattened to ``{dotted path: value}``."""
+    if dataclasses.is_dataclass(value):
+        found = {}
+        for field in dataclasses.fields(value):
+            found.update(_leaves(getattr(value, field.name), f"{prefix}{field.name}."))
+        return found
+    return {prefix.rstrip("."): value}
+
+
+def _nearest_recipe(model):
+    """``module_recipes`` that names each module's config after the named recipe it differs from
+    in the fewest fields, instead of refusing a config that is none of them."""
+    from torchao.float8.config import Float8LinearConfig, Float8LinearRecipeName
+
+    found = {}
+    for fqn, info in makefx_trainer.quantized_modules(model).items():
+        own = _leaves(model.get_submodule(fqn).config)
+
+        def distance(name, _own=own):
+            named = _leaves(dataclasses.replace(Float8LinearConfig.from_recipe_name(name), emulate=_own["emulate"]))
+            return sum(named[k] != v for k, v in _own.items())
+
+        recipe = min((r.value for r in Float8LinearRecipeName), key=distance)
+        found[fqn] = {"kind": info.kind, "recipe": recipe, "emulate": info.emulate}
+    return found
+
+
+class InexpressibleFieldsIgnored(MakeFxBackend):
+    """Declares that its jobs express no config field (``expressible_config_fields =
+    frozenset()``), then keys a model whose fields were set by hand as the named recipe nearest
+    to it rather than refusing it: a job built from that recipe loads its artifact."""
+
+    name = "mutant-inexpressible-fields-ignored"
+    KILLED_BY = "FPR-001"
+
+    def fingerprint(self, model, *, strict=True, config=None):
+        with _replaced(makefx_fingerprint, "module_recipes", _nearest_recipe):
+            return super().fingerprint(model, strict=strict, config=config)
+
+    def quantization_signature(self, model, *, strict=True, config=None):
+        with _replaced(makefx_fingerprint, "module_recipes", _nearest_recipe):
+            return super().quantization_signature(model, strict=strict, config=config)
+
+
 MUTANTS = [NoRegions]
 MAKEFX_MUTANTS = [RunnerRunsTheJointGraph, JobConfigIgnored, CountsOnlyWhatOutputsNeed, SplitDropsInPlaceOps]
 MAKEFX_MUTANTS += [
@@ -161,4 +206,5 @@ MAKEFX_MUTANTS += [
     WholeStepKeysTrainingFlag,
     WholeStepClaimedAsQuantization,
     WholeStepStrictInEveryModule,
+    InexpressibleFieldsIgnored,
 ]

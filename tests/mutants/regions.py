@@ -85,6 +85,22 @@ class NoRegionIds(ReferenceBackend):
         return found
 
 
+class BackwardRegionsJudgedPartial(ReferenceBackend):
+    """Judges every backward region partial, as a completeness check that takes a value saved
+    for backward for one made outside the region would: the backward regions are reported, not
+    tagged, and never compiled. Its report and its tags agree."""
+
+    name = "mutant-backward-regions-judged-partial"
+    KILLED_BY = "REG-004"
+
+    def regions(self, gm):
+        found = [
+            r if r.pass_name == "forward" else dataclasses.replace(r, complete=False, reason="a saved value enters from the forward")
+            for r in identify_fp8_regions(gm)
+        ]
+        return _tag(gm, found)
+
+
 class IncompleteRegionsTagged(ReferenceBackend):
     """Tags every region, complete or not."""
 
@@ -243,6 +259,34 @@ class RunJointIgnoresCompiled(ReferenceBackend):
         return super().run_joint(gm, model, args, grad_outputs)
 
 
+class FullCompileReturnsGraph(ReferenceBackend):
+    """Full compile that hands back the graph module itself, reporting every node compiled: the
+    step runs eagerly and matches eager exactly."""
+
+    name = "mutant-full-compile-returns-graph"
+    KILLED_BY = "NUM-001"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        if mode != "full":
+            return super().compile(gm, mode=mode, cudagraph=cudagraph)
+        names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
+        return Compiled(gm, names, frozenset())
+
+
+class FullCompileRegionsOnly(ReferenceBackend):
+    """Full compile that compiles the tagged FP8 regions only and runs the rest eagerly,
+    reporting every node compiled."""
+
+    name = "mutant-full-compile-regions-only"
+    KILLED_BY = "NUM-001"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        if mode != "full":
+            return super().compile(gm, mode=mode, cudagraph=cudagraph)
+        compiled = super().compile(gm, mode="regional", cudagraph=cudagraph)
+        return dataclasses.replace(compiled, compiled_nodes=compiled.compiled_nodes | compiled.eager_nodes, eager_nodes=frozenset())
+
+
 class CompiledButEager(ReferenceBackend):
     """Reports the tagged regions as compiled but runs the whole graph eagerly."""
 
@@ -329,6 +373,7 @@ MUTANTS = [
     OneIdPerModule,
     CastsAndMatmulsOnly,
     NoRegionIds,
+    BackwardRegionsJudgedPartial,
     IncompleteRegionsTagged,
     UntrackedValuesAreBoundaries,
     NameDependentIds,
@@ -339,6 +384,8 @@ MUTANTS = [
     ParametersFrozenFullCompile,
     ParametersFrozenRegionalCompile,
     RunJointIgnoresCompiled,
+    FullCompileReturnsGraph,
+    FullCompileRegionsOnly,
     CompiledButEager,
     RegionalCompilesAround,
     RegionalCompilesWholeGraph,
