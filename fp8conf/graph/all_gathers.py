@@ -23,11 +23,12 @@ Reads the graph only. Strict mode raises the first finding as a
 from __future__ import annotations
 
 import collections
+import dataclasses
 import warnings
 
 import torch.fx
 
-from conformance.api.types import Finding, ValidationReport
+from conformance.api.types import Finding
 from fp8conf import errors
 from fp8conf.arguments import require
 from fp8conf.graph.collectives import CollectiveRecord, get_collective, is_collective
@@ -35,10 +36,24 @@ from fp8conf.graph.provenance import node_passes
 from fp8conf.graph.roles import is_fp8_compute, is_fp8_dtype
 from fp8conf.graph.trace import joint_signature, trace_info
 
-__all__ = ["PROPERTY_ID", "validate_weight_all_gathers"]
+__all__ = ["PROPERTY_ID", "WeightGatherReport", "validate_weight_all_gathers"]
 
 #: The identifier findings of this check carry.
 PROPERTY_ID = "DP-001"
+
+@dataclasses.dataclass(frozen=True)
+class WeightGatherReport:
+    """What :func:`validate_weight_all_gathers` found. ``gathers`` counts the forward all-gathers
+    of quantized weights per ``(module_fqn, "float8" | "high_precision")``."""
+
+    findings: tuple[Finding, ...]
+    gathers: dict[tuple[str, str], int]
+    summary: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
 
 # Ops a gathered weight passes through on its way to the matmul: waits, dtype views, layout.
 _TO_MATMUL = frozenset({
@@ -49,19 +64,17 @@ _TO_MATMUL = frozenset({
 
 def validate_weight_all_gathers(
     gm: torch.fx.GraphModule, *, float8_all_gather: bool | None = None, strict: bool = True
-) -> ValidationReport:
+) -> WeightGatherReport:
     """Check the forward all-gathers of quantized weights in ``gm`` against the float8
-    all-gather setting (see the module docstring). Returns a report whose ``counts`` are the
-    FP8 and high-precision gathers per ``(module_fqn, "float8" | "high_precision")``."""
+    all-gather setting (see the module docstring) and return what was found."""
     require(gm, "graph module", "validate_weight_all_gathers", "gm")
     info = trace_info(gm)
     layout = info.layout if info is not None else None
     if float8_all_gather is None and layout is None:
-        raise errors.WeightAllGatherError(
+        raise errors.FP8ConfigError(
             "validate_weight_all_gathers: the graph records no parallel layout (TraceInfo.layout) and no "
             "float8_all_gather setting was given; trace a model sharded by fp8conf.parallel.shard_data_parallel, "
-            "or pass float8_all_gather=True/False",
-            property_id=PROPERTY_ID,
+            "or pass float8_all_gather=True/False"
         )
     expected = _expected_settings(info, layout, float8_all_gather)
     passes = node_passes(gm.graph)
@@ -79,7 +92,9 @@ def validate_weight_all_gathers(
         if parameter in expected:
             gathers[parameter].append((node, record))
     findings, counts = [], collections.Counter()
-    for parameter, (module_fqn, want_fp8) in sorted(expected.items()):
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    in_graph_order = sorted(expected.items(), key=lambda item: (min((order[n] for n, _ in gathers.get(item[0], [])), default=len(order)), item[0]))
+    for parameter, (module_fqn, want_fp8) in in_graph_order:
         found = gathers.get(parameter, [])
         if not found:
             findings.append(Finding(
@@ -97,7 +112,7 @@ def validate_weight_all_gathers(
                     f"module '{module_fqn}', forward pass, all-gather '{node.name}' of weight '{parameter}': {problem}",
                     module_fqn=module_fqn, pass_name="forward", node_name=node.name,
                 ))
-    report = ValidationReport(tuple(findings), dict(counts), _summary(expected, counts, findings))
+    report = WeightGatherReport(tuple(findings), dict(counts), _summary(expected, counts, findings))
     if findings and strict:
         first = findings[0]
         more = f"\n({len(findings) - 1} more finding(s): " + "; ".join(f.message for f in findings[1:4]) + ")" if len(findings) > 1 else ""
