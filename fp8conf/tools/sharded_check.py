@@ -132,6 +132,8 @@ def _worker(rank, ranks, init_file, options, result_dir):
     from fp8conf.graph.collectives import get_collective
     from fp8conf.parallel import shard_data_parallel
 
+    # The ranks share this machine's cores: one thread each, or their matmuls oversubscribe them.
+    torch.set_num_threads(max(1, (os.cpu_count() or ranks) // ranks))
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=ranks)
     try:
         on = options["float8_all_gather"]
