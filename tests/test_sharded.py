@@ -234,3 +234,32 @@ def test_sharded_gradients_match_the_unsharded_step_over_gloo(on):
     assert check.split_batch_error <= check.tolerance, check.summary()
     weights = 2 * 2 * 32 * 128  # four quantized weights per step
     assert check.all_gather_bytes_float8 == (weights if on else 0), check.summary()
+
+
+def test_what_sharded_steps_do_not_support_yet_is_refused(mesh):
+    model = shard_data_parallel(_model(True), mesh)
+    with pytest.raises(fp8conf.FP8TraceError, match="of a sharded model: the copied blocks"):
+        fp8conf.trace_joint(model, (torch.randn(8, 32),), repeat="blocks")
+    gm = fp8conf.trace_joint(model, (torch.randn(8, 32),))
+    from fp8conf.artifacts.envelope import describe_graph
+
+    with pytest.raises(fp8conf.ArtifactError, match="parameter 'blocks.0.norm.weight' is a tensor subclass"):
+        describe_graph(gm)
+
+
+@pytest.mark.parametrize(("recipe", "on", "emulate"), [
+    ("rowwise", False, False), ("rowwise_with_gw_hp", False, False), ("tensorwise", True, True), ("tensorwise", False, True),
+])
+def test_other_recipes_and_emulation_trace_and_validate_sharded(mesh, recipe, on, emulate):
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from fp8conf.tools.example_models import build_stack
+
+    model = build_stack(32, 1, recipe=None, seed=0)
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), enable_fsdp_float8_all_gather=on, emulate=emulate)
+    model = shard_data_parallel(convert_to_float8_training(model, config=config, module_filter_fn=lambda m, f: f != "head"), mesh)
+    gm = fp8conf.trace_joint(model, (torch.randn(8, 32, requires_grad=True),))
+    assert fp8conf.validate_fp8_graph(gm).ok
+    assert validate_weight_all_gathers(gm).gathers == {(fqn, "float8" if on else "high_precision"): 1 for fqn in ("blocks.0.up", "blocks.0.down")}
+    regions = fp8conf.tag_fp8_regions(gm)
+    assert all(r.complete for r in regions) and len(regions) == (0 if emulate else 4)

@@ -10,7 +10,8 @@ attributed through the graph, from its input back to the parameter's placeholder
 
 * on: it moves FP8 bytes, one byte per element (the FP8 tensor itself, or viewed as integers),
   and the gathered bytes reach the module's FP8 matmul, whose scale operand is computed beside
-  them, never gathered; none is gathered in high precision;
+  them, never gathered (an emulated module, which computes in high precision on purpose, is held
+  to the bytes alone); none is gathered in high precision;
 * off: none moves FP8;
 * a quantized weight the layout shards is gathered at least once per call of its module.
 
@@ -103,8 +104,9 @@ def validate_weight_all_gathers(
                 "rewrite dropped the gather, or the module ran on its shard: keep the gathers shard_data_parallel traces",
                 module_fqn=module_fqn, pass_name="forward",
             ))
+        config = info.modules.get(module_fqn) if info is not None else None
         for node, record in found:
-            moves_fp8, problem = _judge(node, record, want_fp8)
+            moves_fp8, problem = _judge(node, record, want_fp8, emulated=bool(config and config.emulate))
             counts[(module_fqn, "float8" if moves_fp8 else "high_precision")] += 1
             if problem:
                 findings.append(Finding(
@@ -134,7 +136,7 @@ def _expected_settings(info, layout, float8_all_gather) -> dict[str, tuple[str, 
     return {f"{fqn}.weight" if fqn else "weight": (fqn, bool(float8_all_gather)) for fqn, c in modules.items() if c.kind == "float8_linear"}
 
 
-def _judge(node, record, want_fp8) -> tuple[bool, str | None]:
+def _judge(node, record, want_fp8, *, emulated: bool) -> tuple[bool, str | None]:
     """(moves FP8?, what is wrong or None)."""
     if record is not None:
         moves_fp8, element_size, wire = record.float8, record.element_size, record.wire_dtype
@@ -158,7 +160,7 @@ def _judge(node, record, want_fp8) -> tuple[bool, str | None]:
         )
     if moves_fp8 and element_size != 1:
         return True, f"moves FP8 as {wire}, {element_size} bytes per element; FP8 travels one byte per element"
-    if moves_fp8 and not _reaches_fp8_matmul(node):
+    if moves_fp8 and not emulated and not _reaches_fp8_matmul(node):
         return True, (
             "moves FP8 bytes that reach no FP8 matmul (scaled matmul with the gathered bytes as an FP8 operand and "
             "the scale beside them); the gathered weight is dequantized or recast before use"

@@ -310,6 +310,11 @@ def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None, per_
     args = _check_inputs(model, args)
     if per_block and repeat is None:
         raise FP8TraceError("trace_joint(per_block=...) names attributes of repeated blocks: give repeat= too")
+    if repeat is not None and layout_of(model) is not None:
+        raise FP8TraceError(
+            f"trace_joint(repeat={repeat!r}) of a sharded model: the copied blocks would carry block 1's collective "
+            "records (which parameter each gather moves); trace the sharded model without repeat="
+        )
     blocks = check_equal_blocks(model, repeat, per_block) if repeat is not None else []
     repeated = len(blocks) > TRACED_BLOCKS
     calls: list[CallRecord] = []
