@@ -263,3 +263,30 @@ def test_other_recipes_and_emulation_trace_and_validate_sharded(mesh, recipe, on
     assert validate_weight_all_gathers(gm).gathers == {(fqn, "float8" if on else "high_precision"): 1 for fqn in ("blocks.0.up", "blocks.0.down")}
     regions = fp8conf.tag_fp8_regions(gm)
     assert all(r.complete for r in regions) and len(regions) == (0 if emulate else 4)
+
+
+def test_torchao_float8_tensor_parallel_hooks_carry_their_modules_provenance(mesh):
+    # Float8ColwiseParallel casts the module's input to FP8 in a forward pre-hook, outside
+    # forward: the cast belongs to the module's call, so its FP8 regions are complete.
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.Linear(32, 128, bias=False)
+            self.down = torch.nn.Linear(128, 32, bias=False)
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(x)))
+
+    model = convert_to_float8_training(MLP(), config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    parallelize_module(model, mesh, {"up": Float8ColwiseParallel(), "down": Float8RowwiseParallel()})
+    gm = fp8conf.trace_joint(model, (torch.randn(16, 32, requires_grad=True),))
+    assert fp8conf.validate_fp8_graph(gm).ok
+    regions = fp8conf.tag_fp8_regions(gm)
+    assert len(regions) == 4 and all(r.complete for r in regions)
+    casts = [n for n, role in fp8conf.op_roles(gm.graph).items() if role is fp8conf.OpRole.CAST and node_passes(gm.graph)[n] == "forward"]
+    assert casts and all(fp8conf.get_provenance(n) is not None for n in casts)
+    assert len(model.up._forward_pre_hooks) == 1 and len(model.up._forward_hooks) == 1  # TP's own, nothing more
