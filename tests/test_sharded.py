@@ -290,3 +290,6 @@ def test_torchao_float8_tensor_parallel_hooks_carry_their_modules_provenance(mes
     casts = [n for n, role in fp8conf.op_roles(gm.graph).items() if role is fp8conf.OpRole.CAST and node_passes(gm.graph)[n] == "forward"]
     assert casts and all(fp8conf.get_provenance(n) is not None for n in casts)
     assert len(model.up._forward_pre_hooks) == 1 and len(model.up._forward_hooks) == 1  # TP's own, nothing more
+    records = [get_collective(n) for n in gm.graph.nodes if get_collective(n) is not None]
+    assert records and all(r.parameter is None and r.moves is None for r in records)
+    assert {"up", "down"} <= {r.module_fqn for r in records}

@@ -12,7 +12,8 @@ and the size of the result.
 
 Forward ops are attributed from the annotation the sharding code puts around each gather,
 backward ops from the one it puts around each reduce-scatter; a collective nobody annotated
-(issued by other code) is recorded with ``parameter=None``.
+(issued by other code: tensor parallelism's activation collectives) is recorded with
+``parameter=None`` and ``moves=None``, and with the module its provenance names, if any.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def record_collectives(gm: torch.fx.GraphModule, passes: dict[torch.fx.Node, str
         wire = getattr(moved.meta.get("val") if moved is not None else None, "dtype", None)
         source = bitcast_source_dtype(moved) if moved is not None else None
         result = node.meta.get("val")
-        parameter, module_fqn, moves = annotation if annotation else (None, None, None)
+        parameter, module_fqn, moves = annotation if annotation else (None, getattr(node.meta.get("fp8conf_provenance"), "module_fqn", None), None)
         pass_name = passes.get(node, "forward")
         if moves is not None:
             # What moves follows from the op: torch may copy a gather's annotation onto the
