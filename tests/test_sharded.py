@@ -220,6 +220,10 @@ def test_sharding_refuses_what_it_cannot_do(mesh):
     odd = torch.nn.Sequential(torch.nn.Linear(8, 7))
     with pytest.raises(fp8conf.FP8ConfigError, match="'0.weight' of shape \\(7, 8\\)"):
         shard_data_parallel(odd, mesh)
+    tied = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    tied[1].weight = tied[0].weight
+    with pytest.raises(fp8conf.FP8ConfigError, match="'1.weight' is the same tensor as '0.weight'"):
+        shard_data_parallel(tied, mesh)
     with pytest.raises(fp8conf.FP8ConfigError, match="no parallel layout"):
         validate_weight_all_gathers(fp8conf.trace_joint(_model(True), (torch.randn(8, 32),)))
 

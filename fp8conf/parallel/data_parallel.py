@@ -27,7 +27,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.fx.traceback as fx_traceback
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from fp8conf.arguments import require
 from fp8conf.errors import FP8ConfigError
@@ -64,15 +64,21 @@ def shard_data_parallel(
     if getattr(model, LAYOUT_ATTRIBUTE, None) is not None:
         raise FP8ConfigError("shard_data_parallel: the model is sharded already; shard a fresh model")
     import_torchao_quietly()
-    sharded = []
+    sharded, owners = [], {}
     for module_fqn, module in list(model.named_modules()):
-        names = [name for name, _ in module.named_parameters(recurse=False)]
-        if not names:
+        params = dict(module.named_parameters(recurse=False))
+        if not params:
             continue
         on = _float8_all_gather_of(module, module_fqn, float8_all_gather)
-        for name in names:
+        names = list(params)
+        for name, param in params.items():
             fqn = f"{module_fqn}.{name}" if module_fqn else name
-            param = getattr(module, name) if name not in module._parameters else module._parameters[name]
+            if id(param) in owners:
+                raise FP8ConfigError(
+                    f"shard_data_parallel: parameter '{fqn}' is the same tensor as '{owners[id(param)]}' (tied weights); "
+                    "sharding each would untie them: untie them, or keep the model unsharded"
+                )
+            owners[id(param)] = fqn
             _check_divisible(param, fqn, mesh)
             local = distribute_tensor(param.detach(), mesh, [Shard(0)], src_data_rank=None)
             module.register_parameter(name, torch.nn.Parameter(local, requires_grad=param.requires_grad))
