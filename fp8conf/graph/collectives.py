@@ -23,6 +23,7 @@ import dataclasses
 import torch
 import torch.fx
 
+from fp8conf.arguments import require
 from fp8conf.graph.roles import is_fp8_dtype
 
 __all__ = [
@@ -90,6 +91,8 @@ def is_collective(node: torch.fx.Node) -> bool:
 
 
 def get_collective(node: torch.fx.Node) -> CollectiveRecord | None:
+    """The :class:`CollectiveRecord` tracing left on ``node`` (None: no collective, or a wait)."""
+    require(node, "node", "get_collective", "node")
     return node.meta.get(COLLECTIVE_META_KEY)
 
 
