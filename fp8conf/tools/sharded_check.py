@@ -16,6 +16,12 @@ all-gather on or off, and checks on every rank:
   unsharded step's: activations and output gradients are then cast with each rank's own amax,
   so FP8 rounding differs from the unsharded step's (relative norm of the difference).
 
+With ``--compile regional`` the traced step is also compiled (:func:`fp8conf.compile_joint`; no
+FP8 region holds a collective, while the compiled units around the regions take them in, as
+Inductor lowers functional collectives) and run over the real process group; its gradients must
+match the traced step's within 1e-4 (Inductor rounds float32 its own way). ``full`` cannot compile a sharded step yet
+(the shards' ``device_mesh`` placeholders carry no example value).
+
 It reports the bytes all-gathered per step (from the collectives' records in the traced graph)
 and the median step times, eager and traced. Exit status 1 when a check fails.
 
@@ -61,10 +67,14 @@ class ShardedCheck:
     reduce_scatter_bytes: int
     eager_step_s: float
     traced_step_s: float
+    compile: str | None = None
+    compiled_max_abs_diff: float | None = None
+    compiled_step_s: float | None = None
 
     @property
     def ok(self) -> bool:
-        return self.validated and self.traced_equals_eager and self.same_batch_bitwise and self.split_batch_error <= self.tolerance
+        compiled = self.compile is None or (self.compiled_max_abs_diff is not None and self.compiled_max_abs_diff <= 1e-4)
+        return self.validated and self.traced_equals_eager and self.same_batch_bitwise and self.split_batch_error <= self.tolerance and compiled
 
     def summary(self) -> str:
         return (
@@ -76,6 +86,8 @@ class ShardedCheck:
             f"all-gathered per step and rank: {self.all_gather_bytes} bytes ({self.all_gather_bytes_float8} as FP8), "
             f"reduce-scattered: {self.reduce_scatter_bytes} bytes; step: eager {self.eager_step_s * 1e3:.2f} ms, "
             f"traced {self.traced_step_s * 1e3:.2f} ms"
+            + ("" if self.compile is None else
+               f", {self.compile} compiled {self.compiled_step_s * 1e3:.2f} ms (max abs diff from the traced step {self.compiled_max_abs_diff:.3g})")
         )
 
 
@@ -155,6 +167,11 @@ def _worker(rank, ranks, init_file, options, result_dir):
             validated = False
             print(f"rank {rank}: {type(exc).__name__}: {exc}")
         (_, traced), traced_s = _timed(lambda: fp8conf.run_joint(gm, step, mine, (torch.ones(()),)), options["repeats"])
+        compiled_diff = compiled_s = None
+        if options["compile"]:
+            compiled = fp8conf.compile_joint(gm, mode=options["compile"])
+            (_, grads), compiled_s = _timed(lambda: fp8conf.run_joint(gm, step, mine, (torch.ones(()),), fn=compiled), options["repeats"])
+            compiled_diff = max(float((grads[f] - traced[f]).abs().max()) for f in traced)
         records = [r for r in (get_collective(n) for n in gm.graph.nodes) if r is not None]
         shard = {fqn: whole[fqn].chunk(ranks)[rank] for fqn in whole}
         torch.save({
@@ -168,17 +185,21 @@ def _worker(rank, ranks, init_file, options, result_dir):
             "reduce_scatter_bytes": sum(r.result_bytes * ranks for r in records if r.op == "reduce_scatter"),
             "eager_s": eager_s,
             "traced_s": traced_s,
+            "compiled_diff": compiled_diff,
+            "compiled_s": compiled_s,
         }, os.path.join(result_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
 def launch(*, float8_all_gather: bool = True, ranks: int = 2, dim: int = 64, blocks: int = 2, tokens: int = 32,
-           recipe: str = "tensorwise", repeats: int = 3) -> ShardedCheck:
-    """Spawn ``ranks`` gloo processes, run the checks and return them."""
+           recipe: str = "tensorwise", repeats: int = 3, compile: str | None = None) -> ShardedCheck:
+    """Spawn ``ranks`` gloo processes, run the checks and return them (``compile``: also compile
+    the traced step, ``"regional"``)."""
     import torch.multiprocessing as mp
 
-    options = dict(float8_all_gather=float8_all_gather, dim=dim, blocks=blocks, tokens=tokens, recipe=recipe, repeats=repeats)
+    options = dict(float8_all_gather=float8_all_gather, dim=dim, blocks=blocks, tokens=tokens, recipe=recipe, repeats=repeats,
+                   compile=compile)
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
         mp.start_processes(_worker, args=(ranks, init_file, options, tmp), nprocs=ranks, join=True, start_method="spawn")
@@ -200,6 +221,9 @@ def launch(*, float8_all_gather: bool = True, ranks: int = 2, dim: int = 64, blo
         reduce_scatter_bytes=results[0]["reduce_scatter_bytes"],
         eager_step_s=statistics.median(r["eager_s"] for r in results),
         traced_step_s=statistics.median(r["traced_s"] for r in results),
+        compile=compile,
+        compiled_max_abs_diff=max(r["compiled_diff"] for r in results) if compile else None,
+        compiled_step_s=statistics.median(r["compiled_s"] for r in results) if compile else None,
     )
 
 
@@ -217,6 +241,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--recipe", default="tensorwise", choices=["tensorwise"],
                         help="TorchAO's float8 all-gather supports tensorwise weight scaling only")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps (median reported)")
+    parser.add_argument("--compile", choices=["regional"], default=None, help="also compile the traced step and compare")
     return parser
 
 
@@ -226,7 +251,7 @@ def main(argv=None) -> int:
     ok = True
     for on in settings:
         check = launch(float8_all_gather=on, ranks=args.ranks, dim=args.dim, blocks=args.blocks, tokens=args.tokens,
-                       recipe=args.recipe, repeats=args.repeats)
+                       recipe=args.recipe, repeats=args.repeats, compile=args.compile)
         print(check.summary())
         ok = ok and check.ok
     return 0 if ok else 1
