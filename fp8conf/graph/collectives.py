@@ -51,8 +51,11 @@ _OPS = {
     "all_to_all_single": "all_to_all",
     "broadcast": "broadcast",
 }
-# Ops through which a tensor keeps its bytes: a dtype view, and copies that do not convert.
-_SAME_BYTES = frozenset({"aten.view.dtype", "aten.detach.default", "aten.clone.default", "aten.contiguous.default", "aten.alias.default"})
+# Ops through which a tensor keeps its bytes: a dtype view, shape views, and copies that do not convert.
+_SAME_BYTES = frozenset({
+    "aten.view.dtype", "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.detach.default",
+    "aten.clone.default", "aten.contiguous.default", "aten.alias.default",
+})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -184,6 +184,10 @@ def _reduce_scatter(grad, mesh, reduce, fqn, module_fqn):
         return shard / mesh.size() if reduce == "mean" else shard
 
 
+# The gathers call the functional collectives inside one autograd.Function each, rather than
+# DTensor.redistribute: DTensor's conversions are autograd Functions of their own, which give the
+# traced gather and its reduce-scatter different sequence numbers, so the reduce-scatter would no
+# longer be paired with its module's forward (and lose its provenance).
 class _AllGather(torch.autograd.Function):
     """High-precision gather of a dim-0 shard; backward reduce-scatters the gradient."""
 
