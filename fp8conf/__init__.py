@@ -4,7 +4,8 @@ The pipeline, one folder per layer and one module per stage (:mod:`fp8conf.graph
 :func:`trace_joint` (joint graph, :class:`JointSignature`, provenance) -> :func:`op_roles` ->
 :func:`validate_fp8_graph` -> :func:`identify_fp8_regions` / :func:`tag_fp8_regions` ->
 :func:`split_stage` (GraphPP; :mod:`fp8conf.pipeline` runs the split callables as pipeline
-stages). The compile engine (:mod:`fp8conf.compile`) takes the stages' results:
+stages); for a sharded step (:mod:`fp8conf.parallel`), :func:`validate_weight_all_gathers` over
+the collectives' :class:`CollectiveRecord` s. The compile engine (:mod:`fp8conf.compile`) takes the stages' results:
 :func:`compile_joint` / :func:`compile_split` under one :class:`CompileConfig`. Then :mod:`fp8conf.artifacts` (:class:`QuantizationSignature`,
 signed, fingerprint-checked precompiled artifacts) and :mod:`fp8conf.quantized` (module discovery,
 :class:`MXLinear` and its e8m0 op). Every error is an :class:`FP8Error` (:mod:`fp8conf.errors`).
@@ -28,6 +29,8 @@ _EXPORTS = {
     "fp8conf.graph.validate": ("Finding", "ValidationReport", "validate_fp8_graph"),
     "fp8conf.graph.regions": ("Region", "identify_fp8_regions", "tag_fp8_regions"),
     "fp8conf.graph.split": ("StageSplit", "split_stage"),
+    "fp8conf.graph.collectives": ("CollectiveRecord", "get_collective"),
+    "fp8conf.graph.all_gathers": ("WeightGatherReport", "validate_weight_all_gathers"),
     "fp8conf.compile": ("CompileConfig", "CompiledJoint", "compile_joint", "compile_split"),
     "fp8conf.artifacts.signature": ("QuantizationSignature",),
     "fp8conf.artifacts.store": (
@@ -91,6 +94,12 @@ __all__ = [
     "Region",
     "identify_fp8_regions",
     "tag_fp8_regions",
+    # a sharded step's collectives (fp8conf.graph.collectives, fp8conf.graph.all_gathers;
+    # the sharding itself: fp8conf.parallel.shard_data_parallel)
+    "CollectiveRecord",
+    "get_collective",
+    "validate_weight_all_gathers",
+    "WeightGatherReport",
     # the compile engine (fp8conf.compile)
     "compile_joint",
     "CompileConfig",

@@ -12,7 +12,8 @@ The branches are siblings, so catching one never swallows another stage's failur
     |-- FP8TraceError             the model or its inputs cannot be traced (also a TypeError)
     |-- FP8ValidationError        a graph breaks an FP8 rule (conformance ValidationFailure)
     |   |-- MissingProvenanceError, UnsupportedLoweringError, ComputeCountError,
-    |   `-- NoQuantizedModulesError
+    |   |-- NoQuantizedModulesError
+    |   `-- WeightAllGatherError  a sharded weight gathered in another precision than the setting
     |-- FP8RegionError            an FP8 region that cannot be compiled as asked
     |   `-- IncompleteRegionError, RegionCompileError
     |-- FP8GraphSplitError        a stage graph GraphPP cannot cut (conformance SplitFailure)
@@ -42,6 +43,7 @@ __all__ = [
     "UnsupportedLoweringError",
     "ComputeCountError",
     "NoQuantizedModulesError",
+    "WeightAllGatherError",
     "FP8RegionError",
     "IncompleteRegionError",
     "RegionCompileError",
@@ -139,6 +141,15 @@ class NoQuantizedModulesError(FP8ValidationError):
     """Strict FP8 validation was requested for a graph traced from a model without FP8 modules."""
 
     property_id = "VAL-001"
+
+
+class WeightAllGatherError(FP8ValidationError):
+    """A quantized module's sharded weight is all-gathered in another precision than the
+    parallel layout's float8 all-gather setting says: in high precision although float8
+    all-gather is on (FP8 silently lost on the wire), or as FP8 although it is off. Attributes
+    as :class:`FP8ValidationError`'s; ``node_name`` is the all-gather's node."""
+
+    property_id = "DP-001"
 
 
 class FP8RegionError(_Located, FP8Error):

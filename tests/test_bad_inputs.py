@@ -33,6 +33,8 @@ NO_INPUT = {
     "StageSplit": "a value type split_stage returns",
     "PrecompiledJoint": "a value type load_artifact returns",
     "QuantizationConfig": "a value type find_quantized_modules returns",
+    "CollectiveRecord": "a value type read from nodes with get_collective(node)",
+    "WeightGatherReport": "a value type validate_weight_all_gathers returns",
 }
 
 
@@ -93,6 +95,9 @@ BAD_CALLS = {
     "op_roles": [("graph=None", lambda: fp8conf.op_roles(None))],
     "validate_fp8_graph": [("gm=model", lambda: fp8conf.validate_fp8_graph(_model())),
                            ("untraced gm", lambda: fp8conf.validate_fp8_graph(_untraced()))],
+    "get_collective": [("node=None", lambda: fp8conf.get_collective(None))],
+    "validate_weight_all_gathers": [("gm=model", lambda: fp8conf.validate_weight_all_gathers(_model())),
+                                    ("unsharded gm, no setting", lambda: fp8conf.validate_weight_all_gathers(_gm()))],
     "identify_fp8_regions": [("gm=None", lambda: fp8conf.identify_fp8_regions(None))],
     "tag_fp8_regions": [("gm=model", lambda: fp8conf.tag_fp8_regions(_model()))],
     "compile_joint": [("gm=model", lambda: fp8conf.compile_joint(_model())),

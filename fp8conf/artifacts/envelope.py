@@ -40,6 +40,12 @@ def describe_graph(gm) -> tuple[list[dict], list[dict]]:
     """The header's description of every flat input and output: the joint signature, with the
     traced shape and dtype of each input."""
     signature = _joint_signature(gm)
+    sharded = next((spec.target for spec in signature.inputs if spec.attrs), None)
+    if sharded is not None:
+        raise ArtifactError(
+            f"cannot save an artifact of a sharded step yet: parameter '{sharded}' is a tensor subclass (a DTensor shard) "
+            "whose inner values the graph takes, which the artifact header does not describe; precompile the unsharded step"
+        )
     inputs = []
     for spec, node in zip(signature.inputs, gm.graph.find_nodes(op="placeholder")):
         entry = {"kind": _INPUT_KINDS[spec.kind]}

@@ -6,7 +6,10 @@ for one FP8 configuration could be loaded under another. :class:`QuantizationSig
 what does change: for every quantized module its FQN, kind, recipe, ``emulate`` flag and every
 field of its quantization config (per tensor role the scaling type, granularity and target
 dtype; per gemm the fast-accumulation flag; power-of-2 scale rounding; inner-dim padding; for MX
-the block size and scale rounding), plus the torch and torchao versions and the ``strict`` flag.
+the block size and scale rounding), plus the torch and torchao versions and the ``strict`` flag; for a sharded model
+(:func:`fp8conf.parallel.shard_data_parallel`), the FP8-relevant part of its parallel layout:
+its kind and, per sharded quantized weight, whether it is all-gathered as FP8 or in high
+precision (``"parallel"``; absent for an unsharded model, whose signature is unchanged).
 Nothing else: not parameter values, shapes or ``requires_grad``, not the training flag, not
 modules that are not quantized (the trainer's own fingerprint covers the model's structure).
 
@@ -193,6 +196,9 @@ class QuantizationSignature:
     torch_version: str
     torchao_version: str
     schema: str = SIGNATURE_SCHEMA
+    #: The FP8-relevant settings of the model's parallel layout as frozen JSON data (``None``:
+    #: unsharded): ``{"kind": "data_parallel", "all_gather": {weight FQN: "float8" | "high_precision"}}``.
+    parallel: tuple | None = None
 
     def __post_init__(self):
         # Canonical order whatever order the modules came in.
@@ -219,7 +225,11 @@ class QuantizationSignature:
             if signature is not None:
                 modules.append(signature)
         versions = _versions()
-        return cls(tuple(modules), bool(strict), versions["torch"], versions["torchao"])
+        from fp8conf.parallel.layout import layout_of
+
+        layout = layout_of(model)
+        parallel = _freeze(layout.signature_fields()) if layout is not None else None
+        return cls(tuple(modules), bool(strict), versions["torch"], versions["torchao"], parallel=parallel)
 
     @classmethod
     def from_dict(cls, data: dict) -> QuantizationSignature:
@@ -228,7 +238,8 @@ class QuantizationSignature:
                 ModuleSignature(fqn, entry["kind"], entry["recipe"], bool(entry["emulate"]), _freeze(entry.get("config", {})))
                 for fqn, entry in data["modules"].items()
             )
-            return cls(modules, bool(data["strict"]), data["versions"]["torch"], data["versions"]["torchao"], data["schema"])
+            parallel = _freeze(data["parallel"]) if data.get("parallel") is not None else None
+            return cls(modules, bool(data["strict"]), data["versions"]["torch"], data["versions"]["torchao"], data["schema"], parallel)
         except (KeyError, TypeError, AttributeError) as exc:
             raise FP8ConfigError(f"not a quantization signature: missing or malformed {exc}") from None
 
@@ -242,12 +253,15 @@ class QuantizationSignature:
 
     # -- views ----------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {
+        data = {
             "schema": self.schema,
             "strict": self.strict,
             "versions": {"torch": self.torch_version, "torchao": self.torchao_version},
             "modules": {m.fqn: m.to_dict() for m in self.modules},
         }
+        if self.parallel is not None:
+            data["parallel"] = _thaw(self.parallel)
+        return data
 
     def to_json(self, *, indent: int | None = None) -> str:
         """Canonical JSON: sorted keys, ``(",", ":")`` separators, ASCII. ``indent`` is for people;
@@ -297,6 +311,11 @@ class QuantizationSignature:
         lines = [f"quantization signature {self.sha256[:16]} (strict={self.strict}, torch {self.torch_version}, torchao {self.torchao_version})"]
         for m in self.modules:
             lines.append(f"  {m.fqn or '<root>'}: {m.kind} recipe={m.recipe} emulate={m.emulate}")
+        if self.parallel is not None:
+            parallel = _thaw(self.parallel)
+            gathers = parallel.get("all_gather", {})
+            fp8 = sum(1 for v in gathers.values() if v == "float8")
+            lines.append(f"  parallel: {parallel.get('kind')}, {fp8} of {len(gathers)} quantized weight(s) all-gathered as FP8")
         if not self.modules:
             lines.append("  no quantized modules")
         return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Quantization provenance: which quantized module issued each node of a joint graph.
 
 Provenance lives in ``node.meta["fp8conf_provenance"]`` as a :class:`Provenance`. Forward nodes
-are stamped while tracing (each quantized module's forward runs under
+are stamped while tracing (each quantized module's forward, and its forward hooks, run under
 ``torch.fx.traceback.annotate``); backward nodes are then given the provenance of the forward
 op they differentiate, paired through autograd's sequence number ``node.meta["seq_nr"]``. Torch
 2.13 also copies annotations to backward nodes, older releases do not, so the pairing is done
@@ -111,7 +111,7 @@ def record_forward_provenance(
     Appends a :class:`CallRecord` to ``calls`` per module call. The model's ``forward``
     attributes are restored on exit, whatever happens inside.
     """
-    patched = []
+    patched, hooks = [], []
     counters = dict.fromkeys(modules, 0)
     for fqn in repeated_blocks(model):
         module = model.get_submodule(fqn)
@@ -121,6 +121,7 @@ def record_forward_provenance(
         module = model.get_submodule(fqn)
         patched.append((module, module.__dict__.get("forward")))
         module.forward = _annotated_forward(module, fqn, counters, calls)
+        hooks.extend(_annotated_hooks(module, fqn, counters))
     # The tracer may run the model more than once (metadata collection, then the real trace):
     # each top-level call starts the record afresh, so only the traced run remains.
     if "" not in modules:
@@ -129,6 +130,8 @@ def record_forward_provenance(
     try:
         yield
     finally:
+        for handle in hooks:
+            handle.remove()
         for module, original in reversed(patched):
             if original is None:
                 del module.forward
@@ -151,6 +154,25 @@ def _restarting_forward(inner, counters, calls):
         return inner(*args, **kwargs)
 
     return forward
+
+
+def _annotated_hooks(module, fqn, counters):
+    """Annotate what a quantized module's forward hooks issue as its own: tensor parallelism's
+    input and output hooks (TorchAO's ``Float8ColwiseParallel`` casts the input to FP8 in one)
+    run outside ``forward``, yet belong to the module's call. A pre-hook placed first opens the
+    annotation and a hook placed last (run even when the call raises) closes it."""
+    open_annotations = []
+
+    def enter(_module, _args):
+        annotation = fx_traceback.annotate({_MODULE_KEY: fqn, _CALL_KEY: counters[fqn]})
+        annotation.__enter__()
+        open_annotations.append(annotation)
+
+    def leave(_module, _args, _output):
+        if open_annotations:
+            open_annotations.pop().__exit__(None, None, None)
+
+    return [module.register_forward_pre_hook(enter, prepend=True), module.register_forward_hook(leave, always_call=True)]
 
 
 def _annotated_forward(module, fqn, counters, calls):

@@ -9,6 +9,12 @@ boundary: a placeholder, or a value saved by the other pass (which becomes a pla
 the joint graph is partitioned). Only complete regions are tagged for regional Inductor, each
 under its own region id, in ``node.meta["custom"]["compile_with_inductor"]``.
 
+A region never spans a collective (:mod:`fp8conf.graph.collectives`): growth stops at one, and
+where a region consumes what a collective delivers (a weight gathered as FP8 bytes) the nodes
+upstream of that collective (the weight's amax, scale and cast, done on the rank's shard before
+the gather) leave the region; their values enter it as boundaries, as values from the other
+pass do, so the region holds the FP8 matmul and what it does with the gathered bytes.
+
 Region ids are built from the module FQN, the pass, the call and the region's rank in graph
 order, never from node names, so identification is deterministic.
 """
@@ -22,6 +28,7 @@ import torch.fx
 
 from fp8conf.arguments import require
 from fp8conf import errors
+from fp8conf.graph.collectives import is_collective
 from fp8conf.graph.provenance import get_provenance, node_passes, unattributed_fp8_compute
 from fp8conf.log import warn_once
 from fp8conf.graph.roles import is_fp8_compute, is_fp8_dtype, scale_operands
@@ -59,36 +66,61 @@ def identify_fp8_regions(gm: torch.fx.GraphModule, *, provenance_of=None, passes
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     groups: list[set[torch.fx.Node]] = []
     owner: dict[torch.fx.Node, int] = {}
+    upstream: dict[torch.fx.Node, set[torch.fx.Node]] = {}
+    crossed: list[set[torch.fx.Node]] = []
     for node in gm.graph.nodes:
         if not is_fp8_compute(node) or provenance_of(node) is None:
             continue
-        grown = _grow(node, provenance_of(node), passes, provenance_of)
+        grown, across = _grow(node, provenance_of(node), passes, provenance_of, upstream)
         merged = {owner[n] for n in grown if n in owner}
         for index in merged:
             grown |= groups[index]
+            across |= crossed[index]
             groups[index] = set()
+        grown -= across
         groups.append(grown)
+        crossed.append(across)
         for n in grown:
             owner[n] = len(groups) - 1
     regions = []
     counters: dict[tuple, int] = {}
-    for group in sorted((g for g in groups if g), key=lambda g: min(order[n] for n in g)):
-        regions.append(_make_region(group, passes, order, counters, provenance_of))
+    for index in sorted((i for i, g in enumerate(groups) if g), key=lambda i: min(order[n] for n in groups[i])):
+        regions.append(_make_region(groups[index], passes, order, counters, provenance_of, crossed[index]))
     return regions
 
 
-def _grow(compute: torch.fx.Node, provenance, passes, provenance_of) -> set[torch.fx.Node]:
+def _grow(compute: torch.fx.Node, provenance, passes, provenance_of, upstream) -> set[torch.fx.Node]:
     pass_name = passes[compute]
-    grown, stack = {compute}, [compute]
+    grown, stack, collectives = {compute}, [compute], set()
     while stack:
         for parent in stack.pop().all_input_nodes:
-            if parent not in grown and parent.op == "call_function" and passes[parent] == pass_name and provenance_of(parent) == provenance:
+            if parent in grown or parent.op != "call_function" or passes[parent] != pass_name:
+                continue
+            if is_collective(parent):
+                collectives.add(parent)
+            elif provenance_of(parent) == provenance:
                 grown.add(parent)
                 stack.append(parent)
-    return grown
+    across = set()
+    for collective in collectives:
+        across |= _upstream_of(collective, passes, upstream)
+    return grown - across, across
 
 
-def _make_region(group, passes, order, counters, provenance_of) -> Region:
+def _upstream_of(collective, passes, memo) -> set[torch.fx.Node]:
+    """The nodes of ``collective``'s pass that its result depends on (memoised per collective)."""
+    if collective not in memo:
+        pass_name, found, stack = passes[collective], set(), [collective]
+        while stack:
+            for parent in stack.pop().all_input_nodes:
+                if parent not in found and parent.op == "call_function" and passes[parent] == pass_name:
+                    found.add(parent)
+                    stack.append(parent)
+        memo[collective] = found
+    return memo[collective]
+
+
+def _make_region(group, passes, order, counters, provenance_of, across=frozenset()) -> Region:
     nodes = sorted(group, key=order.__getitem__)
     provenance = provenance_of(next(n for n in nodes if is_fp8_compute(n)))
     call = getattr(provenance, "call", 0)
@@ -97,7 +129,7 @@ def _make_region(group, passes, order, counters, provenance_of) -> Region:
     rank = counters[key] = counters.get(key, -1) + 1
     region_id = f"{provenance.module_fqn}/{pass_name}/call{call}/{rank}"
     computes = tuple(n for n in nodes if is_fp8_compute(n))
-    reason = _non_convex(group, order) or _incomplete(group, computes, passes, pass_name, provenance_of)
+    reason = _non_convex(group, order) or _incomplete(group, computes, passes, pass_name, provenance_of, across)
     return Region(region_id, provenance.module_fqn, pass_name, call, tuple(nodes), computes, reason is None, reason)
 
 
@@ -124,7 +156,7 @@ def _non_convex(group, order) -> str | None:
     return None
 
 
-def _incomplete(group, computes, passes, pass_name, provenance_of=get_provenance) -> str | None:
+def _incomplete(group, computes, passes, pass_name, provenance_of=get_provenance, across=frozenset()) -> str | None:
     # Every FP8 value must be made inside the region or enter at a boundary, and so must the
     # scales the matmuls consume; high-precision inputs (activations, weights) may come from
     # anywhere.
@@ -138,8 +170,8 @@ def _incomplete(group, computes, passes, pass_name, provenance_of=get_provenance
             kind = "FP8 value"
         else:
             continue
-        if value.op == "placeholder" or passes[value] != pass_name:
-            continue  # a boundary: an input, or a value saved by the other pass
+        if value.op == "placeholder" or passes[value] != pass_name or value in across:
+            continue  # a boundary: an input, a value saved by the other pass, or made before a collective
         return (
             f"incomplete: the {kind} '{value.name}' used by '{consumer.name}' is made outside the region "
             f"({value.target}, provenance {provenance_of(value)}), so the region does not hold its whole "

@@ -5,7 +5,8 @@ A role is decided by the node's target *and* the dtypes of its operands, never b
 * ``compute``: a scaled matmul (``aten._scaled_mm``, ``_scaled_mm_v2``, ``_scaled_grouped_mm``,
   ``fp8conf.scaled_mm_e8m0``) whose two matrix operands both have an FP8 dtype. A scaled op
   fed a high-precision operand, or merely carrying an FP8 scale, is not FP8 compute;
-* ``cast``: a node that makes an FP8 tensor from non-FP8 tensors;
+* ``cast``: a node that makes an FP8 tensor from non-FP8 tensors (a dtype view, ``view(dtype)``,
+  is not one: it reinterprets bytes that are FP8 already, as after a float8 all-gather);
 * ``amax``: an absolute value or max reduction feeding a scale;
 * ``scale``: arithmetic between an ``amax`` and the scale operand of a compute node or the
   input of a cast (reciprocals, clamps, power-of-2 rounding ...);
@@ -113,7 +114,7 @@ def classify_node(node: torch.fx.Node) -> OpRole:
         return OpRole.OTHER
     if is_fp8_compute(node):
         return OpRole.COMPUTE
-    if is_fp8_dtype(_dtype(node)) and not any(is_fp8_dtype(_dtype(i)) for i in node.all_input_nodes):
+    if is_fp8_dtype(_dtype(node)) and str(node.target) != "aten.view.dtype" and not any(is_fp8_dtype(_dtype(i)) for i in node.all_input_nodes):
         return OpRole.CAST
     if str(node.target) in _AMAX_TARGETS and not is_fp8_dtype(_dtype(node)):
         return OpRole.AMAX

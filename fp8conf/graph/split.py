@@ -78,7 +78,9 @@ class StageSplit:
     input_grads: tuple[str, ...]
     param_grads: tuple[str, ...]
     #: For each flat output of the joint graph: ``("output" | "input_grad" | "param_grad", i)``,
-    #: or None where the joint graph returns None (a primal without gradient).
+    #: ``("primal", i)`` for a non-tensor attribute of a sharded parameter's gradient (its
+    #: ``device_mesh``, the joint graph's primal ``i`` passed through), or None where the joint
+    #: graph returns None (a primal without gradient).
     output_layout: tuple[tuple[str, int] | None, ...]
 
     @property
@@ -107,7 +109,7 @@ class StageSplit:
         outputs, saved = self.run_forward(primals, fns.get("forward"))
         input_grads, carried = self.run_backward_input(saved, tangents, fns.get("backward_input"))
         param_grads = self.run_backward_weight(saved, carried, fns.get("backward_weight"))
-        values = {"output": outputs, "input_grad": input_grads, "param_grad": param_grads}
+        values = {"output": outputs, "input_grad": input_grads, "param_grad": param_grads, "primal": primals}
         return [None if slot is None else values[slot[0]][slot[1]] for slot in self.output_layout]
 
 
@@ -210,9 +212,13 @@ def _classify_outputs(gm, signature):
         )
     layout, outputs, input_grads, param_grads = [], [], [], []
     slots = {"output": outputs, "input_grad": input_grads, "param_grad": param_grads}
+    primals = [p for p, spec in zip(gm.graph.find_nodes(op="placeholder"), signature.inputs) if not spec.is_tangent]
     for spec, value in zip(signature.outputs, flat):
         if spec is None or value is None:
             layout.append(None)
+            continue
+        if spec.kind == "subclass_meta" and value in primals:
+            layout.append(("primal", primals.index(value)))  # a sharded gradient's mesh, passed through
             continue
         if spec.kind not in slots:
             raise errors.FP8GraphSplitError(

@@ -23,11 +23,13 @@ import torch.utils._pytree as pytree
 from fp8conf.arguments import require
 from fp8conf.errors import FP8TraceError
 from fp8conf.graph.call_inputs import input_check
+from fp8conf.graph.collectives import record_collectives
 from fp8conf.graph.equal_blocks import TRACED_BLOCKS, check_equal_blocks, truncated
 from fp8conf.graph.lazy_code import codegen_deferred, graph_module
-from fp8conf.graph.provenance import CallRecord, propagate_provenance, record_forward_provenance
+from fp8conf.graph.provenance import CallRecord, node_passes, propagate_provenance, record_forward_provenance
 from fp8conf.graph.repeat import repeat_blocks, repeat_calls
 from fp8conf.log import library_notices_quieted
+from fp8conf.parallel.layout import ParallelLayout, layout_of
 from fp8conf.quantized.float8 import QuantizationConfig, find_quantized_modules
 
 __all__ = [
@@ -60,6 +62,8 @@ class TraceInfo:
     model_name: str
     modules: dict[str, QuantizationConfig]
     calls: tuple[CallRecord, ...]
+    #: How the model's parameters are laid out over ranks (None: unsharded).
+    layout: ParallelLayout | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,11 +76,14 @@ class JointInput:
         target: the parameter or buffer FQN (``param``, ``buffer``).
         index: the user input's position (``input``), the output a tangent belongs to
             (``tangent``), or the placeholder's position (``other``).
+        attrs: for a parameter or buffer that is a tensor subclass (a ``DTensor`` shard), the
+            attribute path to the inner value the placeholder takes (``("_local_tensor",)``).
     """
 
     kind: str
     target: str | None = None
     index: int | None = None
+    attrs: tuple[str, ...] = ()
 
     @property
     def is_tangent(self) -> bool:
@@ -95,11 +102,15 @@ class JointOutput:
             ``"input.<i>"``.
         index: the user output's position (``output``), the input's (``input_grad``), or the
             output's own position (``other``).
+        attrs: for the gradient of a tensor-subclass parameter, the attribute path of the inner
+            value returned (``("_local_tensor",)``: the gradient of this rank's shard). A
+            non-tensor attribute of such a gradient (its ``device_mesh``) is kind ``"subclass_meta"``.
     """
 
     kind: str
     target: str | None = None
     index: int | None = None
+    attrs: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +135,7 @@ class JointSignature:
         output_node = gm.graph.find_nodes(op="output")[0]
         flat, _ = pytree.tree_flatten(output_node.args[0], is_leaf=lambda x: x is None)
         descs = output_node.meta.get("desc") or [None] * len(flat)
-        outputs = tuple(None if value is None else _describe_output(desc, i, d) for i, (desc, value) in enumerate(zip(descs, flat)))
+        outputs = tuple(None if value is None else _describe_output(desc, i, d, value) for i, (desc, value) in enumerate(zip(descs, flat)))
         return cls(inputs, outputs)
 
     @property
@@ -151,7 +162,10 @@ class JointSignature:
                         f"joint graph input {i} is {spec.kind} {spec.target!r}, which {type(model).__qualname__} lacks; "
                         "call the graph with the model it was traced from"
                     )
-                primals.append(state[spec.target])
+                value = state[spec.target]
+                for attr in spec.attrs:  # a sharded parameter: the placeholder takes its local tensor
+                    value = getattr(value, attr)
+                primals.append(value)
             elif spec.kind == "input":
                 primals.append(args[spec.index])
             elif spec.kind == "tangent":
@@ -169,16 +183,28 @@ class JointSignature:
                 continue
             if spec.kind == "output":
                 outputs[spec.index] = value
-            elif spec.kind in ("param_grad", "input_grad"):
+            elif spec.kind in ("param_grad", "input_grad") and (not spec.attrs or isinstance(value, torch.Tensor)):
                 grads[spec.target] = value
         return tuple(outputs[i] for i in sorted(outputs)), grads
 
 
+def _subclass_path(desc, wrapper):
+    """``(base descriptor, attribute path)`` of a descriptor of a tensor subclass's inner value."""
+    attrs = []
+    while isinstance(desc, wrapper):
+        attrs.append(desc.attr)
+        desc = desc.base
+    return desc, tuple(reversed(attrs))
+
+
 def _describe_input(desc, position, d) -> JointInput:
+    desc, attrs = _subclass_path(desc, d.SubclassGetAttrAOTInput)
     if isinstance(desc, d.ParamAOTInput):
-        return JointInput("param", target=desc.target)
+        return JointInput("param", target=desc.target, attrs=attrs)
     if isinstance(desc, d.BufferAOTInput):
-        return JointInput("buffer", target=desc.target)
+        return JointInput("buffer", target=desc.target, attrs=attrs)
+    if attrs:
+        return JointInput("other", index=position)
     if isinstance(desc, d.PlainAOTInput):
         return JointInput("input", index=desc.idx)
     if isinstance(desc, d.TangentAOTInput) and isinstance(desc.output, d.PlainAOTOutput):
@@ -186,7 +212,14 @@ def _describe_input(desc, position, d) -> JointInput:
     return JointInput("other", index=position)
 
 
-def _describe_output(desc, position, d) -> JointOutput:
+def _describe_output(desc, position, d, value=None) -> JointOutput:
+    desc, attrs = _subclass_path(desc, d.SubclassGetAttrAOTOutput)
+    if attrs:
+        if not (isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, (d.ParamAOTInput, d.BufferAOTInput))):
+            return JointOutput("other", index=position)
+        if not isinstance(getattr(value, "meta", {}).get("val"), torch.Tensor):
+            return JointOutput("subclass_meta", target=desc.grad_of.target, index=position, attrs=attrs)
+        return JointOutput("param_grad", target=desc.grad_of.target, attrs=attrs)
     if isinstance(desc, d.PlainAOTOutput):
         return JointOutput("output", index=desc.idx)
     if isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, d.PlainAOTInput):
@@ -277,6 +310,11 @@ def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None, per_
     args = _check_inputs(model, args)
     if per_block and repeat is None:
         raise FP8TraceError("trace_joint(per_block=...) names attributes of repeated blocks: give repeat= too")
+    if repeat is not None and layout_of(model) is not None:
+        raise FP8TraceError(
+            f"trace_joint(repeat={repeat!r}) of a sharded model: the copied blocks would carry block 1's collective "
+            "records (which parameter each gather moves); trace the sharded model without repeat="
+        )
     blocks = check_equal_blocks(model, repeat, per_block) if repeat is not None else []
     repeated = len(blocks) > TRACED_BLOCKS
     calls: list[CallRecord] = []
@@ -284,11 +322,12 @@ def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None, per_
         traced_modules = find_quantized_modules(model)
         gm = _aot_trace(model, args, traced_modules, calls)
         gm = propagate_provenance(gm, traced_modules)
+        record_collectives(gm, node_passes(gm.graph))
     modules = find_quantized_modules(model) if repeated else traced_modules
     if repeated:
         gm = repeat_blocks(gm, blocks)
         calls = list(repeat_calls(calls, blocks))
-    gm.meta[TRACE_META_KEY] = TraceInfo(type(model).__name__, modules, tuple(calls))
+    gm.meta[TRACE_META_KEY] = TraceInfo(type(model).__name__, modules, tuple(calls), layout_of(model))
     gm.meta[JOINT_SIGNATURE_META_KEY] = JointSignature.of_traced(gm)
     return gm
 
