@@ -92,6 +92,19 @@ moe() {
     python3 benchmarks/bench_moe.py --jsonl "$OUT/moe.jsonl" 2>&1 | tee "$OUT/bench-moe.log" | tail -n 24
 }
 
+doctor() {
+    # The versions, the device and each fast path's state (on, or off with the reason) here.
+    python3 -m fp8conf.tools.cli doctor 2>&1 | tee "$OUT/doctor.log"
+}
+
+sharded() {
+    # The data-parallel FP8 step over NCCL, one GPU per rank (all of this machine's GPUs, at most
+    # 2): float8 all-gather on and off, gradients against the unsharded step, regionally compiled.
+    ranks=$(python3 -c 'import torch; print(min(2, torch.cuda.device_count()))')
+    python3 -m fp8conf.tools.sharded_check --backend nccl --ranks "$ranks" --dim 1024 --tokens 1024 --compile regional \
+        2>&1 | tee "$OUT/sharded-nccl.log" | grep -E "^data-parallel|Error"
+}
+
 goals_start() {
     # The goal rows of RESULTS.md's goal table that are about starting: cold start at 2 and 32 blocks
     # and the first step at the debug shape (each row a fresh process with empty caches), then the
@@ -112,10 +125,10 @@ goals_steady() {
         --repeats 3 2>&1 | tee "$OUT/goals-cudagraphs.log" | grep -E "^\|"
 }
 
-# Parts to run: the arguments (any of fresh pipeline gpu_tests conformance moe goals_start
-# goals_steady), all of them by default. One device command may run for at most 10 minutes: the
+# Parts to run: the arguments (any of doctor fresh pipeline gpu_tests conformance moe sharded
+# goals_start goals_steady), all of them by default. One device command may run for at most 10 minutes: the
 # goal rows take about that each, so run them as calls of their own.
-ALL="fresh pipeline gpu_tests conformance moe goals_start goals_steady"
+ALL="doctor fresh pipeline gpu_tests conformance moe sharded goals_start goals_steady"
 [ $# -gt 0 ] || set -- $ALL
 for part in "$@"; do
     case " $ALL " in

@@ -37,10 +37,13 @@ import argparse
 import dataclasses
 import os
 import statistics
+import sys
 import tempfile
 import time
 
 import torch
+
+from fp8conf.errors import FP8ConfigError
 
 __all__ = ["ShardedCheck", "SPLIT_BATCH_TOLERANCE", "launch", "main"]
 
@@ -68,6 +71,7 @@ class ShardedCheck:
     eager_step_s: float
     traced_step_s: float
     compile: str | None = None
+    backend: str = "gloo"
     compiled_max_abs_diff: float | None = None
     compiled_step_s: float | None = None
 
@@ -78,7 +82,7 @@ class ShardedCheck:
 
     def summary(self) -> str:
         return (
-            f"data-parallel FP8 step over gloo: {self.ranks} ranks, recipe {self.recipe}, float8 all-gather "
+            f"data-parallel FP8 step over {self.backend}: {self.ranks} ranks, recipe {self.recipe}, float8 all-gather "
             f"{'on' if self.float8_all_gather else 'off'}, {self.parameters} sharded parameters; validation "
             f"{'passed' if self.validated else 'FAILED'}; traced step {'bitwise equal to' if self.traced_equals_eager else 'DIFFERS from'} "
             f"the eager sharded step; whole batch per rank: gradients {'bitwise equal to' if self.same_batch_bitwise else 'DIFFER from'} "
@@ -113,10 +117,10 @@ def _build(options, float8_all_gather: bool) -> _StepWithLoss:
     return _StepWithLoss(model)
 
 
-def _data(options):
+def _data(options, device="cpu"):
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(options["tokens"], options["dim"], generator=generator)
-    return x, torch.randn(options["tokens"], options["dim"], generator=generator)
+    return x.to(device), torch.randn(options["tokens"], options["dim"], generator=generator).to(device)
 
 
 def _eager_grads(step, x, target) -> dict[str, torch.Tensor]:
@@ -131,6 +135,8 @@ def _timed(fn, repeats):
     for _ in range(repeats):
         start = time.perf_counter()
         result = fn()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return result, statistics.median(times)
 
@@ -144,16 +150,21 @@ def _worker(rank, ranks, init_file, options, result_dir):
     from fp8conf.graph.collectives import get_collective
     from fp8conf.parallel import shard_data_parallel
 
-    # The ranks share this machine's cores: one thread each, or their matmuls oversubscribe them.
-    torch.set_num_threads(max(1, (os.cpu_count() or ranks) // ranks))
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=ranks)
+    backend = options["backend"]
+    device = "cpu" if backend == "gloo" else f"cuda:{rank}"
+    if backend == "gloo":
+        # The ranks share this machine's cores: one thread each, or their matmuls oversubscribe them.
+        torch.set_num_threads(max(1, (os.cpu_count() or ranks) // ranks))
+    else:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=ranks)
     try:
         on = options["float8_all_gather"]
-        mesh = init_device_mesh("cpu", (ranks,))
-        x, target = _data(options)
-        reference = _build(options, on)
+        mesh = init_device_mesh("cpu" if backend == "gloo" else "cuda", (ranks,))
+        x, target = _data(options, device)
+        reference = _build(options, on).to(device)
         whole = _eager_grads(reference, x, target)
-        step = shard_data_parallel(_build(options, on), mesh)
+        step = shard_data_parallel(_build(options, on).to(device), mesh)
         rows = options["tokens"] // ranks
         mine = (x[rank * rows:(rank + 1) * rows], target[rank * rows:(rank + 1) * rows])
         same_batch = _eager_grads(step, x, target)
@@ -166,11 +177,11 @@ def _worker(rank, ranks, init_file, options, result_dir):
         except fp8conf.FP8ValidationError as exc:
             validated = False
             print(f"rank {rank}: {type(exc).__name__}: {exc}")
-        (_, traced), traced_s = _timed(lambda: fp8conf.run_joint(gm, step, mine, (torch.ones(()),)), options["repeats"])
+        (_, traced), traced_s = _timed(lambda: fp8conf.run_joint(gm, step, mine, (torch.ones((), device=device),)), options["repeats"])
         compiled_diff = compiled_s = None
         if options["compile"]:
             compiled = fp8conf.compile_joint(gm, mode=options["compile"])
-            (_, grads), compiled_s = _timed(lambda: fp8conf.run_joint(gm, step, mine, (torch.ones(()),), fn=compiled), options["repeats"])
+            (_, grads), compiled_s = _timed(lambda: fp8conf.run_joint(gm, step, mine, (torch.ones((), device=device),), fn=compiled), options["repeats"])
             compiled_diff = max(float((grads[f] - traced[f]).abs().max()) for f in traced)
         records = [r for r in (get_collective(n) for n in gm.graph.nodes) if r is not None]
         shard = {fqn: whole[fqn].chunk(ranks)[rank] for fqn in whole}
@@ -193,13 +204,16 @@ def _worker(rank, ranks, init_file, options, result_dir):
 
 
 def launch(*, float8_all_gather: bool = True, ranks: int = 2, dim: int = 64, blocks: int = 2, tokens: int = 32,
-           recipe: str = "tensorwise", repeats: int = 3, compile: str | None = None) -> ShardedCheck:
-    """Spawn ``ranks`` gloo processes, run the checks and return them (``compile``: also compile
-    the traced step, ``"regional"``)."""
+           recipe: str = "tensorwise", repeats: int = 3, compile: str | None = None, backend: str = "gloo") -> ShardedCheck:
+    """Spawn ``ranks`` processes (``backend`` ``"gloo"`` on CPU, ``"nccl"`` one GPU each), run the
+    checks and return them (``compile``: also compile the traced step, ``"regional"``)."""
+    if backend == "nccl" and torch.cuda.device_count() < ranks:
+        raise FP8ConfigError(f"sharded_check --backend nccl --ranks {ranks}: this machine has {torch.cuda.device_count()} GPU(s); "
+                             "ask for at most that many ranks")
     import torch.multiprocessing as mp
 
     options = dict(float8_all_gather=float8_all_gather, dim=dim, blocks=blocks, tokens=tokens, recipe=recipe, repeats=repeats,
-                   compile=compile)
+                   compile=compile, backend=backend)
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
         mp.start_processes(_worker, args=(ranks, init_file, options, tmp), nprocs=ranks, join=True, start_method="spawn")
@@ -222,6 +236,7 @@ def launch(*, float8_all_gather: bool = True, ranks: int = 2, dim: int = 64, blo
         eager_step_s=statistics.median(r["eager_s"] for r in results),
         traced_step_s=statistics.median(r["traced_s"] for r in results),
         compile=compile,
+        backend=backend,
         compiled_max_abs_diff=max(r["compiled_diff"] for r in results) if compile else None,
         compiled_step_s=statistics.median(r["compiled_s"] for r in results) if compile else None,
     )
@@ -230,11 +245,13 @@ def launch(*, float8_all_gather: bool = True, ranks: int = 2, dim: int = 64, blo
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m fp8conf.tools.sharded_check",
-        description="Run a data-parallel FP8 step in gloo processes and check its gradients against the unsharded step, "
+        description="Run a data-parallel FP8 step in gloo (CPU) or NCCL (GPU) processes and check its gradients against the unsharded step, "
         "and its traced graph's weight all-gathers against the float8 all-gather setting.",
     )
     parser.add_argument("--float8-all-gather", choices=["on", "off", "both"], default="both")
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                        help="gloo: processes on the CPU; nccl: one GPU per rank")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=32, help="the batch, split over the ranks")
@@ -249,9 +266,13 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     settings = {"on": [True], "off": [False], "both": [True, False]}[args.float8_all_gather]
     ok = True
+    if args.backend == "nccl" and torch.cuda.device_count() < args.ranks:
+        print(f"sharded_check: --backend nccl --ranks {args.ranks}: this machine has {torch.cuda.device_count()} GPU(s); "
+              "ask for at most that many ranks", file=sys.stderr)
+        return 2
     for on in settings:
         check = launch(float8_all_gather=on, ranks=args.ranks, dim=args.dim, blocks=args.blocks, tokens=args.tokens,
-                       recipe=args.recipe, repeats=args.repeats, compile=args.compile)
+                       recipe=args.recipe, repeats=args.repeats, compile=args.compile, backend=args.backend)
         print(check.summary())
         ok = ok and check.ok
     return 0 if ok else 1
