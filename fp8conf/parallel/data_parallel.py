@@ -149,7 +149,13 @@ def _accessor(name, gather):
         if cache is None:
             return self._parameters[name]
         if name not in cache:
-            cache[name] = gather(self)
+            try:
+                cache[name] = gather(self)
+            except AttributeError as exc:
+                # Raised out of a property, an AttributeError makes Python fall back to
+                # Module.__getattr__, which returns the shard: the forward would go on with a
+                # DTensor and fail far from here, or compute on the shard.
+                raise RuntimeError(f"shard_data_parallel: gathering '{name}' of {type(self).__name__} failed: {exc!r}") from exc
         return cache[name]
 
     return get
@@ -180,7 +186,7 @@ def _waited(tensor):
 
 def _reduce_scatter(grad, mesh, reduce, fqn, module_fqn):
     with _annotated(fqn, module_fqn, "gradient"):
-        shard = _waited(funcol.reduce_scatter_single(grad.contiguous(), "sum", 0, mesh))
+        shard = _waited(funcol.reduce_scatter_tensor(grad.contiguous(), "sum", 0, mesh))
         return shard / mesh.size() if reduce == "mean" else shard
 
 
@@ -194,7 +200,7 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shard, mesh, reduce, fqn, module_fqn):
         ctx.mesh, ctx.reduce, ctx.fqn, ctx.module_fqn = mesh, reduce, fqn, module_fqn
-        return _waited(funcol.all_gather_single(shard.contiguous(), 0, mesh))
+        return _waited(funcol.all_gather_tensor(shard.contiguous(), 0, mesh))
 
     @staticmethod
     def backward(ctx, grad):
@@ -214,7 +220,7 @@ class _Float8AllGather(torch.autograd.Function):
         if not isinstance(shard, WeightWithDynamicFloat8CastTensor):
             shard = WeightWithDynamicFloat8CastTensor(shard, module.linear_mm_config, module.config.cast_config_weight.target_dtype)
         (data,), metadata = shard.fsdp_pre_all_gather(mesh)
-        gathered = _waited(funcol.all_gather_single(data.contiguous().view(torch.uint8), 0, mesh))
+        gathered = _waited(funcol.all_gather_tensor(data.contiguous().view(torch.uint8), 0, mesh))
         weight, _ = shard.fsdp_post_all_gather((gathered.view(data.dtype),), metadata, shard.dtype)
         return weight
 
