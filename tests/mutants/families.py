@@ -50,11 +50,11 @@ class ConfigsKeyedByLeafName(ReferenceBackend):
 
 @contextlib.contextmanager
 def _replacing_annotate(annotation: dict):
-    # Sets the annotation instead of adding it to those already open, as a tracer setting
-    # node.meta["custom"] from its own provenance does.
+    # Starts the annotations afresh from the tracer's own keys and this one, instead of adding it
+    # to those already open: as a tracer that rebuilds node.meta["custom"] from its provenance.
     meta = fx_traceback.current_meta
-    had, before = "custom" in meta, meta.get("custom")
-    meta["custom"] = dict(annotation)
+    had, before = "custom" in meta, meta.get("custom") or {}
+    meta["custom"] = {**{k: v for k, v in before.items() if k.startswith("fp8conf.")}, **annotation}
     try:
         yield
     finally:
@@ -66,8 +66,8 @@ def _replacing_annotate(annotation: dict):
 
 class TracingReplacesUserAnnotations(ReferenceBackend):
     """Annotates each quantized module's ops with its provenance by replacing the open
-    ``torch.fx.traceback`` annotations, not adding to them: a model's own annotations (a pipeline
-    stage, a part) never reach the nodes its quantized modules issue."""
+    ``torch.fx.traceback`` annotations with its own keys, not adding to them: a model's own
+    annotations (a pipeline stage, a part) never reach the nodes its quantized modules issue."""
 
     name = "mutant-tracing-replaces-user-annotations"
     KILLED_BY = "REG-007"
