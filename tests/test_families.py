@@ -120,3 +120,20 @@ def test_the_families_run_first_on_one_property_per_area(pytester, monkeypatch):
     for pid, test in tests.items():
         expected = set(family_specs(test.hypothesis._given_kwargs["spec"]))
         assert ran[test.__name__] == expected, f"{pid} ran {ran[test.__name__]}, expected {expected}"
+
+
+def _explicit(test) -> list:
+    return [example.kwargs for example in getattr(test, "hypothesis_explicit_examples", ())]
+
+
+def test_the_hard_shapes_are_forced_first():
+    """E8M0-001 runs ``b`` as a transposed weight and a non-contiguous ``a``; MOE-006 and MOE-007
+    run groups made only of padding (padding equal to the group's size) beside empty ones."""
+    tests = _property_tests()
+    cases = [kwargs["case"] for kwargs in _explicit(tests["E8M0-001"])]
+    assert {case.b_layout for case in cases} == {"transposed_weight"} and "column_major" in {case.a_layout for case in cases}
+    a, b, _, _ = next(case for case in cases if case.a_layout == "column_major").build()
+    assert not a.is_contiguous() and not b.is_contiguous() and b.t().is_contiguous()
+    for pid in ("MOE-006", "MOE-007"):
+        specs = [kwargs["spec"] for kwargs in _explicit(tests[pid])]
+        assert any(0 in spec.groups and spec.padding in spec.groups for spec in specs), f"{pid} forces no group of padding alone"
