@@ -172,7 +172,8 @@ def user_annotations(spec, fqn: str) -> dict:
 def variants(c) -> tuple[FamilySpec, ...]:
     """The family models a property with constraints ``c`` (``conformance.strategies.Constraints``)
     runs first: one per family of ``c.families`` that ``c`` admits, with ``c``'s first recipe
-    (the siblings' ``mlp.proj`` its second, where it allows two) and emulation."""
+    (the siblings' ``mlp.proj`` its second, where it allows two) and emulation; with emulation
+    left open, the siblings both all real and mixed."""
     if "float8_linear" not in c.kinds or c.require_nesting:
         return ()
     recipe, other = c.recipes[0], c.recipes[1 % len(c.recipes)]
@@ -187,7 +188,9 @@ def variants(c) -> tuple[FamilySpec, ...]:
         elif family == "annotated":
             found.append(FamilySpec("annotated", recipe=other, emulate=False if c.emulate is None else c.emulate))
         else:
-            found.append(FamilySpec("siblings", recipe=recipe, sibling_recipe=other, emulate=c.emulate))
+            # Open emulation runs both: real siblings of one leaf name, and one of them emulated.
+            for emulate in (False, None) if c.emulate is None else (c.emulate,):
+                found.append(FamilySpec("siblings", recipe=recipe, sibling_recipe=other, emulate=emulate))
     return tuple(found)
 
 

@@ -8,6 +8,7 @@ E8M0-001's layouts).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import types
 
 import torch
@@ -17,8 +18,10 @@ import fp8conf.graph.provenance
 import fp8conf.graph.trace
 from conformance.backends.reference import ReferenceBackend
 from fp8conf.quantized import grouped
+from fp8conf.graph.regions import identify_fp8_regions
 from fp8conf.quantized.float8 import find_quantized_modules
 from mutants.backends import _replaced
+from mutants.regions import _tag
 
 
 def _block_and_leaf(fqn: str) -> tuple[str, str]:
@@ -46,6 +49,26 @@ class ConfigsKeyedByLeafName(ReferenceBackend):
     def trace_joint(self, model, args):
         with _replaced(fp8conf.graph.trace, "find_quantized_modules", _configs_keyed_by_leaf):
             return super().trace_joint(model, args)
+
+
+def _short_name(fqn: str) -> str:
+    """A module as a compile log names it: its block and leaf name (``layers.3.wq``), its leaf
+    name alone outside every block (``proj``), a block by itself."""
+    block, leaf = _block_and_leaf(fqn)
+    return fqn if block == fqn else f"{block}.{leaf}" if block else leaf
+
+
+class RegionIdsByShortName(ReferenceBackend):
+    """Names each region after its module's block and leaf name instead of its FQN: the regions
+    of ``attn.proj`` and ``mlp.proj`` share ids (``proj/forward/call0/0``), and regional
+    Inductor compiles the two modules' nodes as one piece."""
+
+    name = "mutant-region-ids-by-short-name"
+    KILLED_BY = "REG-002"
+
+    def regions(self, gm):
+        found = identify_fp8_regions(gm)
+        return _tag(gm, [dataclasses.replace(r, id=r.id.replace(r.module_fqn, _short_name(r.module_fqn), 1)) for r in found])
 
 
 @contextlib.contextmanager
@@ -120,4 +143,4 @@ class E8M0OperandsReadRowMajor(ReferenceBackend):
         return super().scaled_mm_e8m0(_as_row_major(a), _as_row_major(b), a_scale, b_scale, out_dtype)
 
 
-MUTANTS = [ConfigsKeyedByLeafName, TracingReplacesUserAnnotations, AmaxFloorOnlyForEmptyGroups, E8M0OperandsReadRowMajor]
+MUTANTS = [ConfigsKeyedByLeafName, RegionIdsByShortName, TracingReplacesUserAnnotations, AmaxFloorOnlyForEmptyGroups, E8M0OperandsReadRowMajor]
