@@ -102,12 +102,19 @@ def fit_scale_bytes(a_bytes, b_bytes, m: int, n: int, k: int, out_dtype: str, a_
     return tuple(x for row in a for x in row), tuple(x for row in b for x in row)
 
 
+#: How an operand may be stored (:attr:`E8M0Case.a_layout`, :attr:`E8M0Case.b_layout`).
+A_LAYOUTS = ("row_major", "column_major")
+B_LAYOUTS = ("row_major", "transposed_weight")
+
+
 @dataclasses.dataclass(frozen=True)
 class E8M0Case:
     """Operands of one call. Bytes are row-major: ``a_bytes[i * K/32 + kb]`` scales row ``i`` of
     ``a``, ``b_bytes[j * K/32 + kb]`` column ``j`` of ``b``, each over elements ``32 kb .. 32 kb + 31``
     along K. ``zero_nan_blocks`` zeroes the elements of blocks whose byte is 255 (NaN times 0 must
-    still be NaN)."""
+    still be NaN). ``a_layout`` and ``b_layout`` say how the operands are stored: ``row_major``
+    (contiguous), or ``a`` ``column_major`` (a transposed copy's view: strides ``(1, M)``) and ``b``
+    ``transposed_weight`` (``weight.t()`` of an ``(N, K)`` weight, as a linear layer passes it)."""
 
     m: int
     n: int
@@ -119,8 +126,12 @@ class E8M0Case:
     b_style: str = "normal"
     seed: int = 0
     zero_nan_blocks: bool = False
+    a_layout: str = "row_major"
+    b_layout: str = "row_major"
 
     def __post_init__(self):
+        if self.a_layout not in A_LAYOUTS or self.b_layout not in B_LAYOUTS:
+            raise ValueError(f"layouts {self.a_layout!r}, {self.b_layout!r}: a is one of {A_LAYOUTS}, b one of {B_LAYOUTS}")
         blocks = self.k // BLOCK
         if len(self.a_bytes) != self.m * blocks or len(self.b_bytes) != self.n * blocks:
             raise ValueError(f"need {self.m * blocks} a_bytes and {self.n * blocks} b_bytes, got {len(self.a_bytes)} and {len(self.b_bytes)}")
@@ -151,7 +162,10 @@ class E8M0Case:
         b_t = _elements(self.b_style, (self.n, self.k), generator)  # b^T: rows are b's columns
         a = _fit_elements(a, a_scale, threshold, self.zero_nan_blocks)
         b_t = _fit_elements(b_t, b_scale, threshold, self.zero_nan_blocks)
-        return a, b_t.t().contiguous(), a_scale, b_scale
+        if self.a_layout == "column_major":
+            a = a.t().contiguous().t()
+        b = b_t.t() if self.b_layout == "transposed_weight" else b_t.t().contiguous()
+        return a, b, a_scale, b_scale
 
     def to_python(self, call: str = "") -> str:
         text = "import torch\nfrom conformance.e8m0 import *\n" f"case = {self!r}\na, b, a_scale, b_scale = case.build()\n"

@@ -224,7 +224,10 @@ class _NotBuilt(Exception):
 @functools.lru_cache(maxsize=256)
 def _trace(backend, spec: ModelSpec, device: str) -> TracedCase:
     try:
-        model, args = build_model(spec, device, mx=backend.convert_mx if "mx" in backend.capabilities else None)
+        if hasattr(spec, "build"):  # a model family (conformance.families)
+            model, args = spec.build(device)
+        else:
+            model, args = build_model(spec, device, mx=backend.convert_mx if "mx" in backend.capabilities else None)
     except Exception as exc:
         raise _NotBuilt(f"{type(exc).__name__}: {exc}") from exc
     gm, oracle = trace_with_oracle(backend, model, args, list(spec.quantized_modules()), backend.is_backward)
@@ -267,6 +270,8 @@ def fresh_args(spec: ModelSpec, seed: int, device: str | None = None) -> tuple:
     import torch
 
     device = device or _DEVICE.get()
+    if hasattr(spec, "example_inputs"):  # a model family: token ids, or inputs of its own shape
+        return spec.example_inputs(seed, device)
     generator = torch.Generator(device).manual_seed(seed)
     x = torch.randn(spec.batch, spec.in_features, device=device, generator=generator)
     return (x.requires_grad_(spec.input_requires_grad),)
@@ -277,5 +282,7 @@ def grad_outputs(spec: ModelSpec, seed: int, device: str | None = None) -> tuple
     import torch
 
     device = device or _DEVICE.get()
+    if hasattr(spec, "example_grad_outputs"):
+        return spec.example_grad_outputs(seed, device)
     generator = torch.Generator(device).manual_seed(seed)
     return (torch.randn(spec.batch, spec.layers[-1].width, device=device, generator=generator),)

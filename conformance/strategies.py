@@ -44,6 +44,7 @@ import hypothesis
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from conformance.families import variants
 from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, LayerSpec, ModelSpec
 
 __all__ = [
@@ -132,7 +133,10 @@ class Constraints:
     ``reuse`` / ``nesting``: whether layers may be called twice / carry a nested adapter;
     ``require_reuse`` / ``require_nesting``: some quantized layer is called twice / nests a
     quantized adapter (one layer both, when both are required); ``kinds``: the quantized module
-    kinds. ``recipes`` and ``emulate`` hold for nested adapters too.
+    kinds. ``recipes`` and ``emulate`` hold for nested adapters too. ``families``: the model
+    families (``conformance.families``) the property runs first, each in the variant these
+    constraints admit (:func:`conformance.families.family_examples`), and draws now and then
+    under a profile that is not derandomized.
     """
 
     max_layers: int = 3
@@ -143,9 +147,12 @@ class Constraints:
     require_reuse: bool = False
     require_nesting: bool = False
     kinds: tuple[str, ...] = (FLOAT8_KIND,)
+    families: tuple[str, ...] = ()
 
     def admits(self, spec: ModelSpec) -> bool:
         """Whether :func:`model_specs` under these constraints could draw ``spec``."""
+        if not isinstance(spec, ModelSpec):
+            return spec in variants(self)
         quantized = [layer for layer in spec.layers if layer.recipe]
         mx = [layer for layer in quantized if layer.recipe in MX_RECIPES]
         configs = spec.quantized_modules().values()
@@ -340,6 +347,9 @@ def _specs(draw, c: Constraints, where: Callable[[ModelSpec], bool] | None):
     profile = hypothesis.settings.default
     if profile.derandomize:
         return draw(st.sampled_from(_smallest_first(c, where, profile.max_examples)))
+    shown = [spec for spec in variants(c) if where is None or where(spec)]
+    if shown and draw(st.integers(0, 7), label="a model family") == 0:
+        return draw(st.sampled_from(shown), label="family model")
     return draw(_fresh(c, where))
 
 
@@ -352,7 +362,11 @@ def model_specs(*, where: Callable[[ModelSpec], bool] | None = None, **constrain
     ``kinds=ALL_KINDS`` draws MX models too where :func:`supported_kinds` allows them;
     ``require_nesting`` keeps the forced layer float8, since MX layers take no adapter.
     """
-    return _specs(Constraints(**constraints), where)
+    c = Constraints(**constraints)
+    strategy = _specs(c, where)
+    # Read by conformance.families.family_examples, which runs the families first.
+    strategy.constraints, strategy.where = c, where
+    return strategy
 
 
 # --- mixture-of-experts models (capability ``moe``) ------------------------------------------

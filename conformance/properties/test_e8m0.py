@@ -11,10 +11,10 @@ import dataclasses
 import re
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
-from conformance.e8m0 import BLOCK, ELEMENT_STYLES, NAN_BYTE, OUT_DTYPES, E8M0Case, fit_scale_bytes, float8_allclose, reference
+from conformance.e8m0 import A_LAYOUTS, B_LAYOUTS, BLOCK, ELEMENT_STYLES, NAN_BYTE, OUT_DTYPES, E8M0Case, fit_scale_bytes, float8_allclose, reference
 from conformance.harness import compile_settings, fail
 
 # A cold Inductor compile takes seconds to tens of seconds on CPU: see harness.compile_budget.
@@ -62,6 +62,8 @@ def e8m0_cases(draw, *, bytes_=FINITE_BYTES, b_bytes=None, lead=None, out_dtypes
         a_style=draw(st.sampled_from(ELEMENT_STYLES), label="a elements"),
         b_style=draw(st.sampled_from(ELEMENT_STYLES), label="b elements"),
         seed=draw(st.integers(0, 2**16), label="seed"),
+        a_layout=draw(st.sampled_from(A_LAYOUTS), label="a layout"),
+        b_layout=draw(st.sampled_from(B_LAYOUTS), label="b layout"),
     )
 
 
@@ -146,13 +148,26 @@ def _check_against_reference(property_id, backend, case, out, what="the float64 
 # -- E8M0-001 --------------------------------------------------------------------------------------
 
 
+#: The operands a linear layer's MX matmul gets, forced first: ``b`` as a transposed weight
+#: (column-major) and a non-contiguous ``a``, every scale byte 1.0 and then spread.
+LAYOUT_CASES = tuple(
+    E8M0Case(m=32, n=16, k=64, a_bytes=(127,) * 64, b_bytes=tuple(120 + i % 8 for i in range(32)), a_style=style,
+             b_style="normal", a_layout=a_layout, b_layout="transposed_weight", seed=7)
+    for a_layout, style in (("column_major", "normal"), ("row_major", "saturating"))
+)
+
+
 @pytest.mark.fp8_property("E8M0-001")
 @given(case=e8m0_cases())
+@example(case=LAYOUT_CASES[0])
+@example(case=LAYOUT_CASES[1])
 def test_E8M0_001_equals_blockwise_dequantize_then_matmul(fp8_backend, case):
     """Cheapest defect: a scale bias off by one (``2**(s - 126)``), or blocks taken along the wrong
     dimension; an elementwise check on scales near 127 with small operands hides neither. The
     suite decodes every byte itself in float64, draws scale bytes 0, 1, 127 and 254 and
-    elements near saturation, and compares every output within one rounding."""
+    elements near saturation, and compares every output within one rounding. Operands come in
+    the layouts a linear layer passes (``b`` a transposed weight, ``a`` non-contiguous, forced
+    first), so a kernel that reads storage as row-major whatever the strides fails."""
     out = _run("E8M0-001", fp8_backend, case)
     _check_against_reference("E8M0-001", fp8_backend, case, out)
 

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import rewrites
+from conformance.families import FAMILIES, family_examples
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import call_backend, check, device, fail, fp8_ops, fresh_copy, names_module, strict_error, traced
 from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
@@ -21,7 +22,8 @@ def real_and_emulated(spec) -> bool:
 
 
 @pytest.mark.fp8_property("EMU-001")
-@given(spec=model_specs(emulate=True))
+@family_examples
+@given(spec=model_specs(emulate=True, families=FAMILIES))
 def test_EMU_001_emulated_modules_pass_strict_validation_without_fp8_compute(fp8_backend, spec):
     """Cheapest defect: requiring FP8 compute from emulated modules too, or emulation that still
     issues FP8 matmuls. All-emulated models (nested adapters emulated as well) must hold no FP8
@@ -34,7 +36,8 @@ def test_EMU_001_emulated_modules_pass_strict_validation_without_fp8_compute(fp8
 
 
 @pytest.mark.fp8_property("EMU-002")
-@given(spec=model_specs(kinds=ALL_KINDS, where=real_and_emulated), data=st.data())
+@family_examples
+@given(spec=model_specs(kinds=ALL_KINDS, where=real_and_emulated, families=FAMILIES), data=st.data())
 def test_EMU_002_an_emulated_module_never_excuses_another(fp8_backend, spec, data):
     """Cheapest defects once let through: exempting the whole graph once any module is emulated,
     and exempting an emulated module's nested modules with it (emulation inherited down the

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import rewrites
+from conformance.families import FAMILIES, family_examples
 from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, live_nodes, tagged_groups
 from conformance.api.errors import SplitFailure, ValidationFailure
 from conformance.harness import (
@@ -26,8 +27,8 @@ from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
 from conformance.api.types import StageSplit
 
 #: Float8 and, for a backend that claims ``mx``, MX stages (about half the models then hold MX layers).
-stages = model_specs(kinds=ALL_KINDS)
-runnable_stages = model_specs(kinds=ALL_KINDS, recipes=runnable_recipes())
+stages = model_specs(kinds=ALL_KINDS, families=FAMILIES)
+runnable_stages = model_specs(kinds=ALL_KINDS, recipes=runnable_recipes(), families=FAMILIES)
 PASSES = ("forward", "backward")
 
 
@@ -103,6 +104,7 @@ def _in_parts(split, select) -> dict[str, list]:
 
 
 @pytest.mark.fp8_property("BND-001")
+@family_examples
 @given(spec=runnable_stages)
 def test_BND_001_forward_then_dI_then_dW_reproduce_the_joint_step_bitwise(fp8_backend, spec):
     """Cheapest defect: describing the parameter gradients out of order (two gradients of equal
@@ -144,6 +146,7 @@ def _check_split_step(fp8_backend, spec, case, label, gm, split, args, grads, ex
 
 
 @pytest.mark.fp8_property("BND-002")
+@family_examples
 @given(spec=stages)
 def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backend, spec):
     """Cheapest defect: dW running again the FP8 matmuls of dI whose results it needs (results stay
@@ -167,6 +170,7 @@ def _check_compute_placed_once(fp8_backend, spec, label, gm, split):
 
 
 @pytest.mark.fp8_property("BND-003")
+@family_examples
 @given(spec=stages)
 def test_BND_003_no_tensor_is_quantized_twice_and_fp8_crosses_as_fp8(fp8_backend, spec):
     """Cheapest defect: dW casting again, from high precision or from the crossed scale, a tensor
@@ -205,7 +209,8 @@ def _check_quantized_once(fp8_backend, spec, label, gm, split):
 
 
 @pytest.mark.fp8_property("BND-004")
-@given(spec=model_specs(kinds=ALL_KINDS, emulate=False))
+@family_examples
+@given(spec=model_specs(kinds=ALL_KINDS, emulate=False, families=FAMILIES))
 def test_BND_004_regions_re_identified_in_each_callable_are_complete(fp8_backend, spec):
     """Cheapest defect: treating an FP8 placeholder as a broken chain, so dW's regions (which start
     at the carried FP8 gradient) are never tagged; "every tagged group is complete" alone passes
@@ -244,6 +249,7 @@ def _tagged_nodes(gm) -> set:
 
 
 @pytest.mark.fp8_property("BND-005")
+@family_examples
 @given(spec=stages)
 def test_BND_005_provenance_survives_the_split(fp8_backend, spec):
     """Cheapest defect: provenance handed round among dW's matmuls, so counts per module stay equal
@@ -285,7 +291,8 @@ def _show(counter) -> str:
 
 
 @pytest.mark.fp8_property("BND-006")
-@given(spec=model_specs(kinds=ALL_KINDS, emulate=False), data=st.data())
+@family_examples
+@given(spec=model_specs(kinds=ALL_KINDS, emulate=False, families=FAMILIES), data=st.data())
 def test_BND_006_strict_validation_runs_before_the_split_and_not_falsely_after(fp8_backend, spec, data):
     for label, _, split in _splits("BND-006", fp8_backend, spec):
         for name, part in split.parts.items():
@@ -321,6 +328,7 @@ def test_BND_006_strict_validation_runs_before_the_split_and_not_falsely_after(f
 
 
 @pytest.mark.fp8_property("BND-007")
+@family_examples
 @given(spec=stages)
 def test_BND_007_backward_weight_holds_the_fp8_compute_no_input_gradient_needs(fp8_backend, spec):
     """The cheapest defect BND-001..006 let through: dI does all backward work and dW returns the

@@ -7,6 +7,7 @@ import collections
 import pytest
 from hypothesis import given
 
+from conformance.families import FAMILIES, family_examples
 from conformance.graphs import fp8_compute_nodes, no_fp8_compute_reason, surely_backward, tangent_placeholders
 from conformance.harness import call_backend, check, fail, fp8_ops, fresh_args as _fresh_args, fresh_copy, grad_outputs as _grad_outputs, traced
 from conformance.notes import note
@@ -20,7 +21,7 @@ KINDS = ALL_KINDS
 
 
 def model_specs(**kwargs):
-    return _model_specs(kinds=KINDS, **kwargs)
+    return _model_specs(kinds=KINDS, families=FAMILIES, **kwargs)
 
 
 def _provenance(property_id, backend, node):
@@ -33,6 +34,7 @@ def _fqn(property_id, backend, node):
 
 
 @pytest.mark.fp8_property("PROV-001")
+@family_examples
 @given(spec=model_specs(emulate=False))
 def test_PROV_001_every_fp8_compute_node_names_its_module(fp8_backend, spec):
     """Cheapest defect that would pass a weaker test: provenance on forward nodes only, relying on
@@ -56,6 +58,7 @@ def test_PROV_001_every_fp8_compute_node_names_its_module(fp8_backend, spec):
 
 
 @pytest.mark.fp8_property("PROV-002")
+@family_examples
 @given(spec=model_specs())
 def test_PROV_002_provenance_config_equals_module_config(fp8_backend, spec):
     """Cheapest defect once let through: a nested module described with its parent's config (every
@@ -92,6 +95,7 @@ def test_PROV_002_provenance_config_equals_module_config(fp8_backend, spec):
 
 
 @pytest.mark.fp8_property("PROV-003")
+@family_examples
 @given(spec=model_specs())
 def test_PROV_003_backward_nodes_carry_the_provenance_of_their_forward_op(fp8_backend, spec):
     """Cheapest defect that passes a check of compute nodes alone: gradient-accumulation nodes
@@ -168,6 +172,7 @@ def _check_backward_pass_covers_what_the_output_gradients_reach(fp8_backend, spe
 
 
 @pytest.mark.fp8_property("PROV-004")
+@family_examples
 @given(spec=model_specs())
 def test_PROV_004_no_node_carries_provenance_of_a_module_that_did_not_issue_it(fp8_backend, spec):
     """Cheapest defect that PROV-001 lets through: provenance leaking forward onto the op that
@@ -190,6 +195,7 @@ def test_PROV_004_no_node_carries_provenance_of_a_module_that_did_not_issue_it(f
 
 
 @pytest.mark.fp8_property("PROV-006")
+@family_examples
 @given(spec=model_specs(require_reuse=True, require_nesting=True, emulate=False))
 def test_PROV_006_reused_modules_keep_their_fqn_nested_ones_the_innermost(fp8_backend, spec):
     """Cheapest defect that passes per-node checks on flat models: nested nodes attributed to the
@@ -220,6 +226,7 @@ def test_PROV_006_reused_modules_keep_their_fqn_nested_ones_the_innermost(fp8_ba
 
 
 @pytest.mark.fp8_property("PROV-005")
+@family_examples
 @given(spec=model_specs())
 def test_PROV_005_provenance_survives_dce_and_cse(fp8_backend, spec):
     from torch.fx.passes.dialect.common.cse_pass import CSEPass

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import rewrites
+from conformance.families import FAMILIES, family_examples, user_annotations
 from conformance.graphs import fp8_compute_nodes, incompleteness, non_convexity, tagged_groups
 from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, require_subject, traced
 from conformance.strategies import ALL_KINDS
@@ -21,7 +22,7 @@ KINDS = ALL_KINDS
 
 
 def model_specs(**kwargs):
-    return _model_specs(kinds=KINDS, **kwargs)
+    return _model_specs(kinds=KINDS, families=FAMILIES, **kwargs)
 
 
 non_emulated = model_specs(emulate=False)
@@ -51,6 +52,7 @@ def _regions_of_fp8_graph(property_id, backend, gm, spec) -> list[Region]:
 
 
 @pytest.mark.fp8_property("REG-001")
+@family_examples
 @given(spec=model_specs())
 def test_REG_001_every_fp8_compute_node_lies_in_exactly_one_region(fp8_backend, spec):
     """Cheapest defect: identifying regions in the forward pass only (or one region per module
@@ -68,6 +70,7 @@ def test_REG_001_every_fp8_compute_node_lies_in_exactly_one_region(fp8_backend, 
 
 
 @pytest.mark.fp8_property("REG-002")
+@family_examples
 @given(spec=model_specs())
 def test_REG_002_a_region_never_mixes_modules_or_passes(fp8_backend, spec):
     """Cheapest defect once let through: one region id per module (``layers.0``), so the forward
@@ -100,6 +103,7 @@ def test_REG_002_a_region_never_mixes_modules_or_passes(fp8_backend, spec):
 
 
 @pytest.mark.fp8_property("REG-003")
+@family_examples
 @given(spec=model_specs())
 def test_REG_003_a_region_is_convex(fp8_backend, spec):
     """Cheapest defect: a region of the casts and matmuls only, dropping the views between them,
@@ -112,6 +116,7 @@ def test_REG_003_a_region_is_convex(fp8_backend, spec):
 
 
 @pytest.mark.fp8_property("REG-004")
+@family_examples
 @given(spec=model_specs())
 def test_REG_004_only_complete_regions_are_tagged(fp8_backend, spec):
     """Cheapest defects: tagging regions without a region id (regional Inductor then merges them),
@@ -164,6 +169,7 @@ def _region_cast(gm, regions, data, spec=None):
 
 
 @pytest.mark.fp8_property("REG-005")
+@family_examples
 @given(spec=non_emulated, data=st.data())
 def test_REG_005_a_region_missing_part_of_its_chain_is_not_tagged(fp8_backend, spec, data):
     """Cheapest defect once let through: a completeness check that takes any value no module
@@ -221,6 +227,7 @@ def _reaches(source, target) -> bool:
 
 
 @pytest.mark.fp8_property("REG-006")
+@family_examples
 @given(spec=model_specs())
 def test_REG_006_identification_is_deterministic_and_ignores_node_names(fp8_backend, spec):
     """Cheapest defect: region ids derived from node names (or from ``id()`` of nodes). The graph
@@ -248,14 +255,18 @@ def test_REG_006_identification_is_deterministic_and_ignores_node_names(fp8_back
 
 
 @pytest.mark.fp8_property("REG-007")
+@family_examples
 @given(spec=model_specs(), data=st.data())
 def test_REG_007_tagging_keeps_other_annotations(fp8_backend, spec, data):
     """Cheapest defects: writing the tag over ``node.meta["custom"]``, or over a
     ``compile_with_inductor`` value a user already set (a fresh dict holding the region id only).
     Drawn nodes, inside and outside regions, carry annotations of their own before tagging, and
     every FP8 compute node (so, always, nodes that get tagged) and the first drawn node carry
-    compile options of their own; every annotation and every option must survive unchanged."""
-    gm, _ = fresh_copy(traced("REG-007", fp8_backend, spec))
+    compile options of their own; every annotation and every option must survive unchanged.
+    The ``annotated`` family also annotates itself while traced (``torch.fx.traceback.annotate``
+    around each block's attention and MLP): a backend whose own tracing annotations replace the
+    user's, rather than add to them, loses those keys on every node its modules issue."""
+    gm, oracle = fresh_copy(traced("REG-007", fp8_backend, spec))
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     chosen = data.draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=8, unique=True), label="annotated nodes")
     for index, node in enumerate(chosen):
@@ -263,6 +274,7 @@ def test_REG_007_tagging_keeps_other_annotations(fp8_backend, spec, data):
     optioned = [chosen[0]] + [n for n in fp8_compute_nodes(gm, fp8_ops("REG-007", fp8_backend)) if n is not chosen[0]]
     options = {node: _with_user_compile_options(node, index) for index, node in enumerate(optioned)}
     _regions_of_fp8_graph("REG-007", fp8_backend, gm, spec)
+    _check_model_annotations(fp8_backend, spec, gm, oracle)
     for index, node in enumerate(chosen):
         custom = node.meta.get("custom") or {}
         check(
@@ -280,6 +292,25 @@ def test_REG_007_tagging_keeps_other_annotations(fp8_backend, spec, data):
             "REG-007",
             f"node '{node.name}' carried compile_with_inductor={wanted} of its own before tagging; after tagging it "
             f"carries {value!r}: a region id may be added to those options, none may be dropped or changed",
+            spec,
+        )
+
+
+def _check_model_annotations(fp8_backend, spec, gm, oracle):
+    """Every forward node a quantized module issued carries the keys the model's own forward
+    annotated it with (:func:`conformance.families.user_annotations`, the suite's attribution):
+    through the backend's tracing and its tagging. Backward nodes are not asked: whether
+    annotations reach them is the torch version's business."""
+    for node in gm.graph.nodes:
+        fqn = oracle.issued_by.get(node)
+        wanted = user_annotations(spec, fqn) if fqn and not fp8_backend.is_backward(node) else {}
+        custom = node.meta.get("custom") or {}
+        lost = {key: value for key, value in wanted.items() if custom.get(key) != value}
+        check(
+            not lost,
+            "REG-007",
+            f"forward node '{node.name}' of {fqn!r} was traced inside the model's own torch.fx.traceback.annotate({wanted}); "
+            f"after tracing and tagging its custom meta is {custom}: the model's annotations {sorted(lost)} were lost",
             spec,
         )
 

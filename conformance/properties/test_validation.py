@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from conformance import rewrites
 from conformance.evidence import is_named
+from conformance.families import FAMILIES, family_examples
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import (
     call_backend, check, compute_counts_that_run, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error, traced,
@@ -24,7 +25,7 @@ KINDS = ALL_KINDS
 
 
 def model_specs(**kwargs):
-    return _model_specs(kinds=KINDS, **kwargs)
+    return _model_specs(kinds=KINDS, families=FAMILIES, **kwargs)
 
 non_emulated = model_specs(emulate=False)
 
@@ -54,6 +55,7 @@ def _names_location(exc, fqn, pass_name) -> bool:
 
 
 @pytest.mark.fp8_property("VAL-001")
+@family_examples
 @given(spec=model_specs())
 def test_VAL_001_strict_validation_accepts_supported_models(fp8_backend, spec):
     """Cheapest defect that a test of broken graphs alone lets through: false alarms, e.g. expecting
@@ -67,6 +69,7 @@ def test_VAL_001_strict_validation_accepts_supported_models(fp8_backend, spec):
 
 
 @pytest.mark.fp8_property("VAL-002")
+@family_examples
 @given(spec=non_emulated, data=st.data())
 def test_VAL_002_lost_fp8_compute_fails_naming_module_and_pass(fp8_backend, spec, data):
     """Cheapest defect that passes "some error is raised": an error that names the graph but not
@@ -86,6 +89,7 @@ def test_VAL_002_lost_fp8_compute_fails_naming_module_and_pass(fp8_backend, spec
 
 
 @pytest.mark.fp8_property("VAL-003")
+@family_examples
 @given(spec=non_emulated, data=st.data())
 def test_VAL_003_fp8_compute_without_provenance_fails(fp8_backend, spec, data):
     """Cheapest defect: skipping FP8 compute that has no provenance (a silent fallback), which a
@@ -106,6 +110,7 @@ def test_VAL_003_fp8_compute_without_provenance_fails(fp8_backend, spec, data):
 
 
 @pytest.mark.fp8_property("VAL-004")
+@family_examples
 @given(spec=non_emulated, data=st.data())
 def test_VAL_004_scaled_op_with_a_high_precision_operand_is_not_fp8_compute(fp8_backend, spec, data):
     """Cheapest defect: counting a scaled matmul as FP8 compute when any operand is FP8. One
@@ -138,6 +143,7 @@ def _meta_snapshot(gm):
 
 
 @pytest.mark.fp8_property("VAL-005")
+@family_examples
 @given(spec=model_specs())
 def test_VAL_005_validation_does_not_change_the_graph(fp8_backend, spec):
     """Cheapest defect: validation marking nodes it checked in ``node.meta`` (or caching a report
@@ -155,6 +161,7 @@ def test_VAL_005_validation_does_not_change_the_graph(fp8_backend, spec):
 
 
 @pytest.mark.fp8_property("VAL-006")
+@family_examples
 @given(spec=non_emulated, data=st.data())
 def test_VAL_006_non_strict_mode_warns_the_same_findings_with_a_summary(fp8_backend, spec, data):
     """Cheapest defect: a summary that says nothing of the findings (a constant line, or one
@@ -182,6 +189,7 @@ def test_VAL_006_non_strict_mode_warns_the_same_findings_with_a_summary(fp8_back
 
 
 @pytest.mark.fp8_property("VAL-007")
+@family_examples
 @given(spec=model_specs(), data=st.data())
 def test_VAL_007_compute_counts_per_call_match_the_recipe(fp8_backend, spec, data):
     """Cheapest defect: checking that FP8 compute exists, not how much, so a duplicated matmul

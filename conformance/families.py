@@ -1,0 +1,355 @@
+"""Model families shaped like what graph trainers train, drawn beside the stacks of linears.
+
+A stack of linears with adapters never shows a backend what a real training step holds:
+attention through ``F.scaled_dot_product_attention``, 3-D activations, an embedding whose
+gradient is the only "input" gradient, modules of equal leaf names under different parents,
+a module called twice in one step, or nodes that already carry a user's annotations. Each
+family is a :class:`FamilySpec` (a frozen dataclass whose ``repr`` is Python, like
+:class:`conformance.models.ModelSpec`, and which answers the same questions: its quantized
+modules and their configs, its calls, the FP8 matmuls its recipe issues), built with real
+TorchAO conversion by :func:`build_family`:
+
+* ``llama``: an embedding, blocks of RMSNorm, attention (q/k/v/o projections, causal SDPA, with
+  grouped-query attention when ``kv_heads < heads``), RMSNorm and a SwiGLU MLP on a residual
+  stream, then a norm and a high-precision output head; every projection quantized.
+* ``annotated``: the ``llama`` family whose forward annotates each block's attention and MLP
+  with ``torch.fx.traceback.annotate`` (a stage and a part, as pipeline trainers do): the
+  traced nodes carry the model's own ``meta["custom"]`` keys, which a backend must keep.
+* ``siblings``: two quantized ``proj`` linears of equal leaf name under the parents ``attn``
+  and ``mlp`` (with different recipes where the property allows two), a ``shared`` linear
+  called twice in the step, and, with ``emulate=None``, ``mlp.proj`` emulated next to the real
+  ``attn.proj``: one model with emulated and real modules of one leaf name.
+
+Properties opt in through ``Constraints.families`` (``conformance.strategies``); every family
+their constraints admit is run as an explicit example first (:func:`variants`), then Hypothesis
+draws as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+from conformance.models import _float8_config, spec_code
+
+__all__ = [
+    "FAMILIES", "FamilySpec", "FixedDraws", "build_family", "family_examples", "family_specs", "user_annotations", "variants",
+]
+
+#: Every family, in the order properties run them.
+FAMILIES = ("llama", "siblings", "annotated")
+_LLAMA_LIKE = ("llama", "annotated")
+#: Rows of the token dimension (a multiple of 16: FP8 matmuls need it) and the vocabulary.
+_VOCAB = 64
+#: The keys the ``annotated`` family's forward sets with ``torch.fx.traceback.annotate``.
+USER_STAGE_KEY, USER_PART_KEY = "user.pp_stage", "user.part"
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilySpec:
+    """One model of a family. ``recipe`` is every quantized module's recipe but ``mlp.proj``'s
+    (``sibling_recipe``, None: ``recipe``). ``emulate`` True/False: every module emulated or
+    real; None: some of each (``llama``: the MLP's ``w1`` and ``w3``; ``siblings``: ``mlp.proj``).
+    ``input_requires_grad``: the ``siblings`` model's float input needs a gradient; the Llama
+    families take token ids, which need none (every projection's input needs one all the same,
+    through the embedding's weight)."""
+
+    family: str
+    dim: int = 32
+    blocks: int = 1
+    heads: int = 2
+    kv_heads: int = 2
+    recipe: str = "tensorwise"
+    sibling_recipe: str | None = None
+    emulate: bool | None = False
+    input_requires_grad: bool = False
+    tokens: int = 16
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"family {self.family!r} is none of {FAMILIES}")
+        if self.dim % 16 or self.tokens % 16 or self.dim % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"dim {self.dim}, tokens {self.tokens}, heads {self.heads}/{self.kv_heads} do not fit")
+        if (self.dim // self.heads * self.kv_heads) % 16:
+            raise ValueError(f"the k/v projections' width {self.dim // self.heads * self.kv_heads} is not a multiple of 16")
+        if self.llama and self.input_requires_grad:
+            raise ValueError(f"the {self.family} family takes token ids, which need no gradient")
+
+    @property
+    def llama(self) -> bool:
+        return self.family in _LLAMA_LIKE
+
+    # -- what the suite knows about the model without asking the backend -------------------
+    def _linears(self) -> list[tuple[str, int, int]]:
+        """``(fqn, in, out)`` of every quantized linear, in call order of a block."""
+        if not self.llama:
+            return [("attn.proj", self.dim, self.dim), ("mlp.proj", self.dim, self.dim), ("shared", self.dim, self.dim)]
+        kv = self.dim // self.heads * self.kv_heads
+        hidden = 2 * self.dim
+        found = []
+        for i in range(self.blocks):
+            a, f = f"layers.{i}.attention", f"layers.{i}.feed_forward"
+            found += [(f"{a}.wq", self.dim, self.dim), (f"{a}.wk", self.dim, kv), (f"{a}.wv", self.dim, kv), (f"{a}.wo", self.dim, self.dim)]
+            found += [(f"{f}.w1", self.dim, hidden), (f"{f}.w3", self.dim, hidden), (f"{f}.w2", hidden, self.dim)]
+        return found
+
+    def _config(self, fqn: str) -> tuple[str, bool]:
+        recipe = self.sibling_recipe or self.recipe if fqn == "mlp.proj" else self.recipe
+        if self.emulate is not None:
+            return recipe, self.emulate
+        return recipe, fqn == "mlp.proj" or fqn.endswith((".w1", ".w3"))
+
+    def quantized_modules(self) -> dict[str, tuple[str, str, bool]]:
+        """FQN -> (kind, recipe, emulate) of every quantized module."""
+        return {fqn: ("float8_linear", *self._config(fqn)) for fqn, _, _ in self._linears()}
+
+    def calls(self) -> list[tuple[str, bool]]:
+        """``(fqn, input_requires_grad)`` for every call of a quantized module, in call order:
+        the embedding's weight makes every Llama projection's input need a gradient."""
+        if self.llama:
+            return [(fqn, True) for fqn, _, _ in self._linears()]
+        return [("attn.proj", self.input_requires_grad), ("mlp.proj", True), ("shared", True), ("shared", True)]
+
+    def expected_compute_counts(self) -> dict[tuple[str, str], int]:
+        """(fqn, pass) -> FP8 scaled matmuls the recipe issues (as ``ModelSpec``'s)."""
+        counts: dict[tuple[str, str], int] = {}
+        configs = self.quantized_modules()
+        for fqn, input_grad in self.calls():
+            _kind, recipe, emulate = configs[fqn]
+            if emulate:
+                continue
+            counts[(fqn, "forward")] = counts.get((fqn, "forward"), 0) + 1
+            backward = int(input_grad) + int(recipe != "rowwise_with_gw_hp")
+            counts[(fqn, "backward")] = counts.get((fqn, "backward"), 0) + backward
+        return counts
+
+    def has_mx(self) -> bool:
+        return False
+
+    def module_fqns(self) -> tuple[str, ...]:
+        """Every linear a failure message may name: the quantized ones and the plain head."""
+        return tuple(fqn for fqn, _, _ in self._linears()) + (("output",) if self.llama else ())
+
+    def size(self) -> tuple[int, int]:
+        linears = self._linears()
+        return len(linears), sum(i * o for _, i, o in linears)
+
+    def to_python(self, backend: str | None = None) -> str:
+        return "import torch\nfrom conformance.families import *\n\n" + spec_code(self) + "model, args = build_family(spec)\n"
+
+    # -- inputs ---------------------------------------------------------------------------
+    def build(self, device: str = "cpu"):
+        return build_family(self, device)
+
+    def example_inputs(self, seed: int, device: str = "cpu") -> tuple:
+        import torch
+
+        generator = torch.Generator(device).manual_seed(seed)
+        if self.llama:
+            return (torch.randint(0, _VOCAB, (1, self.tokens), device=device, generator=generator),)
+        x = torch.randn(self.tokens, self.dim, device=device, generator=generator)
+        return (x.requires_grad_(self.input_requires_grad),)
+
+    def example_grad_outputs(self, seed: int, device: str = "cpu") -> tuple:
+        import torch
+
+        generator = torch.Generator(device).manual_seed(seed)
+        shape = (1, self.tokens, _VOCAB) if self.llama else (self.tokens, self.dim)
+        return (torch.randn(*shape, device=device, generator=generator),)
+
+
+def user_annotations(spec, fqn: str) -> dict:
+    """The ``meta["custom"]`` keys the ``annotated`` family's forward puts on every node module
+    ``fqn`` issues (empty for other families and models): its block as a pipeline stage, and
+    its part."""
+    if getattr(spec, "family", None) != "annotated" or not fqn.startswith("layers."):
+        return {}
+    _, block, part, _ = fqn.split(".")
+    return {USER_STAGE_KEY: int(block), USER_PART_KEY: "attention" if part == "attention" else "mlp"}
+
+
+def variants(c) -> tuple[FamilySpec, ...]:
+    """The family models a property with constraints ``c`` (``conformance.strategies.Constraints``)
+    runs first: one per family of ``c.families`` that ``c`` admits, with ``c``'s first recipe
+    (the siblings' ``mlp.proj`` its second, where it allows two) and emulation; with emulation
+    left open, the siblings both all real and mixed."""
+    if "float8_linear" not in c.kinds or c.require_nesting:
+        return ()
+    recipe, other = c.recipes[0], c.recipes[1 % len(c.recipes)]
+    found = []
+    for family in c.families:
+        if family == "siblings" and not c.reuse:
+            continue
+        if family != "siblings" and c.require_reuse:
+            continue
+        if family == "llama":
+            found.append(FamilySpec("llama", kv_heads=1, recipe=recipe, emulate=c.emulate))
+        elif family == "annotated":
+            found.append(FamilySpec("annotated", recipe=other, emulate=False if c.emulate is None else c.emulate))
+        else:
+            # Open emulation runs both: real siblings of one leaf name, and one of them emulated.
+            for emulate in (False, None) if c.emulate is None else (c.emulate,):
+                found.append(FamilySpec("siblings", recipe=recipe, sibling_recipe=other, emulate=emulate))
+    return tuple(found)
+
+
+# --- the models ---------------------------------------------------------------------------
+
+
+def _classes() -> dict[str, type]:
+    if _CLASSES:
+        return _CLASSES
+    import torch
+    import torch.fx.traceback as fx_traceback
+    import torch.nn.functional as F
+    from torch import nn
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim, eps=1e-6):
+            super().__init__()
+            self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    class Attention(nn.Module):
+        def __init__(self, spec: FamilySpec):
+            super().__init__()
+            self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, spec.dim // spec.heads
+            kv = self.head_dim * spec.kv_heads
+            self.wq, self.wo = nn.Linear(spec.dim, spec.dim, bias=False), nn.Linear(spec.dim, spec.dim, bias=False)
+            self.wk, self.wv = nn.Linear(spec.dim, kv, bias=False), nn.Linear(spec.dim, kv, bias=False)
+
+        def forward(self, x):
+            batch, tokens, _ = x.shape
+            q = self.wq(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+            k = self.wk(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = self.wv(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+            gqa = self.kv_heads != self.heads
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            return self.wo(a.transpose(1, 2).reshape(batch, tokens, -1))
+
+    class FeedForward(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.w1, self.w3 = nn.Linear(dim, 2 * dim, bias=False), nn.Linear(dim, 2 * dim, bias=False)
+            self.w2 = nn.Linear(2 * dim, dim, bias=False)
+
+        def forward(self, x):
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    class Block(nn.Module):
+        def __init__(self, spec: FamilySpec, index: int):
+            super().__init__()
+            self.annotated, self.index = spec.family == "annotated", index
+            self.attention_norm, self.ffn_norm = RMSNorm(spec.dim), RMSNorm(spec.dim)
+            self.attention, self.feed_forward = Attention(spec), FeedForward(spec.dim)
+
+        def _part(self, part):
+            if not self.annotated:
+                return contextlib.nullcontext()
+            return fx_traceback.annotate({USER_STAGE_KEY: self.index, USER_PART_KEY: part})
+
+        def forward(self, x):
+            with self._part("attention"):
+                x = x + self.attention(self.attention_norm(x))
+            with self._part("mlp"):
+                return x + self.feed_forward(self.ffn_norm(x))
+
+    class FamilyLlama(nn.Module):
+        def __init__(self, spec: FamilySpec):
+            super().__init__()
+            self.embedding = nn.Embedding(_VOCAB, spec.dim)
+            self.layers = nn.ModuleList(Block(spec, i) for i in range(spec.blocks))
+            self.norm, self.output = RMSNorm(spec.dim), nn.Linear(spec.dim, _VOCAB, bias=False)
+
+        def forward(self, tokens):
+            x = self.embedding(tokens)
+            for layer in self.layers:
+                x = layer(x)
+            return self.output(self.norm(x))
+
+    class Branch(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.proj = nn.Linear(dim, dim, bias=False)
+
+    class Siblings(nn.Module):
+        """``attn.proj`` and ``mlp.proj`` (one leaf name, two parents), ``shared`` called twice."""
+
+        def __init__(self, spec: FamilySpec):
+            super().__init__()
+            self.attn, self.mlp = Branch(spec.dim), Branch(spec.dim)
+            self.shared = nn.Linear(spec.dim, spec.dim, bias=False)
+
+        def forward(self, x):
+            x = x + self.attn.proj(x)
+            x = torch.relu(self.mlp.proj(x))
+            x = self.shared(x)
+            return F.gelu(self.shared(x))
+
+    _CLASSES.update(FamilyLlama=FamilyLlama, Siblings=Siblings)
+    return _CLASSES
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def build_family(spec: FamilySpec, device: str = "cpu"):
+    """Build ``spec``'s model, every quantized linear converted by
+    ``torchao.float8.convert_to_float8_training`` with its own config; return ``(model, args)``."""
+    import torch
+    from torchao.float8 import convert_to_float8_training
+
+    torch.manual_seed(spec.seed)
+    model = _classes()["FamilyLlama" if spec.llama else "Siblings"](spec)
+    for fqn, (_kind, recipe, emulate) in spec.quantized_modules().items():
+        config = _float8_config(recipe, emulate, fqn=fqn)
+        convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name, fqn=fqn: name == fqn)
+    model.to(device)
+    return model, spec.example_inputs(spec.seed, device)
+
+
+# --- running the families first -------------------------------------------------------------
+
+
+class FixedDraws:
+    """What a property's ``data`` argument is in a family's explicit example: each draw the
+    simplest value of its strategy (the first of a ``sampled_from``, the shortest list), so the
+    example is the same in every run and prints as it is."""
+
+    def draw(self, strategy, label=None):
+        from hypothesis.internal.conjecture.choice import ChoiceTemplate
+        from hypothesis.internal.conjecture.data import ConjectureData
+
+        return ConjectureData.for_choices([ChoiceTemplate("simplest", count=None)]).draw(strategy)
+
+    def __repr__(self) -> str:
+        return "FixedDraws()"
+
+
+def family_examples(test):
+    """Decorator (above ``@given``): the property's first examples are the family models that its
+    ``spec`` strategy (one of ``conformance.strategies.model_specs``) admits, ``data`` (where the
+    test takes it) drawing the simplest values: every family runs on every such property in
+    every profile, not only when Hypothesis happens to draw it. ``test.fp8_families`` lists them."""
+    import inspect
+
+    from hypothesis import example
+
+    inner = test.hypothesis.inner_test
+    takes_data = "data" in inspect.signature(inner).parameters
+    specs = family_specs(test.hypothesis._given_kwargs["spec"])
+    # Hypothesis reads the examples off the @given wrapper, last added first: add them in reverse.
+    for spec in reversed(specs):
+        test = example(spec=spec, data=FixedDraws())(test) if takes_data else example(spec=spec)(test)
+    test.fp8_families = tuple(spec.family for spec in specs)
+    return test
+
+
+def family_specs(strategy) -> tuple[FamilySpec, ...]:
+    """The family models a model strategy's property runs first (its constraints' variants that
+    its ``where`` admits)."""
+    where = strategy.where
+    return tuple(spec for spec in variants(strategy.constraints) if where is None or where(spec))
