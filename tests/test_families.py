@@ -96,8 +96,9 @@ def test_the_annotated_family_carries_its_annotations_through_tracing():
 
 @pytest.mark.slow
 def test_the_families_run_first_on_one_property_per_area(pytester, monkeypatch):
-    """Against the reference, with explicit examples only: each property ran exactly the family
-    models it lists (``evidence.drawn`` sees every model a property traces) and passed."""
+    """Against the reference, with explicit examples only: each property ran every family model
+    it lists (``evidence.drawn`` sees every model a property traces; a property's own forced
+    examples may add drawn stacks) and passed."""
     ran = collections.defaultdict(set)
     real = evidence.drawn
 
@@ -113,13 +114,16 @@ def test_the_families_run_first_on_one_property_per_area(pytester, monkeypatch):
     chosen = {"PROV-004", "VAL-001", "EMU-002", "REG-007", "BND-002"}
     tests = {pid: test for pid, test in _property_tests().items() if pid in chosen}
     result = pytester.runpytest(
-        "-p", "no:cacheprovider", "-p", "no:randomly", "--fp8-backend=reference", "--hypothesis-profile=fp8conf-families-only",
+        # importlib: the worker may have imported tests/test_fingerprint.py, whose basename the
+        # suite's own test_fingerprint.py shares.
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--import-mode=importlib", "--fp8-backend=reference",
+        "--hypothesis-profile=fp8conf-families-only",
         "-k", " or ".join(test.__name__ for test in tests.values()), str(PROPERTIES),
     )
     assert result.ret == 0, "\n".join(result.outlines[-40:])
     for pid, test in tests.items():
         expected = set(family_specs(test.hypothesis._given_kwargs["spec"]))
-        assert ran[test.__name__] == expected, f"{pid} ran {ran[test.__name__]}, expected {expected}"
+        assert expected and expected <= ran[test.__name__], f"{pid} ran {ran[test.__name__]}, expected {expected}"
 
 
 def _explicit(test) -> list:

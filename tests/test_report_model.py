@@ -349,7 +349,8 @@ def test_terminal_shows_skip_reasons():
 @pytest.mark.parametrize(
     ("shrink", "heading"),
     [("minimal", "Minimal model (runnable):"), ("none", "Failing model, not shrunk (runnable):"),
-     ("bounded", "Failing model, partly shrunk: shrinking stopped at its time limit (runnable):")],
+     ("shrunk", "Failing model, shrunk as many times as --fp8-shrinks allows (runnable):"),
+     ("bounded", "Failing model, partly shrunk: shrinking stopped at its time guard (runnable):")],
 )
 def test_markdown_says_whether_the_model_was_shrunk(shrink, heading):
     records = {"t.py::test_b": TestRecord(("PROV-002",), "fail", 4, dict(FAILURE, shrink=shrink))}
