@@ -72,3 +72,12 @@ def test_a_failed_probe_falls_back_with_one_warning(monkeypatch, caplog):
         units = [region_compile.InnerCompiledUnit(gm, fake) for _ in range(2)]
     assert all(u.fallback and "probe forced to fail" in u.fallback for u in units)
     assert sum("put-off kernel waits" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_doctor_reads_the_tested_range_and_warns_outside_it():
+    from fp8conf.tools import doctor
+
+    assert doctor.tested_torch() == torch_internals.TESTED_TORCH
+    assert doctor.in_range("2.13.0+cpu", ">=2.11,<2.15")
+    assert not doctor.in_range("2.15.0", ">=2.11,<2.15")
+    assert not doctor.in_range("2.10.1", ">=2.11,<2.15")
