@@ -60,7 +60,9 @@ def test_doctor_shows_every_fast_path_on_here(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "torch    " in out and "torchao  " in out and "device   " in out
-    assert out.count("\non   ") == 2 and "OFF" not in out, out
+    from fp8conf.torch_internals import FAST_PATHS
+
+    assert out.count("\non   ") == 2 + len(FAST_PATHS) and "OFF" not in out and "missing" not in out, out
 
 
 def test_doctor_names_a_fast_path_that_is_off_and_an_untested_torch(monkeypatch, capsys):

@@ -323,7 +323,16 @@ class InnerCompiledUnit:
         self._fake_mode = torch._guards.detect_fake_mode(self._fake_inputs)
         self._saveable = None
         self._waits: list = []
-        with _kernel_waits_put_off(self._waits):
+        #: The fast path this unit did not take (a line of :func:`fp8conf.log.fell_back`), or None.
+        self.fallback = None
+        from fp8conf.torch_internals import probe
+
+        wait = probe("torch._inductor.async_compile.AsyncCompile.wait")
+        if wait.found:
+            with _kernel_waits_put_off(self._waits):
+                self.compiled_fn = _inner_compile_unit(submodule, self._fake_inputs, self._fake_mode)
+        else:
+            self.fallback = fell_back("put-off kernel waits", wait.reason, "each unit waits for its kernels before the next compiles")
             self.compiled_fn = _inner_compile_unit(submodule, self._fake_inputs, self._fake_mode)
 
     def finish(self) -> None:
@@ -354,23 +363,23 @@ def _kernel_waits_put_off(sink: list):
     ``async_compile.wait(globals())`` in ``sink``, as a call of Inductor's own wait on the
     module's globals (whose kernel futures it replaces by kernels), instead of waiting; other
     threads wait as usual."""
-    from torch._inductor.async_compile import AsyncCompile
+    from fp8conf.torch_internals import async_compile_wait_patched
 
-    original = AsyncCompile.wait
+    def patched(original):
+        def wait(self, scope):
+            pending = _PUT_OFF.get()
+            if pending is None:
+                return original(self, scope)
+            pending.append(functools.partial(original, self, scope))
+            return None
 
-    def wait(self, scope):
-        pending = _PUT_OFF.get()
-        if pending is None:
-            return original(self, scope)
-        pending.append(functools.partial(original, self, scope))
-        return None
+        return wait
 
     token = _PUT_OFF.set(sink)
-    AsyncCompile.wait = wait
     try:
-        yield
+        with async_compile_wait_patched(patched):
+            yield
     finally:
-        AsyncCompile.wait = original
         _PUT_OFF.reset(token)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import platform
 import sys
 
-__all__ = ["TESTED", "diagnose", "run"]
+__all__ = ["TESTED", "tested_torch", "in_range", "diagnose", "run"]
 
 #: The torch and TorchAO releases the project's test matrix runs (tox.ini, the H200 runs).
 TESTED = {"torch": ("2.11", "2.13", "2.14"), "torchao": ("0.17", "0.18")}
@@ -21,6 +21,35 @@ TESTED = {"torch": ("2.11", "2.13", "2.14"), "torchao": ("0.17", "0.18")}
 
 def _release(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def tested_torch() -> str:
+    """The tested torch range: ``[tool.fp8conf] tested-torch`` of the checkout's pyproject.toml
+    where there is one, else the range the installed package was released with."""
+    import pathlib
+    import tomllib
+
+    from fp8conf.torch_internals import TESTED_TORCH
+
+    pyproject = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        return tomllib.loads(pyproject.read_text())["tool"]["fp8conf"]["tested-torch"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return TESTED_TORCH
+
+
+def in_range(version: str, spec: str) -> bool:
+    """Whether ``version``'s release is inside ``spec`` (clauses ``>=X.Y`` and ``<X.Y``, comma-separated)."""
+    def key(v):
+        return tuple(int(p) for p in v.split("+")[0].split(".")[:2] if p.isdigit())
+
+    here = key(version)
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        if clause.startswith(">=") and here < key(clause[2:]):
+            return False
+        if clause.startswith("<") and not clause.startswith("<=") and here >= key(clause[1:]):
+            return False
+    return True
 
 
 def diagnose() -> dict:
@@ -35,6 +64,12 @@ def diagnose() -> dict:
 
     versions = {"python": platform.python_version(), "torch": torch.__version__, "torchao": torchao.__version__}
     untested = [f"{name} {versions[name]}" for name, releases in TESTED.items() if _release(versions[name]) not in releases]
+    if not in_range(torch.__version__, tested_torch()):
+        untested.append(f"torch {torch.__version__} is outside the tested range {tested_torch()}")
+    from fp8conf import torch_internals
+
+    failed = [f"{p.name}: {p.reason}" for p in torch_internals.failed_probes()]
+    internal_paths = {name: None if on else reason for name, on, reason in torch_internals.fast_paths()}
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (no CUDA device)"
     model = build_stack(32, 2, seed=0)
     x = torch.randn(16, 32, requires_grad=True)
@@ -46,7 +81,8 @@ def diagnose() -> dict:
             name, _, reason = line.partition(": ")
             key = next(k for k in paths if k.startswith(name))
             paths[key] = paths[key] or f"{mode}: {reason}"
-    return {"versions": versions, "device": device, "untested": untested, "paths": paths}
+    paths.update({f"{name} (torch internals)": reason for name, reason in internal_paths.items()})
+    return {"versions": versions, "device": device, "untested": untested, "paths": paths, "failed_internals": failed}
 
 
 def run(args=None) -> int:
@@ -55,8 +91,13 @@ def run(args=None) -> int:
         print(f"{name:8} {version}")
     print(f"device   {found['device']}")
     for item in found["untested"]:
+        if "outside the tested range" in item:
+            print(f"warning: {item}; fast paths may fall back (below)", file=sys.stderr)
+            continue
         tested = ", ".join(TESTED[item.split()[0]])
         print(f"warning: {item} is not among the tested releases ({tested}); fast paths may fall back (below)", file=sys.stderr)
+    for line in found["failed_internals"]:
+        print(f"missing  {line}")
     off = 0
     for name, reason in found["paths"].items():
         print(f"{'on ' if reason is None else 'OFF'}  {name}{'' if reason is None else f': {reason}'}")
