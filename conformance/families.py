@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from conformance.models import _float8_config, spec_code
+from conformance.models import _float8_config, recipe_compute_counts, spec_code
 
 __all__ = [
     "FAMILIES", "FamilySpec", "FixedDraws", "build_family", "family_examples", "family_specs", "user_annotations", "variants",
@@ -113,16 +113,7 @@ class FamilySpec:
 
     def expected_compute_counts(self) -> dict[tuple[str, str], int]:
         """(fqn, pass) -> FP8 scaled matmuls the recipe issues (as ``ModelSpec``'s)."""
-        counts: dict[tuple[str, str], int] = {}
-        configs = self.quantized_modules()
-        for fqn, input_grad in self.calls():
-            _kind, recipe, emulate = configs[fqn]
-            if emulate:
-                continue
-            counts[(fqn, "forward")] = counts.get((fqn, "forward"), 0) + 1
-            backward = int(input_grad) + int(recipe != "rowwise_with_gw_hp")
-            counts[(fqn, "backward")] = counts.get((fqn, "backward"), 0) + backward
-        return counts
+        return recipe_compute_counts(self.calls(), self.quantized_modules())
 
     def has_mx(self) -> bool:
         return False

@@ -31,7 +31,7 @@ import dataclasses
 
 __all__ = [
     "LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model", "MX_RECIPES", "PARENT", "kind_of",
-    "spec_code",
+    "spec_code", "recipe_compute_counts",
 ]
 
 ACTIVATIONS = ("none", "relu", "gelu")
@@ -45,6 +45,22 @@ _MX_BLOCK = 32
 def kind_of(recipe: str) -> str:
     """The quantized module kind a recipe builds: ``mxfp8_linear`` or ``float8_linear``."""
     return "mxfp8_linear" if recipe in MX_RECIPES else "float8_linear"
+
+
+def recipe_compute_counts(calls, configs) -> dict[tuple[str, str], int]:
+    """(fqn, pass) -> FP8 scaled matmuls the recipes issue for ``calls`` (``(fqn,
+    input_requires_grad)`` in call order) of modules configured as ``configs`` (fqn -> (kind,
+    recipe, emulate)): forward one per call; backward one for grad_input when the call's input
+    needs a gradient and one for grad_weight unless the recipe is ``rowwise_with_gw_hp``;
+    emulated modules none."""
+    counts: dict[tuple[str, str], int] = {}
+    for fqn, input_grad in calls:
+        _kind, recipe, emulate = configs[fqn]
+        if emulate:
+            continue
+        counts[(fqn, "forward")] = counts.get((fqn, "forward"), 0) + 1
+        counts[(fqn, "backward")] = counts.get((fqn, "backward"), 0) + int(input_grad) + int(recipe != "rowwise_with_gw_hp")
+    return counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,16 +147,7 @@ class ModelSpec:
         Forward one per call; backward one for grad_input when the call's input needs a gradient
         and one for grad_weight unless the recipe is ``rowwise_with_gw_hp`` (``mxfp8`` quantizes
         all three); emulated modules (``emulate=True``, ``mxfp8_emulated``) none."""
-        counts: dict[tuple[str, str], int] = {}
-        configs = self.quantized_modules()
-        for fqn, input_grad in self.calls():
-            _kind, recipe, emulate = configs[fqn]
-            if emulate:
-                continue
-            backward = int(input_grad) + int(recipe != "rowwise_with_gw_hp")
-            counts[(fqn, "forward")] = counts.get((fqn, "forward"), 0) + 1
-            counts[(fqn, "backward")] = counts.get((fqn, "backward"), 0) + backward
-        return counts
+        return recipe_compute_counts(self.calls(), self.quantized_modules())
 
     def has_mx(self) -> bool:
         return any(layer.recipe in MX_RECIPES for layer in self.layers)
