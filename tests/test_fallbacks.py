@@ -75,3 +75,20 @@ def test_doctor_names_a_fast_path_that_is_off_and_an_untested_torch(monkeypatch,
     captured = capsys.readouterr()
     assert "OFF  fast call" in captured.out and "regional: a wrapper layer" in captured.out, captured.out
     assert "is not among the tested releases (2.99)" in captured.err
+
+
+def test_units_that_wait_for_their_kernels_one_by_one_are_counted_on_the_compiled_object(monkeypatch, fresh_log):
+    # As on a torch whose AsyncCompile.wait this release cannot find: each unit waits for its
+    # own kernels; the regional compile says so once and counts it.
+    from fp8conf import torch_internals
+
+    real = torch_internals.probe
+    wait = "torch._inductor.async_compile.AsyncCompile.wait"
+    failed = torch_internals.Probe(wait, False, "probe forced to fail")
+    monkeypatch.setattr(torch_internals, "probe", lambda name: failed if name == wait else real(name))
+    model, x, gm = traced(2)
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    assert compiled.fallbacks == ("put-off kernel waits: probe forced to fail",), compiled.fallbacks
+    said = [r.getMessage() for r in fresh_log.records if r.name == "fp8conf"]
+    assert len(said) == 1 and "put-off kernel waits" in said[0], said
+    assert_matches_eager(gm, model, x, compiled.fn, seed=0)

@@ -21,6 +21,9 @@ class CompiledUnit(Protocol):
 
     #: Inductor's compiled graph: takes the inputs as one list and empties it.
     compiled_fn: Callable
+    #: The fast path this unit did not take (a line of :func:`fp8conf.log.fell_back`), or None;
+    #: the compile that binds the unit counts it in ``CompiledJoint.fallbacks``.
+    fallback: str | None
 
     def __call__(self, *args): ...
 

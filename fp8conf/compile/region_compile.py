@@ -139,6 +139,8 @@ class CutUnits:
                 except Exception as exc:
                     raise compiled.error(exc) from exc
                 self._cache[key] = compiled
+            if isinstance(compiled, CompiledUnit) and compiled.fallback:
+                self.fallbacks.append(compiled.fallback)
             fast = None
             if fast_calls and graph_allows_fast_call(submodule, fake_inputs):
                 fast, reason = fast_entry_or_reason(compiled)
