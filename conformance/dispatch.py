@@ -13,7 +13,10 @@ dispatched while a callable runs, not from the backend's report alone (NUM-003):
   which a partitioner's common-subexpression elimination may run once;
 * :func:`always_generated` says which overloads Inductor always turns into generated code
   (pointwise ops it lowers and never falls back on): such an op dispatched while a compiled
-  region should be computing it was run eagerly.
+  region should be computing it was run eagerly;
+* :class:`BlockScaledCalls` records, for every call that reaches the dispatcher with FP8
+  operands and e8m0 scales (``uint8`` bytes or ``float8_e8m0fnu``), the scale bytes it received:
+  what an MX matmul was given, eager or compiled, whatever the op's name.
 
 Extern kernels (matmuls, Inductor's fallbacks) dispatch from compiled code too, and a
 partitioner may recompute eager nodes: dispatches may exceed the eager nodes, never fall short
@@ -29,7 +32,7 @@ import functools
 import torch
 import torch.fx
 
-__all__ = ["DispatchCounter", "observed", "dispatches_per_node", "equal_computations", "always_generated"]
+__all__ = ["DispatchCounter", "observed", "dispatches_per_node", "equal_computations", "always_generated", "BlockScaledCalls"]
 
 _CASTS = ("aten._to_copy.default", "prims.convert_element_type.default")
 
@@ -153,6 +156,56 @@ def always_generated(op) -> bool:
     from torch._inductor.decomposition import select_decomp_table
 
     return op not in lowering.fallbacks and (op in lowering.lowerings or op in select_decomp_table())
+
+
+#: The dtypes an e8m0 scale travels in: its own, or its bytes.
+_SCALE_DTYPES = ("torch.uint8", "torch.float8_e8m0fnu")
+
+
+class BlockScaledCalls:
+    """While active (``with calls:``), every op call that reaches the dispatcher with at least one
+    FP8 tensor argument and at least one e8m0 scale argument (``uint8`` or ``float8_e8m0fnu``) is
+    recorded in ``calls`` as ``(op name, scales)``, ``scales`` a tuple of ``(shape, bytes)`` of the
+    scale arguments in argument order (lists of tensors, as ``_scaled_mm_v2`` takes, flattened),
+    each read in its logical layout: a call's scales are compared by value, not by stride."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, tuple]] = []
+        self._modes: list = []
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        calls = self.calls
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                tensors = list(_tensors_in((*args, *(kwargs or {}).values())))
+                scales = [t for t in tensors if str(t.dtype) in _SCALE_DTYPES]
+                if scales and any(_is_fp8(t.dtype) for t in tensors):
+                    calls.append((str(func), tuple(_bytes_of(t) for t in scales)))
+                return func(*args, **(kwargs or {}))
+
+        mode = Mode()
+        mode.__enter__()
+        self._modes.append(mode)
+        return self
+
+    def __exit__(self, *exc):
+        return self._modes.pop().__exit__(*exc)
+
+
+def _tensors_in(values):
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from _tensors_in(v)
+
+
+def _bytes_of(t: torch.Tensor) -> tuple:
+    flat = t.detach().contiguous().view(torch.uint8).reshape(-1).cpu()
+    return tuple(t.shape), bytes(flat.tolist())
 
 
 def _is_fp8(dtype) -> bool:

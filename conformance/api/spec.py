@@ -23,7 +23,8 @@ __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"
 #: can express (``Backend.expressible_config_fields``) and an inexpressible one refused
 #: (``UnsupportedConfig``) is not_supported; versions change in package metadata too;
 #: VAL-007 and MOE-002 count the FP8 compute that runs (a grad_input kept for an in-place op too).
-SPEC_VERSION = "1.2"
+#: 1.3: NUM-005 (compiled MX matmuls receive the eager e8m0 scales).
+SPEC_VERSION = "1.3"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +90,7 @@ _ALL = [
     _p("NUM-002", "MUST", "compile.regional", "The regionally compiled joint graph matches eager the same way."),
     _p("NUM-003", "MUST", "compile.regional", "The compiled nodes are exactly the tagged ones, and so is what runs: while the compiled graph runs, every node reported eager that runs reaches the dispatcher (per op overload, as often as the distinct computations of such nodes dispatch it when the graph runs eagerly); no op that Inductor always turns into generated code (pointwise, lowered, never a fallback kernel) and that only tagged nodes dispatch reaches it; and no more casts to FP8 reach it than lie outside the tagged regions."),
     _p("NUM-004", "MUST", "cudagraph", "On CUDA (sm89+), a regionally compiled graph captured in a CUDA graph matches eager at capture and at two replays with fresh inputs."),
+    _p("NUM-005", "MUST", "mx", "In a drawn model with real MX modules, compiled fully and regionally (each mode the backend claims), every call with FP8 operands and e8m0 scales (uint8 bytes or `float8_e8m0fnu`) receives scale bytes that some eager call of the same joint graph receives, and every eager call's scale bytes reach some compiled call (observed at torch's dispatcher: the e8m0 scales reach the block-scaled matmul unaltered, compiled or not); outputs and gradients match eager within 1e-2 relative norm.", since="1.3"),
     _p("BND-001", "MUST", "graphpp", "`forward`, then `backward_input`, then `backward_weight`, wired by the suite by the AOT `StageSplit` convention or run by the backend's runner (`StageSplit.run`: each callable called once, in that order, and `backward_weight` fed only what the other two returned or the step was given), reproduce the unsplit joint graph's outputs and every gradient bitwise, for the stage as traced and after torch's joint-graph CSE."),
     _p("BND-002", "MUST", "graphpp", "The forward callable holds as many FP8 compute nodes as the stage's forward pass (live nodes), `backward_input` and `backward_weight` together as many as its backward pass: none dropped, none duplicated."),
     _p("BND-003", "MUST", "graphpp", "The callables quantize (nodes making FP8 from non-FP8 inputs) exactly as often as the stage graph, per pass: a tensor cast once in dI reaches dW as that FP8 tensor, never cast again; a value dW receives from dI keeps its dtype."),

@@ -8,10 +8,11 @@ import collections
 import pytest
 from hypothesis import given
 
-from conformance.dispatch import always_generated, dispatches_per_node, equal_computations, observed
+from conformance.dispatch import BlockScaledCalls, always_generated, dispatches_per_node, equal_computations, observed
 from conformance.graphs import is_fp8_cast, live_nodes, tagged_groups
 from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, traced
-from conformance.strategies import model_specs, runnable_recipes
+from conformance.plugin.gating import NOT_SUPPORTED
+from conformance.strategies import MX_KIND, model_specs, runnable_recipes
 from conformance.api.types import Compiled
 
 runnable = runnable_recipes()
@@ -237,6 +238,76 @@ def _check_tagged_work_was_not_dispatched(spec, tagged, per_node, seen) -> None:
         + "; ".join(f"{op} dispatched {k} time(s) (tagged nodes {nodes})" for op, k, nodes in ran[:4]),
         spec,
     )
+
+
+@pytest.mark.fp8_property("NUM-005")
+@compile_budget
+@given(spec=model_specs(kinds=(MX_KIND,), emulate=False, max_layers=2))
+def test_NUM_005_compiled_mx_matmuls_get_the_eager_e8m0_scales(fp8_backend, warm_inductor, spec):
+    """Cheapest defect: a compiled MX path whose quantization computes the scale exponent another
+    way than eager does (another rounding, another e4m3 maximum), with the elements rescaled to
+    match. NUM-001/002 draw no MX model, so no property compiled one. The suite records, at
+    torch's dispatcher, the scale bytes of every call with FP8 operands and e8m0 scales, eagerly
+    and while each compiled callable runs, and compares them before the numerics: a changed
+    byte is named even where it moves the result by less than the tolerance (a block of zeros,
+    one block among many)."""
+    modes = [m for m in ("full", "regional") if f"compile.{m}" in fp8_backend.capabilities]
+    if not modes:
+        pytest.skip(f"{NOT_SUPPORTED} backend {fp8_backend.name!r} claims neither compile.full nor compile.regional")
+    case = traced("NUM-005", fp8_backend, spec)
+    args, grad_out = _fresh_args(spec, 0), _grad_outputs(spec, 100)
+    eager_calls = BlockScaledCalls()
+    with eager_calls:
+        expected = call_backend("NUM-005", fp8_backend, "run_joint", case.gm, case.model, args, grad_out)
+    eager = _scale_sets(eager_calls)
+    check(
+        bool(eager),
+        "NUM-005",
+        "running the joint graph of a model with real MX modules eagerly dispatched no call with FP8 operands and e8m0 "
+        "scales (uint8 bytes or float8_e8m0fnu): the MX matmuls ran without their scales",
+        spec,
+    )
+    for mode in modes:
+        compiled = call_backend("NUM-005", fp8_backend, "compile", case.gm, mode=mode, expect=Compiled)
+        compiled_calls = BlockScaledCalls()
+
+        def fn(*a, _fn=compiled.fn, **k):
+            with compiled_calls:
+                return _fn(*a, **k)
+
+        seen = _run_compiled("NUM-005", fp8_backend, spec, case.gm, case.model, args, grad_out, fn)
+        got = _scale_sets(compiled_calls)
+        missing, foreign = eager - got, got - eager
+        check(
+            not missing and not foreign,
+            "NUM-005",
+            f"{mode} compile: the e8m0 scales that reached the block-scaled matmuls differ from eager's: "
+            f"{len(eager)} distinct scale sets eagerly ({len(eager_calls.calls)} calls), {len(got)} compiled "
+            f"({len(compiled_calls.calls)} calls); {len(missing)} eager set(s) never reached a compiled matmul, "
+            f"{len(foreign)} compiled set(s) never occur eagerly" + _first_difference(missing, foreign),
+            spec,
+        )
+        _compare("NUM-005", spec, f"{mode} compile", expected, seen)
+
+
+def _scale_sets(calls: BlockScaledCalls) -> set:
+    """The distinct scale arguments of the recorded calls (a partitioner may recompute a matmul,
+    which only repeats a set)."""
+    return {scales for _op, scales in calls.calls}
+
+
+def _first_difference(missing: set, foreign: set) -> str:
+    """Where a compiled call's scale bytes first differ from the eager call of the same shapes."""
+    for got in sorted(foreign, key=repr):
+        shapes = [shape for shape, _ in got]
+        for want in sorted(missing, key=repr):
+            if [shape for shape, _ in want] == shapes:
+                for i, ((shape, a), (_, b)) in enumerate(zip(want, got)):
+                    if a != b:
+                        at = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+                        return (f"; e.g. scale argument {i} of shape {shape}: byte {at} is {b[at]} in a compiled call, "
+                                f"{a[at]} in an eager call with scales of the same shapes")
+    return ""
 
 
 @pytest.mark.fp8_property("NUM-004")

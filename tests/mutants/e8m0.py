@@ -1,4 +1,5 @@
-"""Mutant backends for E8M0: the reference with one defect each in its e8m0 op."""
+"""Mutant backends for E8M0: the reference with one defect each in its e8m0 op, and one whose
+compiled MX path computes other scale bytes than its eager one (NUM-005)."""
 
 from __future__ import annotations
 
@@ -95,4 +96,27 @@ class RaggedKAccepted(ReferenceBackend):
         return scaled_mm_e8m0(a, b, a_scale, b_scale, out_dtype)
 
 
-MUTANTS = [BiasOffByOne, NanByteIsANumber, BadFakeShape, GraphBreak, RaggedKAccepted]
+class CompiledScalesOneExponentUp(ReferenceBackend):
+    """Compiles MX models with the scale exponent taken against 2**7 instead of e4m3's 2**8 (as a
+    fused cast kernel written for another element format would): every scale byte one higher
+    and the elements halved to match (each block's values keep their size, small ones lose
+    precision: about 4 % in relative norm); eager runs the recipe's bytes. No other property
+    compiles an MX model."""
+
+    name = "mutant-compiled-scales-one-exponent-up"
+    KILLED_BY = "NUM-005"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        from conformance.graphs import copy_graph_module
+
+        gm = copy_graph_module(gm)
+        for node in gm.graph.nodes:
+            # ``field - 8``: the float32 exponent field of a block's amax minus e4m3's largest exponent.
+            value = node.meta.get("val")
+            if node.target is torch.ops.aten.sub.Tensor and node.args[1:] == (8,) and getattr(value, "dtype", None) is torch.int32:
+                node.args = (node.args[0], 7)
+        gm.recompile()
+        return super().compile(gm, mode=mode, cudagraph=cudagraph)
+
+
+MUTANTS = [BiasOffByOne, NanByteIsANumber, BadFakeShape, GraphBreak, RaggedKAccepted, CompiledScalesOneExponentUp]
