@@ -250,6 +250,9 @@ def test_what_sharded_steps_do_not_support_yet_is_refused(mesh):
 
     with pytest.raises(fp8conf.ArtifactError, match="parameter 'blocks.0.norm.weight' is a tensor subclass"):
         describe_graph(gm)
+    # Named as what it is, before Inductor meets the process-group inputs.
+    with pytest.raises(fp8conf.FP8ConfigError, match=r"sharded step \(\d+ collectives: .*all_gather.*fully compiled sharded step is not supported.*mode='regional'"):
+        fp8conf.compile_joint(gm, mode="full")
 
 
 @pytest.mark.parametrize(("recipe", "on", "emulate"), [

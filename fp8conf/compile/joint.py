@@ -152,6 +152,7 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
         # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
         return CompiledJoint(gm, mode, (), frozenset(), names, inductor_compiles=0)
     if mode == "full":
+        _refuse_collectives(flat)
         parts = partition_joint(flat, keep_fp8_regions=False, signature=signature) if partition else None
         compiled = _full(flat, parts, names, example_inputs, signature)
     else:
@@ -292,6 +293,21 @@ def _boxed_graph(gm: torch.fx.GraphModule) -> Callable | None:
     gm.graph.set_codegen(boxed_codegen())
     gm.recompile()
     return torch._dynamo.disable(gm.forward)
+
+
+def _refuse_collectives(gm: torch.fx.GraphModule) -> None:
+    """A sharded step (collectives in the graph, a process group among its inputs) is not compiled
+    whole: say so, and what works, before Inductor meets its process-group inputs."""
+    from fp8conf.graph.collectives import is_collective
+
+    found = [n for n in gm.graph.nodes if is_collective(n)]
+    if found:
+        kinds = sorted({str(n.target).split(".")[-2] if "." in str(n.target) else str(n.target) for n in found})
+        raise errors.FP8ConfigError(
+            f"compile_joint(mode='full'): the graph is a sharded step ({len(found)} collectives: {', '.join(kinds)}; "
+            f"first {found[0].name!r}), and a fully compiled sharded step is not supported; compile it with "
+            "mode='regional', where the collectives run between the compiled FP8 regions"
+        )
 
 
 def _standalone_compile(graph: torch.fx.GraphModule, example_inputs) -> Callable:
