@@ -312,8 +312,11 @@ def apply_layer(layer_spec: LayerSpec, layer, x):
     return x
 
 
-def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None):
+def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, float8_all_gather: bool = False):
     """Build the model of ``spec``; return ``(model, args)``.
+
+    ``float8_all_gather``: convert the float8 layers with TorchAO's
+    ``enable_fsdp_float8_all_gather`` on (for a data-parallel step, capability ``distributed``).
 
     Float8 layers are converted with TorchAO. MX layers are converted by ``mx``, called as
     ``mx(model, module_filter_fn=..., recipe=...)`` with the contract of ``Backend.convert_mx``
@@ -337,6 +340,8 @@ def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None):
             mx(model, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}", recipe=layer.recipe)
             continue
         config = _float8_config(layer.recipe, layer.emulate, fqn=f"layers.{i}")
+        if float8_all_gather:
+            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
         if layer.adapter:
             linear = model.layers[i]
             outer = _adapted_class_cached().from_float(linear, config=config)

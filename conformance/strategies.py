@@ -49,7 +49,7 @@ from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, LayerSpec, Model
 
 __all__ = [
     "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "ALL_KINDS", "CORPUS_SIZE", "Constraints", "corpus", "layer_specs",
-    "model_specs", "runnable_recipes", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs",
+    "model_specs", "runnable_recipes", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "sharded_specs",
 ]
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
@@ -490,3 +490,29 @@ def experts_specs(draw, *, emulate: bool = False, padding: bool | None = None):
         padding=draw(st.sampled_from((1, 8, 16))) if pad else 0,
         emulate=emulate,
     )
+
+
+# --- sharded models (capability ``distributed``) -----------------------------------------------
+
+
+@st.composite
+def sharded_specs(draw, *, tensor_parallel: bool = False) -> ModelSpec:
+    """Models for the DP properties: real (not emulated) tensorwise float8 layers, which TorchAO's
+    float8 all-gather and FP8 tensor-parallel styles assume, each called once, without residual
+    or nested adapter. Data-parallel (default): one or two layers, the second sometimes a plain
+    high-precision one. ``tensor_parallel``: two quantized layers, the first sharded colwise, the
+    second rowwise; the hidden width is a multiple of 32, so that each rank's half of it is a
+    multiple of 16, as a scaled matmul takes."""
+    in_features = draw(st.sampled_from((32, 16, 48)), label="in_features")
+    if tensor_parallel:
+        hidden = draw(st.sampled_from((32, 64)), label="hidden width")
+        widths, recipes = (hidden, draw(st.sampled_from((32, 16, 48)), label="output width")), ("tensorwise", "tensorwise")
+    else:
+        count = draw(st.integers(1, 2), label="layers")
+        widths = tuple(draw(st.sampled_from(WIDTHS), label="width") for _ in range(count))
+        recipes = ("tensorwise",) + tuple(draw(st.sampled_from(("tensorwise", None)), label="recipe") for _ in range(count - 1))
+    layers = tuple(
+        LayerSpec(width=w, recipe=r, bias=draw(st.booleans(), label="bias"), activation=draw(st.sampled_from(("relu", "none")), label="activation"))
+        for w, r in zip(widths, recipes)
+    )
+    return ModelSpec(in_features, layers)

@@ -245,6 +245,34 @@ class Backend(abc.ABC):
         claims ``moe``."""
         raise NotImplementedError(f"backend {self.name!r} does not implement convert_grouped_experts()")
 
+    # -- sharded steps (capability ``distributed``) --------------------------------------------
+    def shard_data_parallel(self, model: torch.nn.Module, mesh, *, float8_all_gather: bool) -> torch.nn.Module:
+        """Shard ``model`` data-parallel over ``mesh`` (a one-dimensional
+        ``torch.distributed.device_mesh.DeviceMesh``) and return the model to hand to
+        :meth:`trace_joint` and :meth:`run_joint` (capability ``distributed``). Every rank calls
+        it on an equal model; every dimension the suite draws divides by the mesh's size.
+
+        The model's quantized modules are TorchAO ``Float8Linear``s converted with
+        ``Float8LinearConfig.enable_fsdp_float8_all_gather`` equal to ``float8_all_gather``, as a
+        trainer's config would say. With it on, the traced step must all-gather their weights as
+        FP8 bytes (DP-001); off, in high precision (DP-002). The traced step holds its
+        collectives: the all-gathers as torch's functional collectives
+        (``torch.ops._c10d_functional``), over ``mesh``'s process group, which for the structural
+        properties is torch's fake process group (nothing moves; only the graph is read).
+        ``run_joint`` of the sharded model returns each parameter's gradient averaged over the
+        ranks (as FSDP2 and DDP do): the whole gradient, a ``DTensor``, or this rank's dim-0 shard."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement shard_data_parallel()")
+
+    def shard_tensor_parallel(self, model: torch.nn.Module, mesh, *, plan: dict) -> torch.nn.Module:
+        """Shard ``model``'s linears tensor-parallel over ``mesh`` (one-dimensional) and return the
+        model to hand to :meth:`trace_joint` (capability ``distributed``). ``plan`` maps a
+        module's FQN to ``"colwise"`` (weight split along its output features, the input
+        replicated, the output left sharded for the next layer) or ``"rowwise"`` (split along its
+        input features, taking that sharded input, the output reduced over the ranks), as
+        torch's ``ColwiseParallel`` / ``RowwiseParallel`` do; the modules are TorchAO
+        ``Float8Linear``s, which must keep their FP8 compute on every rank (DP-004)."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement shard_tensor_parallel()")
+
     # -- the e8m0 op --------------------------------------------------------------------------
     def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):
         """MX block-scaled matmul (capability ``e8m0``): ``a`` (M, K) and ``b`` (K, N), both

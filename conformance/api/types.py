@@ -30,6 +30,7 @@ CAPABILITIES = frozenset(
         "e8m0",
         "mx",
         "moe",
+        "distributed",
     }
 )
 

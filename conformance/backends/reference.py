@@ -17,7 +17,7 @@ class ReferenceBackend(Backend):
     capabilities = frozenset(
         {
             "provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp",
-            "fingerprint", "artifacts", "e8m0", "mx", "moe",
+            "fingerprint", "artifacts", "e8m0", "mx", "moe", "distributed",
         }
     )
 
@@ -99,6 +99,16 @@ class ReferenceBackend(Backend):
         from fp8conf import convert_to_float8_grouped_experts
 
         convert_to_float8_grouped_experts(model, recipe=recipe, emulate=emulate, module_filter_fn=module_filter_fn)
+
+    def shard_data_parallel(self, model, mesh, *, float8_all_gather):
+        from fp8conf.parallel import shard_data_parallel
+
+        return shard_data_parallel(model, mesh, float8_all_gather=float8_all_gather)
+
+    def shard_tensor_parallel(self, model, mesh, *, plan):
+        from fp8conf.parallel import shard_tensor_parallel
+
+        return shard_tensor_parallel(model, mesh, plan)
 
     def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):
         from fp8conf.quantized.ops.e8m0 import scaled_mm_e8m0

@@ -9,7 +9,9 @@ dtype; per gemm the fast-accumulation flag; power-of-2 scale rounding; inner-dim
 the block size and scale rounding), plus the torch and torchao versions and the ``strict`` flag; for a sharded model
 (:func:`fp8conf.parallel.shard_data_parallel`), the FP8-relevant part of its parallel layout:
 its kind and, per sharded quantized weight, whether it is all-gathered as FP8 or in high
-precision (``"parallel"``; absent for an unsharded model, whose signature is unchanged).
+precision; for a tensor-parallel model (:func:`fp8conf.parallel.shard_tensor_parallel`), its
+plan: which modules are sharded, colwise or rowwise, in FP8 or not (``"parallel"``; absent for an
+unsharded model, whose signature is unchanged).
 Nothing else: not parameter values, shapes or ``requires_grad``, not the training flag, not
 modules that are not quantized (the trainer's own fingerprint covers the model's structure).
 
@@ -197,7 +199,8 @@ class QuantizationSignature:
     torchao_version: str
     schema: str = SIGNATURE_SCHEMA
     #: The FP8-relevant settings of the model's parallel layout as frozen JSON data (``None``:
-    #: unsharded): ``{"kind": "data_parallel", "all_gather": {weight FQN: "float8" | "high_precision"}}``.
+    #: unsharded): ``{"kind": "data_parallel", "all_gather": {weight FQN: "float8" | "high_precision"}}``
+    #: or ``{"kind": "tensor_parallel", "plan": {module FQN: "float8_colwise" | "float8_rowwise" | "colwise" | "rowwise"}}``.
     parallel: tuple | None = None
 
     def __post_init__(self):
@@ -313,9 +316,14 @@ class QuantizationSignature:
             lines.append(f"  {m.fqn or '<root>'}: {m.kind} recipe={m.recipe} emulate={m.emulate}")
         if self.parallel is not None:
             parallel = _thaw(self.parallel)
+            if "plan" in parallel:
+                plan = parallel["plan"]
+                fp8 = sum(1 for v in plan.values() if v.startswith("float8_"))
+                lines.append(f"  parallel: {parallel.get('kind')}, {len(plan)} module(s) sharded, {fp8} of them with FP8 styles")
             gathers = parallel.get("all_gather", {})
-            fp8 = sum(1 for v in gathers.values() if v == "float8")
-            lines.append(f"  parallel: {parallel.get('kind')}, {fp8} of {len(gathers)} quantized weight(s) all-gathered as FP8")
+            if "all_gather" in parallel:
+                fp8 = sum(1 for v in gathers.values() if v == "float8")
+                lines.append(f"  parallel: {parallel.get('kind')}, {fp8} of {len(gathers)} quantized weight(s) all-gathered as FP8")
         if not self.modules:
             lines.append("  no quantized modules")
         return "\n".join(lines)

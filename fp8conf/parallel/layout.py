@@ -37,14 +37,20 @@ class ShardedParameter:
 
 @dataclasses.dataclass(frozen=True)
 class ParallelLayout:
-    """How a model is sharded. ``kind`` is ``"data_parallel"`` (the only one so far);
-    ``world_size`` the ranks of the mesh (not FP8-relevant: the signature leaves it out);
-    ``reduce`` how gradients combine over ranks (``"mean"`` or ``"sum"``)."""
+    """How a model is sharded. ``kind`` is ``"data_parallel"`` (:func:`~fp8conf.parallel.shard_data_parallel`)
+    or ``"tensor_parallel"`` (:func:`~fp8conf.parallel.shard_tensor_parallel`); ``world_size`` the
+    ranks of the mesh (not FP8-relevant: the signature leaves it out); ``reduce`` how gradients
+    combine over ranks (``"mean"`` or ``"sum"``; ``"sum"`` for tensor parallelism, whose partial
+    results are summed); ``parameters`` the data-parallel shards; ``plan`` the tensor-parallel
+    plan as sorted ``(module FQN, style)`` pairs, the style ``"float8_colwise"``,
+    ``"float8_rowwise"`` (TorchAO's FP8 styles, on a quantized module), ``"colwise"`` or
+    ``"rowwise"`` (torch's, on a high-precision linear)."""
 
     kind: str
     world_size: int
     reduce: str
     parameters: tuple[ShardedParameter, ...]
+    plan: tuple[tuple[str, str], ...] = ()
 
     def parameter(self, fqn: str) -> ShardedParameter | None:
         return next((p for p in self.parameters if p.fqn == fqn), None)
@@ -56,7 +62,10 @@ class ParallelLayout:
         return bool(quantized) and all(p.float8_all_gather for p in quantized)
 
     def signature_fields(self) -> dict:
-        """The FP8-relevant part, as plain JSON data: per quantized weight, how it is gathered."""
+        """The FP8-relevant part, as plain JSON data: per quantized weight, how it is gathered;
+        for tensor parallelism, the plan (which modules are sharded and in which style)."""
+        if self.kind == "tensor_parallel":
+            return {"kind": self.kind, "plan": dict(self.plan)}
         return {
             "kind": self.kind,
             "all_gather": {p.fqn: ("float8" if p.float8_all_gather else "high_precision") for p in self.parameters if p.quantized_weight},
