@@ -16,10 +16,13 @@ from __future__ import annotations
 import pytest
 
 from conformance.api.spec import PROPERTIES
-from mutants import POWER_KEY, area_of, backends, e8m0, families, graphpp, moe, peers, power_table, regions  # tests/ is on sys.path (tests/conftest.py)
+from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, peers, power_table, regions  # tests/ is on sys.path (tests/conftest.py)
 from suite_runs import TEST_TIMEOUT_S, Run, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
 
-MUTANTS = backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS + peers.MUTANTS + moe.MUTANTS + families.MUTANTS
+MUTANTS = (
+    backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS + peers.MUTANTS + moe.MUTANTS + families.MUTANTS
+    + distributed.MUTANTS
+)
 #: Mutants of the makefx backend: the properties they break pass on makefx (tests/test_makefx.py).
 ALL_MUTANTS = MUTANTS + peers.MAKEFX_MUTANTS
 

@@ -1,0 +1,90 @@
+"""Mutant backends for DP: the reference with one defect each in how it shards FP8 training."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from conformance.backends.reference import ReferenceBackend
+
+
+def _float8_linears(model):
+    from torchao.float8.float8_linear import Float8Linear
+
+    return [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, Float8Linear)]
+
+
+def _set_float8_all_gather(model, on: bool) -> None:
+    """Convert every Float8Linear's config to ``enable_fsdp_float8_all_gather=on``, with the weight
+    TorchAO's conversion gives under it (its FSDP cast subclass, or the plain tensor)."""
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    for _fqn, module in _float8_linears(model):
+        module.config = dataclasses.replace(module.config, enable_fsdp_float8_all_gather=on)
+        weight = module.weight
+        if not on and isinstance(weight, WeightWithDynamicFloat8CastTensor):
+            module.weight = torch.nn.Parameter(weight._tensor, requires_grad=weight.requires_grad)
+
+
+class HighPrecisionGatherThenCast(ReferenceBackend):
+    """Gathers the high-precision weight and casts it to FP8 after the gather although float8
+    all-gather is on: a tracer that bypasses TorchAO's FSDP hooks (torchtitan #3123)."""
+
+    name = "mutant-high-precision-gather-then-cast"
+    KILLED_BY = "DP-001"
+
+    def shard_data_parallel(self, model, mesh, *, float8_all_gather):
+        from fp8conf.parallel import shard_data_parallel
+
+        _set_float8_all_gather(model, False)
+        return shard_data_parallel(model, mesh, float8_all_gather=False)
+
+
+class Float8GatherAlthoughOff(ReferenceBackend):
+    """Gathers quantized weights as FP8 whatever the model's config says."""
+
+    name = "mutant-float8-gather-although-off"
+    KILLED_BY = "DP-002"
+
+    def shard_data_parallel(self, model, mesh, *, float8_all_gather):
+        from fp8conf.parallel import shard_data_parallel
+
+        _set_float8_all_gather(model, True)
+        return shard_data_parallel(model, mesh, float8_all_gather=True)
+
+
+class SummedGradients(ReferenceBackend):
+    """Reduce-scatters the gradients with a sum where data parallelism averages them."""
+
+    name = "mutant-summed-gradients"
+    KILLED_BY = "DP-003"
+
+    def shard_data_parallel(self, model, mesh, *, float8_all_gather):
+        from fp8conf.parallel import shard_data_parallel
+
+        return shard_data_parallel(model, mesh, float8_all_gather=float8_all_gather, reduce="sum")
+
+
+class TensorParallelInHighPrecision(ReferenceBackend):
+    """Applies tensor parallelism with torch's plain styles to linears it converts back to
+    ``nn.Linear`` first (a trainer that converts to float8 after TP and skips ``DTensor`` weights):
+    every sharded linear computes in high precision."""
+
+    name = "mutant-tensor-parallel-in-high-precision"
+    KILLED_BY = "DP-004"
+
+    def shard_tensor_parallel(self, model, mesh, *, plan):
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        for fqn, module in _float8_linears(model):
+            if fqn in plan:
+                plain = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+                plain.load_state_dict(module.state_dict())
+                parent, _, name = fqn.rpartition(".")
+                setattr(model.get_submodule(parent), name, plain)
+        styles = {fqn: ColwiseParallel() if style == "colwise" else RowwiseParallel() for fqn, style in plan.items()}
+        return parallelize_module(model, mesh, styles)
+
+
+MUTANTS = [HighPrecisionGatherThenCast, Float8GatherAlthoughOff, SummedGradients, TensorParallelInHighPrecision]
