@@ -202,7 +202,8 @@ def only_views_between(gather: torch.fx.Node, operand: torch.fx.Node) -> list[to
     """The nodes on the paths from ``gather`` to ``operand`` that compute on the bytes (empty:
     only views, waits and copies that keep the dtype)."""
     between = (descendants(gather) & _ancestors(operand)) | {operand}
-    return [n for n in between if n is not gather and not _keeps_bytes(n)]
+    order = {n: i for i, n in enumerate(gather.graph.nodes)}
+    return sorted((n for n in between if n is not gather and not _keeps_bytes(n)), key=order.__getitem__)
 
 
 def moves_fp8_bytes(gather: torch.fx.Node) -> bool:

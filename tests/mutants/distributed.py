@@ -41,6 +41,26 @@ class HighPrecisionGatherThenCast(ReferenceBackend):
         return shard_data_parallel(model, mesh, float8_all_gather=False)
 
 
+class GatheredFp8Requantized(ReferenceBackend):
+    """Gathers FP8 bytes, then dequantizes the gathered weight and lets the linear cast it again
+    with a scale of its own: FP8 on the wire, but the matmul does not take the bytes gathered."""
+
+    name = "mutant-gathered-fp8-requantized"
+    KILLED_BY = "DP-001"
+
+    def trace_joint(self, model, args):
+        import fp8conf.parallel.data_parallel as data_parallel
+        from mutants.backends import _replaced
+
+        gather = data_parallel._Float8AllGather.forward
+
+        def dequantized(ctx, *inputs):
+            return gather(ctx, *inputs).to_original_precision()
+
+        with _replaced(data_parallel._Float8AllGather, "forward", staticmethod(dequantized)):
+            return super().trace_joint(model, args)
+
+
 class Float8GatherAlthoughOff(ReferenceBackend):
     """Gathers quantized weights as FP8 whatever the model's config says."""
 
@@ -87,4 +107,4 @@ class TensorParallelInHighPrecision(ReferenceBackend):
         return parallelize_module(model, mesh, styles)
 
 
-MUTANTS = [HighPrecisionGatherThenCast, Float8GatherAlthoughOff, SummedGradients, TensorParallelInHighPrecision]
+MUTANTS = [HighPrecisionGatherThenCast, GatheredFp8Requantized, Float8GatherAlthoughOff, SummedGradients, TensorParallelInHighPrecision]
