@@ -183,6 +183,7 @@ def test_an_fp8_gather_with_float8_all_gather_off_is_an_error(mesh):
     with pytest.warns(fp8conf.FP8ValidationWarning, match="moves FP8 bytes although float8 all-gather is off"):
         report = validate_weight_all_gathers(gm, float8_all_gather=False, strict=False)
     assert {f.module_fqn for f in report.findings} == set(QUANTIZED)
+    assert {f.property_id for f in report.findings} == {"DP-002"}  # the spec's rule for FP8 gathered with it off
 
 
 def test_an_unannotated_gather_is_attributed_through_the_graph(mesh):

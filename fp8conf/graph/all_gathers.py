@@ -37,10 +37,12 @@ from fp8conf.graph.provenance import node_passes
 from fp8conf.graph.roles import is_fp8_compute, is_fp8_dtype
 from fp8conf.graph.trace import joint_signature, trace_info
 
-__all__ = ["PROPERTY_ID", "WeightGatherReport", "validate_weight_all_gathers"]
+__all__ = ["PROPERTY_ID", "OFF_PROPERTY_ID", "WeightGatherReport", "validate_weight_all_gathers"]
 
-#: The identifier findings of this check carry.
+#: The spec rule findings of this check carry (conformance/SPEC.md): DP-001 for weights that
+#: float8 all-gather should gather as FP8, DP-002 for FP8 gathered with it off.
 PROPERTY_ID = "DP-001"
+OFF_PROPERTY_ID = "DP-002"
 
 @dataclasses.dataclass(frozen=True)
 class WeightGatherReport:
@@ -99,7 +101,7 @@ def validate_weight_all_gathers(
         found = gathers.get(parameter, [])
         if not found:
             findings.append(Finding(
-                PROPERTY_ID,
+                PROPERTY_ID if want_fp8 else OFF_PROPERTY_ID,
                 f"sharded weight '{parameter}' of module '{module_fqn}' is never all-gathered in the forward pass; a "
                 "rewrite dropped the gather, or the module ran on its shard: keep the gathers shard_data_parallel traces",
                 module_fqn=module_fqn, pass_name="forward",
@@ -110,7 +112,7 @@ def validate_weight_all_gathers(
             counts[(module_fqn, "float8" if moves_fp8 else "high_precision")] += 1
             if problem:
                 findings.append(Finding(
-                    PROPERTY_ID,
+                    PROPERTY_ID if want_fp8 else OFF_PROPERTY_ID,
                     f"module '{module_fqn}', forward pass, all-gather '{node.name}' of weight '{parameter}': {problem}",
                     module_fqn=module_fqn, pass_name="forward", node_name=node.name,
                 ))
@@ -120,7 +122,7 @@ def validate_weight_all_gathers(
         more = f"\n({len(findings) - 1} more finding(s): " + "; ".join(f.message for f in findings[1:4]) + ")" if len(findings) > 1 else ""
         raise errors.WeightAllGatherError(
             first.message + more, module_fqn=first.module_fqn, pass_name=first.pass_name, node_name=first.node_name,
-            property_id=PROPERTY_ID, findings=tuple(findings),
+            property_id=first.property_id, findings=tuple(findings),
         )
     for finding in findings:
         warnings.warn(f"[{finding.property_id}] {finding.message}", errors.FP8ValidationWarning, stacklevel=2)
