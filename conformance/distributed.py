@@ -36,6 +36,7 @@ __all__ = [
     "is_all_gather",
     "WeightGather",
     "weight_gathers",
+    "weight_operand",
     "forward_matmuls",
     "moves_fp8_bytes",
     "only_views_between",
@@ -176,13 +177,18 @@ class WeightGather:
 
     @property
     def wire_dtype(self):
-        value = self.gather.args[0] if self.gather.args else None
-        return _dtype(value) or _dtype(self.gather)
+        return _wire_dtype(self.gather)
 
     def describe(self) -> str:
         dtype = self.wire_dtype
         size = dtype.itemsize if isinstance(dtype, torch.dtype) else "?"
         return f"all-gather '{self.gather.name}' ({self.gather.target}) moving {dtype}, {size} byte(s) per element, into matmul '{self.matmul.name}'"
+
+
+def _wire_dtype(gather: torch.fx.Node):
+    """The dtype of what an all-gather sends: its input's, or else its result's."""
+    value = gather.args[0] if gather.args else None
+    return _dtype(value) or _dtype(gather)
 
 
 def weight_gathers(matmuls: list[torch.fx.Node], is_backward) -> list[WeightGather]:
@@ -209,7 +215,7 @@ def only_views_between(gather: torch.fx.Node, operand: torch.fx.Node) -> list[to
 def moves_fp8_bytes(gather: torch.fx.Node) -> bool:
     """The gather moves FP8: its wire dtype is FP8, or it moves one-byte integers viewed from an
     FP8 value before the gather or viewed as one after it (through byte-keeping ops only)."""
-    wire = WeightGather(gather, gather, gather).wire_dtype
+    wire = _wire_dtype(gather)
     if _is_fp8_dtype(wire) or _is_fp8_dtype(_dtype(gather)):
         return True
     if not isinstance(wire, torch.dtype) or wire.itemsize != 1:

@@ -184,7 +184,8 @@ def test_DP_004_a_tensor_parallel_fp8_linear_keeps_its_fp8_compute_on_every_rank
                 key = (fqn, "backward" if fp8_backend.is_backward(node) else "forward")
                 counts[key] = counts.get(key, 0) + 1
                 if key[1] == "forward":
-                    shape = tuple(getattr(weight_operand(node).meta.get("val"), "shape", ()))
+                    operand = weight_operand(node)
+                    shape = tuple(getattr(operand.meta.get("val") if operand is not None else None, "shape", ()))
                     check(shape == shard_of[fqn], "DP-004",
                           f"rank {rank}, module '{fqn}' ({_TP_PLAN[fqn]}): forward FP8 matmul '{node.name}' takes a weight "
                           f"operand of shape {shape}, expected the rank's shard {shard_of[fqn]} {how}", spec)
