@@ -27,6 +27,18 @@ def _set_float8_all_gather(model, on: bool) -> None:
             module.weight = torch.nn.Parameter(weight._tensor, requires_grad=weight.requires_grad)
 
 
+def _to_plain_linears(model, fqns) -> None:
+    """Replace the Float8Linears at ``fqns`` by ``nn.Linear``s with their weights."""
+    for fqn, module in _float8_linears(model):
+        if fqn in fqns:
+            plain = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+            plain.weight = torch.nn.Parameter(getattr(module.weight, "_tensor", module.weight).detach().clone())
+            if module.bias is not None:
+                plain.bias = torch.nn.Parameter(module.bias.detach().clone())
+            parent, _, name = fqn.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, name, plain)
+
+
 class HighPrecisionGatherThenCast(ReferenceBackend):
     """Gathers the high-precision weight and casts it to FP8 after the gather although float8
     all-gather is on: a tracer that bypasses TorchAO's FSDP hooks (torchtitan #3123)."""
@@ -74,6 +86,21 @@ class Float8GatherAlthoughOff(ReferenceBackend):
         return shard_data_parallel(model, mesh, float8_all_gather=True)
 
 
+class NoFp8WithoutFloat8AllGather(ReferenceBackend):
+    """Takes float8 all-gather off for FP8 off: converts the quantized linears back to
+    ``nn.Linear`` before sharding, so the step gathers high precision and computes in it too."""
+
+    name = "mutant-no-fp8-without-float8-all-gather"
+    KILLED_BY = "DP-002"
+
+    def shard_data_parallel(self, model, mesh, *, float8_all_gather):
+        from fp8conf.parallel import shard_data_parallel
+
+        if not float8_all_gather:
+            _to_plain_linears(model, {fqn for fqn, _ in _float8_linears(model)})
+        return shard_data_parallel(model, mesh, float8_all_gather=None)
+
+
 class SummedGradients(ReferenceBackend):
     """Reduce-scatters the gradients with a sum where data parallelism averages them."""
 
@@ -84,6 +111,24 @@ class SummedGradients(ReferenceBackend):
         from fp8conf.parallel import shard_data_parallel
 
         return shard_data_parallel(model, mesh, float8_all_gather=float8_all_gather, reduce="sum")
+
+
+class LocalGradientsKept(ReferenceBackend):
+    """Keeps each rank's own rows of its local gradient instead of reduce-scattering the ranks'
+    gradients: every rank trains on its own part of the batch only."""
+
+    name = "mutant-local-gradients-kept"
+    KILLED_BY = "DP-003"
+
+    def trace_joint(self, model, args):
+        import fp8conf.parallel.data_parallel as data_parallel
+        from mutants.backends import _replaced
+
+        def local_rows(grad, mesh, reduce, fqn, module_fqn):
+            return grad.chunk(mesh.size())[mesh.get_local_rank()].contiguous()
+
+        with _replaced(data_parallel, "_reduce_scatter", local_rows):
+            return super().trace_joint(model, args)
 
 
 class TensorParallelInHighPrecision(ReferenceBackend):
@@ -97,14 +142,12 @@ class TensorParallelInHighPrecision(ReferenceBackend):
     def shard_tensor_parallel(self, model, mesh, *, plan):
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-        for fqn, module in _float8_linears(model):
-            if fqn in plan:
-                plain = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
-                plain.load_state_dict(module.state_dict())
-                parent, _, name = fqn.rpartition(".")
-                setattr(model.get_submodule(parent), name, plain)
+        _to_plain_linears(model, set(plan))
         styles = {fqn: ColwiseParallel() if style == "colwise" else RowwiseParallel() for fqn, style in plan.items()}
         return parallelize_module(model, mesh, styles)
 
 
-MUTANTS = [HighPrecisionGatherThenCast, GatheredFp8Requantized, Float8GatherAlthoughOff, SummedGradients, TensorParallelInHighPrecision]
+MUTANTS = [
+    HighPrecisionGatherThenCast, GatheredFp8Requantized, Float8GatherAlthoughOff, NoFp8WithoutFloat8AllGather, SummedGradients,
+    LocalGradientsKept, TensorParallelInHighPrecision,
+]
