@@ -55,3 +55,24 @@ def test_the_fake_mesh_refuses_a_second_process_group():
         with pytest.raises(RuntimeError, match="initialized already"):
             with fake_mesh():
                 pass
+
+
+@pytest.mark.parametrize("tensor_parallel", [False, True], ids=["data_parallel", "tensor_parallel"])
+def test_sharded_models_are_what_float8_all_gather_and_the_fp8_styles_take(tensor_parallel):
+    from hypothesis import given, settings
+
+    from conformance.strategies import sharded_specs
+
+    @settings(max_examples=30, database=None, deadline=None)
+    @given(spec=sharded_specs(tensor_parallel=tensor_parallel))
+    def drawn(spec):
+        quantized = spec.quantized_modules()
+        assert quantized and all(config == ("float8_linear", "tensorwise", False) for config in quantized.values())
+        assert all(layer.calls == 1 and not layer.residual and not layer.adapter for layer in spec.layers)
+        assert spec.batch % 2 == 0 and all(layer.width % 16 == 0 for layer in spec.layers)  # halves of 8+ rows
+        if tensor_parallel:  # both layers quantized; each rank's half of the hidden width a multiple of 16
+            assert len(spec.layers) == 2 and len(quantized) == 2 and spec.layers[0].width % 32 == 0
+        else:
+            assert "layers.0" in quantized and len(spec.layers) <= 2
+
+    drawn()
