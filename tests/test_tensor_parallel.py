@@ -20,6 +20,7 @@ PLAN = {"up": "colwise", "down": "rowwise"}
 
 @pytest.fixture(params=[0, 1], ids=["rank0", "rank1"])
 def mesh(request):
+    """A 2-rank mesh over torch's fake process group, as each rank (one, where a test says so)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -52,6 +53,10 @@ def _model(recipe="tensorwise", bias=False, quantized=("up", "down")):
     )
 
 
+# What does not depend on the rank is checked as rank 0 only.
+_rank0_only = pytest.mark.parametrize("mesh", [0], ids=["rank0"], indirect=True)
+
+
 def _traced(mesh, **kwargs):
     model = shard_tensor_parallel(_model(**kwargs), mesh, PLAN)
     return model, fp8conf.trace_joint(model, (torch.randn(16, 32, requires_grad=True),))
@@ -69,6 +74,7 @@ def test_a_tensor_parallel_step_validates_with_the_unsharded_counts_on_each_rank
     assert {str(n.args[1].meta["val"].dtype) for n in forward} == {"torch.float8_e4m3fn"}
 
 
+@_rank0_only
 def test_the_layout_records_the_plan(mesh):
     model, gm = _traced(mesh)
     layout = layout_of(model)
@@ -78,6 +84,7 @@ def test_the_layout_records_the_plan(mesh):
     assert model.up.weight.to_local().shape == (32, 32) and model.down.weight.to_local().shape == (32, 32)
 
 
+@_rank0_only
 def test_regions_are_complete_and_hold_no_collective(mesh):
     _, gm = _traced(mesh)
     regions = fp8conf.tag_fp8_regions(gm)
@@ -90,6 +97,7 @@ def test_regions_are_complete_and_hold_no_collective(mesh):
     assert any(r.op == "all_reduce" and r.pass_name == "backward" and r.module_fqn == "up" and r.element_size == 4 for r in records)
 
 
+@_rank0_only
 def test_the_split_keeps_each_collective_on_its_side(mesh):
     _, gm = _traced(mesh)
     passes = fp8conf.node_passes(gm.graph)
@@ -109,6 +117,7 @@ def test_the_split_keeps_each_collective_on_its_side(mesh):
     assert computes == {"forward": 2, "backward_input": 2, "backward_weight": 2}
 
 
+@_rank0_only
 def test_the_signature_covers_the_plan(mesh):
     fp8 = fp8conf.QuantizationSignature.from_model(shard_tensor_parallel(_model(), mesh, PLAN))
     again = fp8conf.QuantizationSignature.from_model(shard_tensor_parallel(_model(), mesh, PLAN))
@@ -123,6 +132,7 @@ def test_the_signature_covers_the_plan(mesh):
     assert dict(layout_of(plain_down).plan) == {"up": "float8_colwise", "down": "rowwise"}
 
 
+@_rank0_only
 def test_plans_it_cannot_shard_are_refused(mesh):
     with pytest.raises(fp8conf.FP8ConfigError, match="'down' is float8_linear with recipe 'rowwise'.*tensorwise"):
         shard_tensor_parallel(_model(recipe="rowwise"), mesh, PLAN)
