@@ -23,7 +23,9 @@ __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"
 #: can express (``Backend.expressible_config_fields``) and an inexpressible one refused
 #: (``UnsupportedConfig``) is not_supported; versions change in package metadata too;
 #: VAL-007 and MOE-002 count the FP8 compute that runs (a grad_input kept for an in-place op too).
-SPEC_VERSION = "1.2"
+#: 1.3: capability ``scaled_mm_v2`` (``Backend.convert_scaled_mm``): PROV, VAL, REG, BND, EMU-002
+#: and NUM-001/002 draw linears on ``F.scaled_mm`` for a backend that claims it.
+SPEC_VERSION = "1.3"
 
 
 @dataclasses.dataclass(frozen=True)
