@@ -56,13 +56,14 @@ from conformance.families import variants
 from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, SCALED_MM_RECIPES, LayerSpec, ModelSpec, base_recipe, kind_of
 
 __all__ = [
-    "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE", "Constraints", "corpus", "layer_specs",
-    "model_specs", "runnable_recipes", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs",
+    "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
+    "Constraints", "corpus", "layer_specs", "model_specs", "runnable_recipes", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs",
 ]
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 WIDTHS = (16, 32, 48)
-#: Quantized module kinds a model may draw: ``kinds=ALL_KINDS`` opts into MX layers.
+#: Quantized module kinds a model may draw: ``kinds=ALL_KINDS`` opts into MX layers and linears on
+#: ``F.scaled_mm`` (each drawn only for a backend that converts it).
 FLOAT8_KIND, MX_KIND, SCALED_MM_KIND = "float8_linear", "mxfp8_linear", "float8_scaled_mm_linear"
 ALL_KINDS = (FLOAT8_KIND, MX_KIND, SCALED_MM_KIND)
 #: The kinds the fingerprint properties draw (they build their own model changes per kind).
