@@ -118,6 +118,9 @@ class FamilySpec:
     def has_mx(self) -> bool:
         return False
 
+    def has_scaled_mm(self) -> bool:
+        return False
+
     def module_fqns(self) -> tuple[str, ...]:
         """Every linear a failure message may name: the quantized ones and the plain head."""
         return tuple(fqn for fqn, _, _ in self._linears()) + (("output",) if self.llama else ())

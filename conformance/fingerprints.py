@@ -45,7 +45,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.models import MX_RECIPES, LayerSpec, ModelSpec, apply_layer, build_model
-from conformance.strategies import ALL_KINDS, FLOAT8_RECIPES, model_specs
+from conformance.strategies import FLOAT8_AND_MX, FLOAT8_RECIPES, model_specs
 from conformance.versions import current_version, other_version, simulated_versions
 
 __all__ = [
@@ -304,7 +304,7 @@ def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None
     ``fields``: the :data:`CONFIG_FIELDS` entries config-field changes may flip (None: all;
     :func:`drawable_config_fields`)."""
     if specs is None:
-        specs = model_specs() if kind in _FLOAT8_ONLY_KINDS else model_specs(kinds=ALL_KINDS)
+        specs = model_specs() if kind in _FLOAT8_ONLY_KINDS else model_specs(kinds=FLOAT8_AND_MX)
     spec = draw(specs)
     base = Variant(spec, strict=True if strict is None else strict)
     if kind in ("recipe", "emulate"):

@@ -67,8 +67,11 @@ def device() -> str:
 
 def supported_kinds(backend) -> tuple[str, ...]:
     """The quantized module kinds the suite may show ``backend``: ``float8_linear`` always (TorchAO
-    converts those), ``mxfp8_linear`` when it claims ``mx`` and so converts MX layers itself."""
-    return strategies.ALL_KINDS if "mx" in backend.capabilities else (strategies.FLOAT8_KIND,)
+    converts those), ``mxfp8_linear`` when it claims ``mx`` and so converts MX layers itself,
+    ``float8_scaled_mm_linear`` when it claims ``scaled_mm_v2`` and converts linears on
+    ``F.scaled_mm`` itself."""
+    claimed = {strategies.MX_KIND: "mx", strategies.SCALED_MM_KIND: "scaled_mm_v2"}
+    return tuple(k for k in strategies.ALL_KINDS if claimed.get(k) is None or claimed[k] in backend.capabilities)
 
 
 def fail(property_id: str, message: str, spec: ModelSpec | None = None) -> None:
@@ -218,7 +221,7 @@ class TracedCase:
 
 
 class _NotBuilt(Exception):
-    """The drawn model could not be built (an MX layer is converted by the backend)."""
+    """The drawn model could not be built (MX and scaled-matmul layers are converted by the backend)."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -227,7 +230,10 @@ def _trace(backend, spec: ModelSpec, device: str) -> TracedCase:
         if hasattr(spec, "build"):  # a model family (conformance.families)
             model, args = spec.build(device)
         else:
-            model, args = build_model(spec, device, mx=backend.convert_mx if "mx" in backend.capabilities else None)
+            model, args = build_model(
+                spec, device, mx=backend.convert_mx if "mx" in backend.capabilities else None,
+                scaled_mm=backend.convert_scaled_mm if "scaled_mm_v2" in backend.capabilities else None,
+            )
     except Exception as exc:
         raise _NotBuilt(f"{type(exc).__name__}: {exc}") from exc
     gm, oracle = trace_with_oracle(backend, model, args, list(spec.quantized_modules()), backend.is_backward)
@@ -244,7 +250,7 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
     try:
         cached = _trace(backend, spec, device())
     except _NotBuilt as exc:
-        fail(property_id, f"backend {backend.name!r}: building the drawn model (MX layers through convert_mx()) raised {exc}", spec)
+        fail(property_id, f"backend {backend.name!r}: building the drawn model (MX layers through convert_mx(), scaled-matmul layers through convert_scaled_mm()) raised {exc}", spec)
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: trace_joint() raised {type(exc).__name__}: {exc}", spec)
     gm, oracle = fresh_copy(cached)

@@ -18,7 +18,11 @@ The model is a stack of linears called in order; each is either a plain ``nn.Lin
 quantized one converted by ``torchao.float8.convert_to_float8_training`` with its own recipe, or
 an MX layer (recipes ``mxfp8`` / ``mxfp8_emulated``, in and out features multiples of 32) that
 the backend converts itself through the contract's ``Backend.convert_mx``: ``build_model(spec,
-mx=backend.convert_mx)``. A model with MX layers therefore prints with the backend that built it.
+mx=backend.convert_mx)``, or a linear on torch's second scaled-matmul API (recipes
+``scaled_mm_tensorwise`` / ``scaled_mm_rowwise``, kind ``float8_scaled_mm_linear``) that the
+backend converts through ``Backend.convert_scaled_mm``: ``build_model(spec,
+scaled_mm=backend.convert_scaled_mm)``. A model with such layers therefore prints with the backend
+that built it.
 A layer may be called twice (module reuse), add its input (residual), apply an activation, and
 carry a nested adapter inside a ``Float8Linear``: a ``Float8Linear`` with its parent's config or
 its own recipe and ``emulate`` flag, or a plain ``nn.Linear`` (a LoRA-style high-precision
@@ -31,7 +35,7 @@ import dataclasses
 
 __all__ = [
     "LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model", "MX_RECIPES", "PARENT", "kind_of",
-    "spec_code", "recipe_compute_counts",
+    "spec_code", "recipe_compute_counts", "SCALED_MM_RECIPES", "base_recipe",
 ]
 
 ACTIVATIONS = ("none", "relu", "gelu")
@@ -39,12 +43,26 @@ ACTIVATIONS = ("none", "relu", "gelu")
 PARENT = "parent"
 #: Recipes of MX layers (kind ``mxfp8_linear``), converted by the backend (``Backend.convert_mx``).
 MX_RECIPES = ("mxfp8", "mxfp8_emulated")
+#: Recipes of linears on the second scaled-matmul API (kind ``float8_scaled_mm_linear``), converted
+#: by the backend (``Backend.convert_scaled_mm``) with the recipe named after the prefix.
+SCALED_MM_RECIPES = ("scaled_mm_tensorwise", "scaled_mm_rowwise")
+_SCALED_MM_PREFIX = "scaled_mm_"
 _MX_BLOCK = 32
 
 
 def kind_of(recipe: str) -> str:
-    """The quantized module kind a recipe builds: ``mxfp8_linear`` or ``float8_linear``."""
-    return "mxfp8_linear" if recipe in MX_RECIPES else "float8_linear"
+    """The quantized module kind a recipe builds: ``mxfp8_linear``, ``float8_scaled_mm_linear`` or
+    ``float8_linear``."""
+    if recipe in MX_RECIPES:
+        return "mxfp8_linear"
+    return "float8_scaled_mm_linear" if recipe in SCALED_MM_RECIPES else "float8_linear"
+
+
+def base_recipe(recipe: str) -> str:
+    """The recipe a module's provenance names: a scaled-matmul layer's without its prefix
+    (``scaled_mm_rowwise`` -> ``rowwise``, what ``Backend.convert_scaled_mm`` is given), any other
+    as it is."""
+    return recipe[len(_SCALED_MM_PREFIX):] if recipe in SCALED_MM_RECIPES else recipe
 
 
 def recipe_compute_counts(calls, configs) -> dict[tuple[str, str], int]:
@@ -66,7 +84,9 @@ def recipe_compute_counts(calls, configs) -> dict[tuple[str, str], int]:
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
     """One linear layer. ``recipe`` None means a plain high-precision ``nn.Linear``; an MX recipe
-    (``mxfp8``, ``mxfp8_emulated``) an ``MXLinear``, whose ``emulate`` is its recipe's.
+    (``mxfp8``, ``mxfp8_emulated``) the backend's MX linear, whose ``emulate`` is its recipe's; a
+    scaled-matmul recipe (``scaled_mm_tensorwise``, ``scaled_mm_rowwise``) the backend's linear on
+    ``F.scaled_mm``, never emulated.
 
     ``adapter`` nests a linear inside a float8 layer: ``adapter_recipe`` :data:`PARENT` converts
     it with the layer's own config, a float8 recipe with that recipe and ``adapter_emulate``
@@ -116,6 +136,8 @@ class ModelSpec:
                     raise ValueError(f"layer {i}: MX layers take no nested adapter")
                 if layer.emulate != (layer.recipe == "mxfp8_emulated"):
                     raise ValueError(f"layer {i}: recipe {layer.recipe!r} means emulate={layer.recipe == 'mxfp8_emulated'}")
+            if layer.recipe in SCALED_MM_RECIPES and (layer.adapter or layer.emulate):
+                raise ValueError(f"layer {i}: a {layer.recipe!r} layer takes no nested adapter and is never emulated")
             width = layer.width
 
     # -- what the suite knows about the model without asking the backend -------------------
@@ -124,7 +146,7 @@ class ModelSpec:
         found = {}
         for i, layer in enumerate(self.layers):
             if layer.recipe is not None:
-                found[f"layers.{i}"] = (kind_of(layer.recipe), layer.recipe, layer.emulate)
+                found[f"layers.{i}"] = (kind_of(layer.recipe), base_recipe(layer.recipe), layer.emulate)
                 if layer.adapter_config():
                     found[f"layers.{i}.adapter"] = ("float8_linear", *layer.adapter_config())
         return found
@@ -145,12 +167,17 @@ class ModelSpec:
         """(fqn, pass) -> FP8 scaled matmuls the recipe issues: the ground truth of VAL-007.
 
         Forward one per call; backward one for grad_input when the call's input needs a gradient
-        and one for grad_weight unless the recipe is ``rowwise_with_gw_hp`` (``mxfp8`` quantizes
-        all three); emulated modules (``emulate=True``, ``mxfp8_emulated``) none."""
+        and one for grad_weight unless the recipe is ``rowwise_with_gw_hp`` (``mxfp8`` and the
+        scaled-matmul layers quantize all three); emulated modules (``emulate=True``,
+        ``mxfp8_emulated``) none."""
         return recipe_compute_counts(self.calls(), self.quantized_modules())
 
     def has_mx(self) -> bool:
         return any(layer.recipe in MX_RECIPES for layer in self.layers)
+
+    def has_scaled_mm(self) -> bool:
+        """Whether a layer is a linear on ``F.scaled_mm`` (``Backend.convert_scaled_mm``)."""
+        return any(layer.recipe in SCALED_MM_RECIPES for layer in self.layers)
 
     def module_fqns(self) -> tuple[str, ...]:
         """FQN of every linear of the model, quantized or plain, nested adapters included: the
@@ -175,10 +202,12 @@ class ModelSpec:
 
     def to_python(self, backend: str | None = None) -> str:
         """The model as code that builds it, one layer per line. ``backend``
-        (``"package.module:Class"``) converts its MX layers; a model without MX layers needs none."""
-        if not self.has_mx():
+        (``"package.module:Class"``) converts its MX and scaled-matmul layers; a model with
+        TorchAO's float8 layers only needs none."""
+        converters = [("mx", "convert_mx")] * self.has_mx() + [("scaled_mm", "convert_scaled_mm")] * self.has_scaled_mm()
+        if not converters:
             return "import torch\nfrom conformance.models import *\n\n" + spec_code(self) + "model, args = build_model(spec)\n"
-        return reproducer("conformance.models", "build_model", self, backend, "mx", "convert_mx")
+        return reproducer("conformance.models", "build_model", self, backend, *converters)
 
 
 #: Fields written in every reproducer, default or not: what a reader looks for first (a
@@ -223,16 +252,23 @@ def spec_code(spec, name: str = "spec") -> str:
     return "".join(lines) + ")\n"
 
 
-def reproducer(module_name: str, builder: str, spec, backend: str | None, keyword: str, method: str) -> str:
+def reproducer(module_name: str, builder: str, spec, backend: str | None, *converters: tuple[str, str]) -> str:
     """Python that rebuilds ``spec``'s model with ``builder`` from ``module_name``, the quantized
-    layers converted by ``backend``'s ``method`` (passed as ``keyword``), to paste and run."""
+    layers converted by ``backend``'s methods (``converters``: ``(keyword, method)`` pairs, each
+    method passed as its keyword), to paste and run."""
     module, _, qualname = (backend or "your_backend:YourBackend").partition(":")
+    if len(converters) == 1:
+        keyword, method = converters[0]
+        call = f"model, args = {builder}(spec, {keyword}={qualname}().{method})\n"
+    else:
+        passed = ", ".join(f"{keyword}=backend.{method}" for keyword, method in converters)
+        call = f"backend = {qualname}()\nmodel, args = {builder}(spec, {passed})\n"
     return (
         "import torch\n"
         f"from {module_name} import *\n"
         f"from {module} import {qualname}\n\n"
         + spec_code(spec)
-        + f"model, args = {builder}(spec, {keyword}={qualname}().{method})\n"
+        + call
     )
 
 
@@ -312,7 +348,7 @@ def apply_layer(layer_spec: LayerSpec, layer, x):
     return x
 
 
-def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, float8_all_gather: bool = False):
+def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, scaled_mm=None, float8_all_gather: bool = False):
     """Build the model of ``spec``; return ``(model, args)``.
 
     ``float8_all_gather``: convert the float8 layers with TorchAO's
@@ -320,7 +356,9 @@ def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, float8_all_gat
 
     Float8 layers are converted with TorchAO. MX layers are converted by ``mx``, called as
     ``mx(model, module_filter_fn=..., recipe=...)`` with the contract of ``Backend.convert_mx``
-    (pass ``backend.convert_mx``); a model with MX layers and no ``mx`` is a ValueError.
+    (pass ``backend.convert_mx``); a model with MX layers and no ``mx`` is a ValueError. Layers
+    on the second scaled-matmul API are converted by ``scaled_mm`` alike (``Backend.convert_scaled_mm``,
+    called with the recipe without its prefix: ``"tensorwise"`` or ``"rowwise"``).
     """
     import torch
     from torchao.float8 import convert_to_float8_training
@@ -331,6 +369,12 @@ def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, float8_all_gat
             f"the model has MX layers {', '.join(mx_layers)}: pass mx=backend.convert_mx of a backend that claims "
             "capability 'mx' to build them"
         )
+    if scaled_mm is None and spec.has_scaled_mm():
+        found = [f"layers.{i} ({layer.recipe})" for i, layer in enumerate(spec.layers) if layer.recipe in SCALED_MM_RECIPES]
+        raise ValueError(
+            f"the model has scaled-matmul layers {', '.join(found)}: pass scaled_mm=backend.convert_scaled_mm of a "
+            "backend that claims capability 'scaled_mm_v2' to build them"
+        )
     torch.manual_seed(spec.seed)
     model = _drawn_model_class()(spec)
     for i, layer in enumerate(spec.layers):
@@ -338,6 +382,9 @@ def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, float8_all_gat
             continue
         if layer.recipe in MX_RECIPES:
             mx(model, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}", recipe=layer.recipe)
+            continue
+        if layer.recipe in SCALED_MM_RECIPES:
+            scaled_mm(model, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}", recipe=base_recipe(layer.recipe))
             continue
         config = _float8_config(layer.recipe, layer.emulate, fqn=f"layers.{i}")
         if float8_all_gather:

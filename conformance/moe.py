@@ -98,7 +98,7 @@ class MoESpec:
         return counts
 
     def to_python(self, backend: str | None = None) -> str:
-        return reproducer("conformance.moe", "build_moe_model", self, backend, "convert", "convert_grouped_experts")
+        return reproducer("conformance.moe", "build_moe_model", self, backend, ("convert", "convert_grouped_experts"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +138,7 @@ class ExpertsSpec:
         return bounds
 
     def to_python(self, backend: str | None = None) -> str:
-        return reproducer("conformance.moe", "build_experts_model", self, backend, "convert", "convert_grouped_experts")
+        return reproducer("conformance.moe", "build_experts_model", self, backend, ("convert", "convert_grouped_experts"))
 
 
 _CACHE: dict[str, type] = {}

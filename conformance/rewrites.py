@@ -57,12 +57,16 @@ def lower_to_high_precision(gm: torch.fx.GraphModule, node: torch.fx.Node) -> to
 
 
 def lower_grouped_to_high_precision(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.GraphModule:
-    """Replace an FP8 grouped GEMM (``_scaled_grouped_mm``) by ``_grouped_mm`` of its operands
-    up-cast to bfloat16 with the same token-group offsets, keeping the node's metadata (as
-    :func:`lower_to_high_precision` does for a matmul)."""
+    """Replace an FP8 grouped GEMM (``_scaled_grouped_mm`` or the second API's
+    ``_scaled_grouped_mm_v2``) by ``_grouped_mm`` of its operands up-cast to bfloat16 with the
+    same token-group offsets, keeping the node's metadata (as :func:`lower_to_high_precision`
+    does for a matmul)."""
     a = _insert(gm.graph, node, node, aten._to_copy.default, node.args[0], dtype=torch.bfloat16)
     b = _insert(gm.graph, node, node, aten._to_copy.default, node.args[1], dtype=torch.bfloat16)
-    offs = node.args[4] if len(node.args) > 4 else node.kwargs.get("offs")
+    # (a, b, scale_a, scale_b, offs, ...) in the first API; (a, b, scale_a[], recipe_a[],
+    # swizzle_a[], scale_b[], recipe_b[], swizzle_b[], offs, ...) in the second.
+    position = 8 if str(node.target).split(".")[-2].endswith("_v2") else 4
+    offs = node.args[position] if len(node.args) > position else node.kwargs.get("offs")
     grouped = _insert(gm.graph, node, node, aten._grouped_mm.default, a, b, offs)
     out_dtype = node.meta["val"].dtype
     if grouped.meta["val"].dtype != out_dtype:

@@ -13,6 +13,14 @@ half the models are drawn exactly as without MX; the other half start at width 3
 widths of 32 or 64 up to their forced quantized layer, which is MX, and may make any later
 quantized layer whose in features allow it MX too. MX layers take no nested adapter.
 
+Linears on torch's second scaled-matmul API (kind ``float8_scaled_mm_linear``, recipes
+``scaled_mm_tensorwise`` / ``scaled_mm_rowwise``, converted by the backend through
+``Backend.convert_scaled_mm``) are opt-in the same way, through capability ``scaled_mm_v2``. The
+half of the models that is not float8-only is shared among the kinds a backend adds: a model
+adding scaled-matmul layers forces one (its widths are the float8 ones) and may make any later
+quantized layer one too. They take no nested adapter and are never emulated, so a property asking
+for emulated modules only, or for none of their recipes, never draws them.
+
 **One shared corpus under a derandomized profile.** Tracing a model is most of a structural
 property's cost, and traced graphs are cached per model (``conformance.harness.traced``). Under a
 derandomized profile (``fp8conf-ci``, ``fp8conf-mutants``) :func:`model_specs` therefore does not draw afresh per
@@ -45,18 +53,22 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from conformance.families import variants
-from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, LayerSpec, ModelSpec
+from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, SCALED_MM_RECIPES, LayerSpec, ModelSpec, base_recipe, kind_of
 
 __all__ = [
-    "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "ALL_KINDS", "CORPUS_SIZE", "Constraints", "corpus", "layer_specs",
-    "model_specs", "runnable_recipes", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "sharded_specs",
+    "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
+    "Constraints", "corpus", "layer_specs", "model_specs", "runnable_recipes", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs",
+    "sharded_specs",
 ]
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 WIDTHS = (16, 32, 48)
-#: Quantized module kinds a model may draw: ``kinds=ALL_KINDS`` opts into MX layers.
-FLOAT8_KIND, MX_KIND = "float8_linear", "mxfp8_linear"
-ALL_KINDS = (FLOAT8_KIND, MX_KIND)
+#: Quantized module kinds a model may draw: ``kinds=ALL_KINDS`` opts into MX layers and linears on
+#: ``F.scaled_mm`` (each drawn only for a backend that converts it).
+FLOAT8_KIND, MX_KIND, SCALED_MM_KIND = "float8_linear", "mxfp8_linear", "float8_scaled_mm_linear"
+ALL_KINDS = (FLOAT8_KIND, MX_KIND, SCALED_MM_KIND)
+#: The kinds the fingerprint properties draw (they build their own model changes per kind).
+FLOAT8_AND_MX = (FLOAT8_KIND, MX_KIND)
 #: Widths of MX layers (MXFP8 quantizes both dims in blocks of 32).
 MX_WIDTHS = (32, 64)
 
@@ -86,17 +98,20 @@ def layer_specs(
 ):
     """One layer taking ``in_width`` features. With the default ``kinds`` the draws are exactly those
     of a float8-only suite; a quantized layer becomes MX when ``kinds`` allows it and ``in_width``
-    is a multiple of 32 (drawn when both kinds are allowed). ``emulate`` None draws it."""
+    is a multiple of 32, a scaled-matmul layer when ``kinds`` allows it, ``recipes`` hold one of
+    its recipes and ``emulate`` is not True (the kind drawn when several are possible).
+    ``emulate`` None draws it."""
     draw_emulate = st.booleans() if emulate is None else st.just(emulate)
     quantize = quantized or (quantized is None and draw(st.booleans()))
-    mx = (
-        bool(quantize)
-        and MX_KIND in kinds
-        and in_width % 32 == 0
-        and (FLOAT8_KIND not in kinds or draw(st.sampled_from(kinds), label="kind") == MX_KIND)
-    )
+    kind = None
+    if quantize:
+        possible = [k for k in kinds if _possible(k, in_width, recipes, emulate)]
+        kind = possible[0] if len(possible) == 1 else draw(st.sampled_from(possible), label="kind")
+    mx = kind == MX_KIND
     if mx:
         recipe = "mxfp8_emulated" if draw(draw_emulate) else "mxfp8"
+    elif kind == SCALED_MM_KIND:
+        recipe = draw(st.sampled_from(_scaled_mm_recipes(recipes)), label="scaled_mm recipe")
     else:
         recipe = draw(st.sampled_from(recipes)) if quantize else None
     square = draw(st.booleans())
@@ -104,12 +119,12 @@ def layer_specs(
     layer = LayerSpec(
         width=width,
         recipe=recipe,
-        emulate=(recipe == "mxfp8_emulated") if mx else (draw(draw_emulate) if recipe else False),
+        emulate=(recipe == "mxfp8_emulated") if mx else (draw(draw_emulate) if kind == FLOAT8_KIND else False),
         bias=draw(st.booleans()),
         activation=draw(st.sampled_from(ACTIVATIONS)),
         residual=width == in_width and draw(st.booleans()),
         calls=2 if (reuse and width == in_width and draw(st.booleans())) else 1,
-        adapter=bool(recipe) and not mx and nesting and draw(st.booleans()),
+        adapter=kind == FLOAT8_KIND and nesting and draw(st.booleans()),
     )
     if not layer.adapter:
         return layer
@@ -122,6 +137,21 @@ def layer_specs(
         own_recipe = draw(st.sampled_from(recipes), label="adapter recipe")
         return dataclasses.replace(layer, adapter_recipe=own_recipe, adapter_emulate=draw(draw_emulate, label="adapter emulate"))
     return layer
+
+
+def _scaled_mm_recipes(recipes) -> list[str]:
+    """The scaled-matmul recipes whose base recipe ``recipes`` admits."""
+    return [r for r in SCALED_MM_RECIPES if base_recipe(r) in recipes]
+
+
+def _possible(kind: str, in_width: int, recipes, emulate: bool | None) -> bool:
+    """Whether a quantized layer of ``kind`` taking ``in_width`` features can be drawn under
+    ``recipes`` and ``emulate``."""
+    if kind == MX_KIND:
+        return in_width % 32 == 0
+    if kind == SCALED_MM_KIND:
+        return emulate is not True and bool(_scaled_mm_recipes(recipes))
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +185,9 @@ class Constraints:
             return spec in variants(self)
         quantized = [layer for layer in spec.layers if layer.recipe]
         mx = [layer for layer in quantized if layer.recipe in MX_RECIPES]
+        scaled_mm = [layer for layer in quantized if layer.recipe in SCALED_MM_RECIPES]
         configs = spec.quantized_modules().values()
-        float8 = [(recipe, emulate) for _kind, recipe, emulate in configs if recipe not in MX_RECIPES]
+        float8 = [(recipe, emulate) for kind, recipe, emulate in configs if kind == FLOAT8_KIND]
 
         def required(layer: LayerSpec) -> bool:
             return (layer.calls > 1 or not self.require_reuse) and (layer.adapter_config() is not None or not self.require_nesting)
@@ -165,8 +196,10 @@ class Constraints:
             bool(quantized)
             and len(spec.layers) <= self.max_layers
             and (MX_KIND in self.kinds or not mx)
+            and (SCALED_MM_KIND in self.kinds or not scaled_mm)
             and (FLOAT8_KIND in self.kinds or not float8)
             and all(recipe in self.recipes for recipe, _ in float8)
+            and all(base_recipe(layer.recipe) in self.recipes for layer in scaled_mm)
             and (self.emulate is None or all(emulate == self.emulate for _kind, _recipe, emulate in configs))
             and (self.reuse or all(layer.calls == 1 for layer in spec.layers))
             and (self.nesting or not any(layer.adapter for layer in spec.layers))
@@ -176,17 +209,24 @@ class Constraints:
 
 @st.composite
 def _drawn_specs(draw, c: Constraints):
-    """A model with at least one quantized layer (the first drawn quantized layer is forced)."""
+    """A model with at least one quantized layer (the first drawn quantized layer is forced).
+
+    Half the models (all, when float8 layers are not allowed) add one other kind, drawn among
+    those allowed: its layer is the forced one, and later quantized layers may be of it too."""
     kinds = c.kinds
-    with_mx = MX_KIND in kinds and (FLOAT8_KIND not in kinds or draw(st.booleans(), label="with MX layers"))
+    added = [k for k in (MX_KIND, SCALED_MM_KIND) if k in kinds and (k == MX_KIND or _possible(k, 0, c.recipes, c.emulate))]
+    other = None
+    if added and (FLOAT8_KIND not in kinds or draw(st.booleans(), label="with another kind")):
+        other = added[0] if len(added) == 1 else draw(st.sampled_from(added), label="added kind")
+    with_mx = other == MX_KIND
     in_features = draw(st.sampled_from(MX_WIDTHS if with_mx else WIDTHS))
     n = draw(st.integers(1, c.max_layers))
     forced = draw(st.integers(0, n - 1))
     layers, width = [], in_features
     for i in range(n):
-        layer_kinds = kinds if with_mx else (FLOAT8_KIND,)
-        if with_mx and i == forced:
-            layer_kinds = (FLOAT8_KIND,) if c.require_nesting else (MX_KIND,)
+        layer_kinds = tuple(k for k in (FLOAT8_KIND, other) if k in kinds) if other else (FLOAT8_KIND,)
+        if other and i == forced:
+            layer_kinds = (FLOAT8_KIND,) if c.require_nesting else (other,)
         widths = MX_WIDTHS if with_mx and (i < forced or FLOAT8_KIND not in kinds) else WIDTHS
         layer = draw(
             layer_specs(
@@ -241,7 +281,7 @@ def _features(spec: ModelSpec) -> frozenset:
     each quantized layer's backward (its recipe and emulation, and whether it computes an input
     gradient: which casts and matmuls it holds)."""
     found = {("layers", len(spec.layers)), ("plain layer", any(layer.recipe is None for layer in spec.layers))}
-    found.add(("kinds", frozenset(layer.recipe in MX_RECIPES for layer in spec.layers if layer.recipe)))
+    found.add(("kinds", frozenset(kind_of(layer.recipe) for layer in spec.layers if layer.recipe)))
     found.add(("emulation", frozenset(emulate for _kind, _recipe, emulate in spec.quantized_modules().values())))
     for i, layer in enumerate(spec.layers):
         if layer.recipe:
@@ -253,6 +293,10 @@ def _features(spec: ModelSpec) -> frozenset:
             found.update((a, b) for a in attributes for b in attributes if a < b)
             found.add(("backward", *attributes[:2], attributes[4]))
     return frozenset(found)
+
+
+def _kinds(spec: ModelSpec) -> set[str]:
+    return {kind for kind, _recipe, _emulate in spec.quantized_modules().values()}
 
 
 def _adapter_kind(layer: LayerSpec):
@@ -294,8 +338,11 @@ def _ordered_corpus() -> tuple[ModelSpec, ...]:
 
 def corpus(c: Constraints = _GENERAL, where: Callable[[ModelSpec], bool] | None = None, n: int = 25) -> tuple[ModelSpec, ...]:
     """The first ``n`` models of the shared corpus that ``c`` and ``where`` admit, topped up with
-    models drawn under ``c`` itself when the corpus holds fewer."""
-    admitted = [s for s in _ordered_corpus() if c.admits(s) and (where is None or where(s))][:n]
+    models drawn under ``c`` itself when the corpus holds fewer. However small ``n`` (a property
+    that compiles takes two), the first model holding each kind of ``c.kinds`` is among them."""
+    pool = [s for s in _ordered_corpus() if c.admits(s) and (where is None or where(s))]
+    firsts = [next((s for s in pool if kind in _kinds(s)), None) for kind in c.kinds]
+    admitted = list(dict.fromkeys([s for s in firsts if s is not None] + pool))[:n]
     if len(admitted) < n:
         admitted += [s for s in _collect(c, where, n) if s not in admitted][: n - len(admitted)]
     return tuple(admitted)

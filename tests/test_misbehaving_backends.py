@@ -30,8 +30,9 @@ def test_a_wrong_return_type_is_named(tmp_path):
 
 @pytest.mark.slow
 def test_a_float8_only_backend_is_never_shown_an_mx_model(tmp_path):
-    # PROV and VAL draw MX models for a backend that claims mx (the reference: about half of
-    # them); this one does not claim it, and its tracer refuses MX layers.
+    # PROV and VAL draw MX models for a backend that claims mx and models with linears on
+    # F.scaled_mm for one that claims scaled_mm_v2 (the reference: about half of them); this one
+    # claims neither, and its tracer refuses both.
     wanted = [p for p in PROPERTIES if p.startswith(("PROV-", "VAL-"))]
     statuses, out = run_suite("mutants.contract:Float8Only", wanted, tmp_path)
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}

@@ -9,10 +9,11 @@ from hypothesis import HealthCheck, given, settings
 import fp8conf
 from conformance.backends.reference import ReferenceBackend
 from conformance.models import LayerSpec, ModelSpec, build_model
-from conformance.strategies import ALL_KINDS, model_specs
+from conformance.strategies import ALL_KINDS, FLOAT8_AND_MX, model_specs
 from fp8conf.quantized.mx import MXLinear
 
 convert_mx = ReferenceBackend().convert_mx
+convert_scaled_mm = ReferenceBackend().convert_scaled_mm
 
 _fast = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -97,7 +98,7 @@ def test_default_draws_no_mx(spec):
 @_fast
 @given(spec=model_specs(kinds=ALL_KINDS))
 def test_mx_draws_are_valid_and_build(spec):
-    model, _ = build_model(spec, mx=convert_mx)
+    model, _ = build_model(spec, mx=convert_mx, scaled_mm=convert_scaled_mm)
     found = fp8conf.find_quantized_modules(model)
     assert {k: (c.kind, c.recipe, c.emulate) for k, c in found.items()} == spec.quantized_modules()
 
@@ -106,7 +107,7 @@ def test_mx_draws_hold_mx_layers_about_half_the_time():
     seen = []
 
     @settings(max_examples=40, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(spec=model_specs(kinds=ALL_KINDS, emulate=False))
+    @given(spec=model_specs(kinds=FLOAT8_AND_MX, emulate=False))  # as for a backend claiming mx only
     def draw(spec):
         seen.append(any(kind == "mxfp8_linear" for kind, _, _ in spec.quantized_modules().values()))
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 import pytest
 
 from conformance.api.spec import PROPERTIES
-from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, peers, power_table, regions  # tests/ is on sys.path (tests/conftest.py)
+from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, peers, power_table, regions, scaled_mm_v2  # tests/ is on sys.path (tests/conftest.py)
 from suite_runs import TEST_TIMEOUT_S, Run, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
 
 MUTANTS = (
     backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS + peers.MUTANTS + moe.MUTANTS + families.MUTANTS
     + distributed.MUTANTS
+    + scaled_mm_v2.MUTANTS
 )
 #: Mutants of the makefx backend: the properties they break pass on makefx (tests/test_makefx.py).
 ALL_MUTANTS = MUTANTS + peers.MAKEFX_MUTANTS
@@ -102,6 +103,21 @@ def test_mutant_is_caught_by_its_property(mutant, mutant_verdict, record_propert
     record_property(POWER_KEY, (area_of(mutant.KILLED_BY), status == "fail"))
     _, out = verdict.require()
     assert status == "fail", f"{mutant.name} survived {mutant.KILLED_BY} (status {status}):\n{out[-4000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_the_v2_mutants_pass_their_property_when_no_v2_linear_is_drawn(tmp_path):
+    # Each mutant of tests/mutants/scaled_mm_v2.py again without capability scaled_mm_v2: the
+    # property that catches it passes, so what catches it is the v2 draw, not another defect.
+    if not scaled_mm_v2.MUTANTS[0].capabilities >= {"scaled_mm_v2"}:
+        pytest.skip("this torch has no F.scaled_mm: the reference claims no scaled_mm_v2")
+    runs = [_run(m) for m in scaled_mm_v2.WITHOUT_V2]
+    verdicts = run_suites(runs, tmp_path)
+    for mutant in scaled_mm_v2.WITHOUT_V2:
+        verdict = verdicts[mutant.__name__]
+        _, out = verdict.require()
+        assert verdict.status(mutant.KILLED_BY) == "pass", f"{mutant.__name__} failed {mutant.KILLED_BY}:\n{out[-4000:]}"
 
 
 def test_the_power_table_counts_per_area():

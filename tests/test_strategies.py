@@ -27,7 +27,7 @@ constraints = st.builds(
     nesting=st.booleans(),
     require_reuse=st.booleans(),
     require_nesting=st.booleans(),
-    kinds=st.sampled_from([("float8_linear",), ALL_KINDS]),
+    kinds=st.sampled_from([("float8_linear",), ("float8_linear", "float8_scaled_mm_linear"), ALL_KINDS]),
 ).filter(lambda c: (c.reuse or not c.require_reuse) and (c.nesting or not c.require_nesting))
 
 
@@ -59,6 +59,9 @@ REAL = LayerSpec(32, "tensorwise")
         (Constraints(require_reuse=True, require_nesting=True), _spec(LayerSpec(32, "tensorwise", calls=2), LayerSpec(32, "tensorwise", adapter=True))),
         (Constraints(), _spec(LayerSpec(32, "mxfp8"))),  # float8 kinds only
         (Constraints(kinds=("mxfp8_linear",)), _spec(REAL)),
+        (Constraints(kinds=("float8_linear", "mxfp8_linear")), _spec(LayerSpec(32, "scaled_mm_rowwise"))),
+        (Constraints(kinds=ALL_KINDS, recipes=("tensorwise",)), _spec(LayerSpec(32, "scaled_mm_rowwise"))),
+        (Constraints(kinds=ALL_KINDS, emulate=True), _spec(LayerSpec(32, "scaled_mm_tensorwise"))),
     ],
 )
 def test_constraints_reject_models_they_cannot_draw(c, spec):
@@ -72,7 +75,9 @@ def test_the_corpus_serves_distinct_admitted_models():
     assert all(c.admits(spec) for spec in got)
     general = corpus(Constraints(kinds=ALL_KINDS), n=CORPUS_SIZE)
     assert len(set(general)) > 200, "the shared corpus should hold well over 200 distinct models"
-    assert {layer.recipe for spec in general for layer in spec.layers} >= set(FLOAT8_RECIPES) | {"mxfp8", "mxfp8_emulated", None}
+    assert {layer.recipe for spec in general for layer in spec.layers} >= set(FLOAT8_RECIPES) | {
+        "mxfp8", "mxfp8_emulated", "scaled_mm_tensorwise", "scaled_mm_rowwise", None,
+    }
 
 
 def test_properties_with_the_same_constraints_share_models_and_others_overlap():

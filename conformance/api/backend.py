@@ -28,7 +28,9 @@ Calling conventions:
 * Models the suite draws hold float8 layers (TorchAO's ``Float8Linear``) and, only for a
   backend that claims ``mx``, MX layers that the backend converts itself (:meth:`Backend.convert_mx`);
   for a backend that claims ``moe``, mixture-of-experts layers whose experts it converts itself
-  (:meth:`Backend.convert_grouped_experts`).
+  (:meth:`Backend.convert_grouped_experts`); for a backend that claims ``scaled_mm_v2``, linears
+  it converts itself into FP8 linears computing through ``torch.nn.functional.scaled_mm``
+  (:meth:`Backend.convert_scaled_mm`).
 * Graphs the suite hands to a backend are the suite's copies: a backend may tag or rewrite
   them in place (``node.meta["custom"]`` included) without affecting other properties.
 * Models and their inputs are built on the suite's device (``--fp8-device=cpu|cuda``; CPU by
@@ -226,6 +228,22 @@ class Backend(abc.ABC):
         and the recipe's name. Their FP8 compute is one of torch's scaled matmuls or, for a
         backend that also claims ``e8m0``, a call of :meth:`e8m0_op`."""
         raise NotImplementedError(f"backend {self.name!r} does not implement convert_mx()")
+
+    # -- linears on the second scaled-matmul API ----------------------------------------------
+    def convert_scaled_mm(self, model: torch.nn.Module, *, module_filter_fn, recipe: str) -> None:
+        """Convert, in place, the ``nn.Linear`` submodules of ``model`` that
+        ``module_filter_fn(module, fqn)`` accepts into the backend's own FP8 linears that compute
+        through torch's second scaled-matmul API, ``torch.nn.functional.scaled_mm`` (which lowers
+        to ``aten._scaled_mm_v2``; capability ``scaled_mm_v2``, torch 2.12 and newer; kind
+        ``float8_scaled_mm_linear``). ``recipe`` is ``"tensorwise"`` (one scale per operand) or
+        ``"rowwise"`` (one scale per row along each matmul's contraction dim); in and out features
+        are multiples of 16. Every call issues its FP8 matmuls like ``tensorwise`` float8 linears:
+        one forward, and backward one for grad_input when the call's input needs a gradient and
+        one for grad_weight; nothing is emulated. Their provenance has kind
+        ``float8_scaled_mm_linear``, the recipe's name and ``emulate`` False. The suite draws
+        models with such layers only for a backend that claims ``scaled_mm_v2`` and builds them
+        through this method; what the layer is (its class, how it quantizes) is the backend's."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement convert_scaled_mm()")
 
     # -- grouped experts (MoE) ----------------------------------------------------------------
     def convert_grouped_experts(self, model: torch.nn.Module, *, module_filter_fn, recipe: str, emulate: bool) -> None:

@@ -28,6 +28,8 @@ __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"
 #: ``Backend.shard_tensor_parallel``): what each weight all-gather moves with float8 all-gather on
 #: and off, the data-parallel step's gradients against the unsharded step's, and FP8 compute kept
 #: on every rank of a tensor-parallel linear.
+#: Also 1.3: capability ``scaled_mm_v2`` (``Backend.convert_scaled_mm``): PROV, VAL, REG, BND, EMU-002
+#: and NUM-001/002 draw linears on ``F.scaled_mm`` for a backend that claims it.
 SPEC_VERSION = "1.3"
 
 

@@ -31,6 +31,7 @@ CAPABILITIES = frozenset(
         "mx",
         "moe",
         "distributed",
+        "scaled_mm_v2",
     }
 )
 
@@ -58,7 +59,8 @@ FINGERPRINT_SCOPES = ("quantization", "whole_step")
 class Provenance:
     """Which quantized module issued a node, and with which quantization config.
 
-    ``kind`` is ``"float8_linear"``, ``"mxfp8_linear"`` or ``"float8_grouped_experts"``; ``recipe`` is the recipe name
+    ``kind`` is ``"float8_linear"``, ``"mxfp8_linear"``, ``"float8_scaled_mm_linear"`` or
+    ``"float8_grouped_experts"``; ``recipe`` is the recipe name
     (``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, ``"mxfp8"``, ...), or None for a
     backend that records no recipe (``Backend.provenance_has_recipe = False``: PROV-002 then
     checks kind and emulate only, and its report row says so).

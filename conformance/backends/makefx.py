@@ -26,10 +26,19 @@ __all__ = ["MakeFxBackend"]
 _PROPERTY_OF = {"missing": "VAL-002", "count": "VAL-007", "unattributed": "VAL-003"}
 
 
+def _has_scaled_mm() -> bool:
+    import torch
+
+    return hasattr(torch.nn.functional, "scaled_mm")
+
+
 class MakeFxBackend(Backend):
     name = "makefx"
     version = "0.1"
-    capabilities = frozenset({"provenance", "validation", "emulation", "regions", "graphpp", "fingerprint"})
+    #: ``scaled_mm_v2``: the trainer's own linears on F.scaled_mm (torch 2.12 and newer).
+    capabilities = frozenset({"provenance", "validation", "emulation", "regions", "graphpp", "fingerprint"}) | (
+        {"scaled_mm_v2"} if _has_scaled_mm() else set()
+    )
     provenance_has_recipe = False
     #: The fingerprint is the trainer's artifact key: it covers the parameters' and buffers'
     #: names, shapes and registration order and the whole job configuration, and the signature
@@ -110,6 +119,11 @@ class MakeFxBackend(Backend):
             return step_key(model, strict=strict, config=config or self.config)
         except UnnamedConfigError as exc:
             raise UnsupportedConfig(str(exc)) from exc
+
+    def convert_scaled_mm(self, model, *, module_filter_fn, recipe):
+        from conformance.backends.makefx_linear import convert_linears
+
+        convert_linears(model, module_filter_fn=module_filter_fn, recipe=recipe)
 
     def job_configs(self):
         base = self.config

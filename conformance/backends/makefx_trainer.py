@@ -108,13 +108,18 @@ class Fp8CheckReport:
 
 
 def quantized_modules(model: torch.nn.Module) -> dict[str, QuantizedModule]:
-    """The model's TorchAO ``Float8Linear`` modules by FQN."""
+    """The model's TorchAO ``Float8Linear`` modules and the trainer's own linears on
+    ``F.scaled_mm`` (:mod:`conformance.backends.makefx_linear`, all three matmuls in FP8) by FQN."""
     from torchao.float8.config import ScalingType
     from torchao.float8.float8_linear import Float8Linear
 
+    from conformance.backends.makefx_linear import KIND, ScaledMMTrainerLinear
+
     found = {}
     for fqn, module in model.named_modules():
-        if isinstance(module, Float8Linear):
+        if isinstance(module, ScaledMMTrainerLinear):
+            found[fqn] = QuantizedModule(fqn, KIND, False, fp8_grad_input=True, fp8_grad_weight=True)
+        elif isinstance(module, Float8Linear):
             config = module.config
             found[fqn] = QuantizedModule(
                 fqn, "float8_linear", bool(config.emulate),

@@ -19,7 +19,7 @@ import fp8conf.graph.validate
 from conformance.backends.reference import ReferenceBackend
 from conformance.api.types import Provenance
 
-aten_scaled = ("aten._scaled_mm.default",)
+aten_scaled = ("aten._scaled_mm.default", "aten._scaled_mm_v2.default")
 
 
 @contextlib.contextmanager

@@ -9,17 +9,18 @@ from fp8conf.errors import FP8GraphSplitError
 
 
 class Float8Only(ReferenceBackend):
-    """A backend without MX linears, claiming only provenance and validation: shown an MX layer,
-    its tracer refuses the model, so any MX model the suite draws for it fails a property."""
+    """A backend without MX linears or linears on ``F.scaled_mm``, claiming only provenance and
+    validation: shown such a layer, its tracer refuses the model, so any such model the suite
+    draws for it fails a property."""
 
     name = "float8-only"
     capabilities = frozenset({"provenance", "validation"})
 
     def trace_joint(self, model, args):
-        mx = [fqn for fqn, module in model.named_modules() if type(module).__name__ == "MXLinear"]
-        spec = getattr(model, "spec", None)  # the drawn stacks carry their spec; the families have no MX layers
-        if mx or (spec is not None and spec.has_mx()):
-            raise TypeError(f"the float8-only backend was shown a model with MX layers {mx}: {model.spec!r}")
+        other = [fqn for fqn, module in model.named_modules() if type(module).__name__ in ("MXLinear", "ScaledMMLinear")]
+        spec = getattr(model, "spec", None)  # the drawn stacks carry their spec; the families have neither
+        if other or (spec is not None and (spec.has_mx() or spec.has_scaled_mm())):
+            raise TypeError(f"the float8-only backend was shown a model with MX or F.scaled_mm layers {other}: {model.spec!r}")
         return super().trace_joint(model, args)
 
 
