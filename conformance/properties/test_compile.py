@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 
 from conformance.dispatch import always_generated, dispatches_per_node, equal_computations, observed
-from conformance.families import family_examples
+from conformance.families import LLAMA_ATTENTION, family_examples
 from conformance.graphs import is_fp8_cast, live_nodes, tagged_groups
 from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, traced
 from conformance.strategies import model_specs, runnable_recipes
@@ -20,10 +20,11 @@ runnable = runnable_recipes()
 # A cold Inductor compile takes seconds to tens of seconds on CPU: see harness.compile_budget.
 compile_budget = compile_settings()
 #: The model families the NUM properties run first (conformance.families): the Llama-shaped one
-#: only, whose attention (SDPA and its backward), norms, residual stream, embedding and
-#: high-precision head a compiled step must get right; compiling the other families too would
-#: cost a cold Inductor compile each and show Inductor nothing the Llama does not.
-COMPILE_FAMILIES = ("llama",)
+#: only, without its MLP, whose attention (SDPA and its backward, grouped-query), norms, residual
+#: stream, embedding and high-precision head a compiled step must get right. A cold Inductor
+#: compile of the whole Llama family costs about twice as much; the other families would cost
+#: one each and show Inductor nothing this one does not.
+COMPILE_FAMILIES = (LLAMA_ATTENTION,)
 
 # Inductor may fuse and reorder float32 arithmetic around the FP8 casts; one flipped FP8
 # rounding moves a gradient by well under this bound, a wrong result by far more.
@@ -137,8 +138,8 @@ def test_NUM_001_full_compile_matches_eager(fp8_backend, warm_inductor, spec):
     returns the graph module itself, or compiles the FP8 regions only, matches eager too: the
     suite watches the dispatcher while the compiled callable runs, where ops Inductor always
     generates code for, and casts to FP8, show what ran eagerly. The Llama-shaped family runs
-    first (its ``w1`` and ``w3`` emulated): attention through SDPA, 3-D activations, an
-    embedding whose weight gradient takes every projection's grad_input, compiled whole."""
+    first, without its MLP and with ``wv`` emulated: attention through SDPA, 3-D activations,
+    an embedding whose weight gradient takes every projection's grad_input, compiled whole."""
     _check_matches_eager("NUM-001", fp8_backend, spec, "full")
 
 
@@ -165,8 +166,8 @@ def test_NUM_003_exactly_the_tagged_regions_are_compiled(fp8_backend, warm_induc
     while the compiled graph runs, against what each node dispatches when the graph runs
     eagerly: every node reported eager must be seen there, and ops Inductor always generates
     code for that only tagged nodes use, and casts to FP8 beyond the untagged ones, must not.
-    The Llama-shaped family runs first, every projection real: regions fed by norms and SDPA,
-    untagged attention, embedding and head ops around them."""
+    The Llama-shaped family (without its MLP) runs first, every projection real: regions fed by
+    norms and SDPA, untagged attention, embedding and head ops around them."""
     case = traced("NUM-003", fp8_backend, spec)
     probe, _ = fresh_copy(case)
     call_backend("NUM-003", fp8_backend, "regions", probe)
