@@ -246,9 +246,9 @@ def _classes() -> dict[str, type]:
         def __init__(self, spec: FamilySpec, index: int):
             super().__init__()
             self.annotated, self.index, self.mlp = spec.family == "annotated", index, spec.mlp
-            self.attention_norm, self.attention = RMSNorm(spec.dim), Attention(spec)
-            if spec.mlp:
-                self.ffn_norm, self.feed_forward = RMSNorm(spec.dim), FeedForward(spec.dim)
+            # Registered in this order whether or not the block has an MLP (None without one).
+            self.attention_norm, self.ffn_norm = RMSNorm(spec.dim), RMSNorm(spec.dim) if spec.mlp else None
+            self.attention, self.feed_forward = Attention(spec), FeedForward(spec.dim) if spec.mlp else None
 
         def _part(self, part):
             if not self.annotated:
