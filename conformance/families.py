@@ -11,7 +11,8 @@ TorchAO conversion by :func:`build_family`:
 
 * ``llama``: an embedding, blocks of RMSNorm, attention (q/k/v/o projections, causal SDPA, with
   grouped-query attention when ``kv_heads < heads``), RMSNorm and a SwiGLU MLP on a residual
-  stream, then a norm and a high-precision output head; every projection quantized.
+  stream, then a norm and a high-precision output head; every projection quantized. The
+  properties that compile every example run it without the MLP (:data:`LLAMA_ATTENTION`).
 * ``annotated``: the ``llama`` family whose forward annotates each block's attention and MLP
   with ``torch.fx.traceback.annotate`` (a stage and a part, as pipeline trainers do): the
   traced nodes carry the model's own ``meta["custom"]`` keys, which a backend must keep.
@@ -33,11 +34,16 @@ import dataclasses
 from conformance.models import _float8_config, recipe_compute_counts, spec_code
 
 __all__ = [
-    "FAMILIES", "FamilySpec", "FixedDraws", "build_family", "family_examples", "family_specs", "user_annotations", "variants",
+    "FAMILIES", "LLAMA_ATTENTION", "FamilySpec", "FixedDraws", "build_family", "family_examples", "family_specs", "user_annotations", "variants",
 ]
 
 #: Every family, in the order properties run them.
 FAMILIES = ("llama", "siblings", "annotated")
+#: The ``llama`` family without its MLP, as the properties that compile every example run it
+#: (the name a property's ``Constraints.families`` gives; its models are ``llama`` models with
+#: ``mlp=False``): embedding, RMSNorm, attention through SDPA with grouped-query attention, the
+#: residual stream, the final norm and the high-precision head, at half a cold compile's cost.
+LLAMA_ATTENTION = "llama-attention"
 _LLAMA_LIKE = ("llama", "annotated")
 #: Rows of the token dimension (a multiple of 16: FP8 matmuls need it) and the vocabulary.
 _VOCAB = 64
@@ -49,10 +55,12 @@ USER_STAGE_KEY, USER_PART_KEY = "user.pp_stage", "user.part"
 class FamilySpec:
     """One model of a family. ``recipe`` is every quantized module's recipe but ``mlp.proj``'s
     (``sibling_recipe``, None: ``recipe``). ``emulate`` True/False: every module emulated or
-    real; None: some of each (``llama``: the MLP's ``w1`` and ``w3``; ``siblings``: ``mlp.proj``).
-    ``input_requires_grad``: the ``siblings`` model's float input needs a gradient; the Llama
-    families take token ids, which need none (every projection's input needs one all the same,
-    through the embedding's weight)."""
+    real; None: some of each (``llama``: the MLP's ``w1`` and ``w3``, or without an MLP the
+    attention's ``wv``; ``siblings``: ``mlp.proj``). ``mlp``: the Llama blocks end in their
+    SwiGLU MLP (``ffn_norm`` and ``feed_forward``); without it a block is its attention on the
+    residual stream. ``input_requires_grad``: the ``siblings`` model's float input needs a
+    gradient; the Llama families take token ids, which need none (every projection's input
+    needs one all the same, through the embedding's weight)."""
 
     family: str
     dim: int = 32
@@ -65,6 +73,7 @@ class FamilySpec:
     input_requires_grad: bool = False
     tokens: int = 16
     seed: int = 0
+    mlp: bool = True
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -75,6 +84,8 @@ class FamilySpec:
             raise ValueError(f"the k/v projections' width {self.dim // self.heads * self.kv_heads} is not a multiple of 16")
         if self.llama and self.input_requires_grad:
             raise ValueError(f"the {self.family} family takes token ids, which need no gradient")
+        if not (self.mlp or self.llama):
+            raise ValueError(f"the {self.family} family has no MLP to leave out")
 
     @property
     def llama(self) -> bool:
@@ -91,14 +102,15 @@ class FamilySpec:
         for i in range(self.blocks):
             a, f = f"layers.{i}.attention", f"layers.{i}.feed_forward"
             found += [(f"{a}.wq", self.dim, self.dim), (f"{a}.wk", self.dim, kv), (f"{a}.wv", self.dim, kv), (f"{a}.wo", self.dim, self.dim)]
-            found += [(f"{f}.w1", self.dim, hidden), (f"{f}.w3", self.dim, hidden), (f"{f}.w2", hidden, self.dim)]
+            if self.mlp:
+                found += [(f"{f}.w1", self.dim, hidden), (f"{f}.w3", self.dim, hidden), (f"{f}.w2", hidden, self.dim)]
         return found
 
     def _config(self, fqn: str) -> tuple[str, bool]:
         recipe = self.sibling_recipe or self.recipe if fqn == "mlp.proj" else self.recipe
         if self.emulate is not None:
             return recipe, self.emulate
-        return recipe, fqn == "mlp.proj" or fqn.endswith((".w1", ".w3"))
+        return recipe, fqn == "mlp.proj" or fqn.endswith((".w1", ".w3") if self.mlp else (".wv",))
 
     def quantized_modules(self) -> dict[str, tuple[str, str, bool]]:
         """FQN -> (kind, recipe, emulate) of every quantized module."""
@@ -177,8 +189,8 @@ def variants(c) -> tuple[FamilySpec, ...]:
             continue
         if family != "siblings" and c.require_reuse:
             continue
-        if family == "llama":
-            found.append(FamilySpec("llama", kv_heads=1, recipe=recipe, emulate=c.emulate))
+        if family in ("llama", LLAMA_ATTENTION):
+            found.append(FamilySpec("llama", kv_heads=1, recipe=recipe, emulate=c.emulate, mlp=family == "llama"))
         elif family == "annotated":
             found.append(FamilySpec("annotated", recipe=other, emulate=False if c.emulate is None else c.emulate))
         else:
@@ -236,9 +248,10 @@ def _classes() -> dict[str, type]:
     class Block(nn.Module):
         def __init__(self, spec: FamilySpec, index: int):
             super().__init__()
-            self.annotated, self.index = spec.family == "annotated", index
-            self.attention_norm, self.ffn_norm = RMSNorm(spec.dim), RMSNorm(spec.dim)
-            self.attention, self.feed_forward = Attention(spec), FeedForward(spec.dim)
+            self.annotated, self.index, self.mlp = spec.family == "annotated", index, spec.mlp
+            # Registered in this order whether or not the block has an MLP (None without one).
+            self.attention_norm, self.ffn_norm = RMSNorm(spec.dim), RMSNorm(spec.dim) if spec.mlp else None
+            self.attention, self.feed_forward = Attention(spec), FeedForward(spec.dim) if spec.mlp else None
 
         def _part(self, part):
             if not self.annotated:
@@ -248,6 +261,8 @@ def _classes() -> dict[str, type]:
         def forward(self, x):
             with self._part("attention"):
                 x = x + self.attention(self.attention_norm(x))
+            if not self.mlp:
+                return x
             with self._part("mlp"):
                 return x + self.feed_forward(self.ffn_norm(x))
 

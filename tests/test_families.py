@@ -30,16 +30,22 @@ _REAL_AND_EMULATED = {"llama", "siblings"}
 #: Per area, the families each property runs first: every family its constraints admit. PROV-006
 #: asks for a module both reused and nesting another, which no family has (the ``siblings``'
 #: reused module meets the other rules, REG-002's one region per call among them); EMU-002 for
-#: emulated and real modules in one model (``llama`` and ``siblings`` with ``emulate=None``). The areas left out (NUM, FPR,
-#: E8M0, MOE) draw models of their own; NUM compiles with Inductor, which the suite's budget
-#: gives a Llama family no room for.
+#: emulated and real modules in one model (``llama`` and ``siblings`` with ``emulate=None``).
+#: NUM compiles with Inductor in every example, so its properties run the ``llama`` family only,
+#: without its MLP (``LLAMA_ATTENTION``: attention through SDPA with grouped-query attention,
+#: norms, the residual stream, the embedding and the high-precision head; a cold full compile of
+#: the whole family costs about 25 s on 2 cores, without the MLP about 14 s). The areas left out
+#: (FPR, E8M0, MOE) draw models of their own.
 DRAWN = {
     "PROV": {"PROV-001": _ALL, "PROV-002": _ALL, "PROV-003": _ALL, "PROV-004": _ALL, "PROV-005": _ALL, "PROV-006": set()},
     "VAL": {f"VAL-00{i}": _ALL for i in range(1, 8)},
     "EMU": {"EMU-001": _ALL, "EMU-002": _REAL_AND_EMULATED, "EMU-003": set()},
     "REG": {f"REG-00{i}": _ALL for i in range(1, 8)},
     "BND": {f"BND-00{i}": _ALL for i in range(1, 8)},
+    "NUM": {"NUM-001": {"llama"}, "NUM-002": {"llama"}, "NUM-003": {"llama"}, "NUM-004": set()},
 }
+#: The families each area runs on some property: all of them, but for NUM.
+COVERED = {area: {"llama"} if area == "NUM" else _ALL for area in DRAWN}
 
 
 def _property_tests():
@@ -60,7 +66,7 @@ def test_every_area_runs_the_families_its_rules_can_meet():
         seen = {pid: set(getattr(tests[pid], "fp8_families", ())) for pid in expected}
         assert seen == expected, f"{area}: families run first per property {seen}, expected {expected}"
         covered = set().union(*seen.values())
-        assert covered == _ALL, f"{area} runs no {sorted(_ALL - covered)} model"
+        assert covered == COVERED[area], f"{area} runs the families {sorted(covered)}, expected {sorted(COVERED[area])}"
 
 
 def test_each_family_varies_what_its_rules_meet():
@@ -71,6 +77,13 @@ def test_each_family_varies_what_its_rules_meet():
     siblings = specs["siblings"].quantized_modules()
     assert siblings["attn.proj"][1] != siblings["mlp.proj"][1], "siblings of one leaf name and two recipes"
     assert not any(emulate for _kind, _recipe, emulate in siblings.values())
+    for pid, emulated in (("NUM-001", {"layers.0.attention.wv"}), ("NUM-002", {"layers.0.attention.wv"}), ("NUM-003", set())):
+        (compiled,) = family_specs(tests[pid].hypothesis._given_kwargs["spec"])
+        assert not compiled.mlp and compiled.kv_heads < compiled.heads, f"{pid}: the Llama family without its MLP, with GQA"
+        assert {fqn for fqn, (_k, _r, e) in compiled.quantized_modules().items() if e} == emulated, pid
+        model, _ = compiled.build()
+        kinds = {type(m).__name__ for m in model.modules()}
+        assert {"Embedding", "RMSNorm", "Attention", "Float8Linear"} <= kinds and "FeedForward" not in kinds, (pid, kinds)
     mixed = family_specs(tests["EMU-002"].hypothesis._given_kwargs["spec"])
     assert all({e for _k, _r, e in spec.quantized_modules().values()} == {True, False} for spec in mixed)
     assert {fqn for fqn, _ in specs["siblings"].calls()} == set(siblings)
@@ -111,7 +124,7 @@ def test_the_families_run_first_on_one_property_per_area(pytester, monkeypatch):
     from hypothesis import Phase, settings
 
     settings.register_profile("fp8conf-families-only", database=None, deadline=None, derandomize=True, phases=(Phase.explicit,))
-    chosen = {"PROV-004", "VAL-001", "EMU-002", "REG-007", "BND-002"}
+    chosen = {"PROV-004", "VAL-001", "EMU-002", "REG-007", "BND-002", "NUM-002"}
     tests = {pid: test for pid, test in _property_tests().items() if pid in chosen}
     result = pytester.runpytest(
         # importlib: the worker may have imported tests/test_fingerprint.py, whose basename the

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 
 from conformance.dispatch import BlockScaledCalls, always_generated, dispatches_per_node, equal_computations, observed
+from conformance.families import LLAMA_ATTENTION, family_examples
 from conformance.graphs import is_fp8_cast, live_nodes, tagged_groups
 from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, traced
 from conformance.plugin.gating import NOT_SUPPORTED
@@ -22,6 +23,12 @@ RUNNABLE_KINDS = (FLOAT8_KIND, SCALED_MM_KIND)
 
 # A cold Inductor compile takes seconds to tens of seconds on CPU: see harness.compile_budget.
 compile_budget = compile_settings()
+#: The model families the NUM properties run first (conformance.families): the Llama-shaped one
+#: only, without its MLP, whose attention (SDPA and its backward, grouped-query), norms, residual
+#: stream, embedding and high-precision head a compiled step must get right. A cold Inductor
+#: compile of the whole Llama family costs about twice as much; the other families would cost
+#: one each and show Inductor nothing this one does not.
+COMPILE_FAMILIES = (LLAMA_ATTENTION,)
 
 # Inductor may fuse and reorder float32 arithmetic around the FP8 casts; one flipped FP8
 # rounding moves a gradient by well under this bound, a wrong result by far more.
@@ -124,7 +131,8 @@ class _parameters_restored:
 
 @pytest.mark.fp8_property("NUM-001")
 @compile_budget
-@given(spec=model_specs(recipes=runnable, kinds=RUNNABLE_KINDS))
+@family_examples
+@given(spec=model_specs(recipes=runnable, kinds=RUNNABLE_KINDS, families=COMPILE_FAMILIES))
 def test_NUM_001_full_compile_matches_eager(fp8_backend, warm_inductor, spec):
     """Cheapest defect once let through: a compiled step that folds the parameters in as
     constants at its first call (Inductor freezing), or returns the first step's results; both
@@ -133,30 +141,37 @@ def test_NUM_001_full_compile_matches_eager(fp8_backend, warm_inductor, spec):
     stale weights or results are off by far more than the tolerance. A "full" compile that
     returns the graph module itself, or compiles the FP8 regions only, matches eager too: the
     suite watches the dispatcher while the compiled callable runs, where ops Inductor always
-    generates code for, and casts to FP8, show what ran eagerly."""
+    generates code for, and casts to FP8, show what ran eagerly. The Llama-shaped family runs
+    first, without its MLP and with ``wv`` emulated: attention through SDPA, 3-D activations,
+    an embedding whose weight gradient takes every projection's grad_input, compiled whole."""
     _check_matches_eager("NUM-001", fp8_backend, spec, "full")
 
 
 @pytest.mark.fp8_property("NUM-002")
 @compile_budget
-@given(spec=model_specs(recipes=runnable, kinds=RUNNABLE_KINDS))
+@family_examples
+@given(spec=model_specs(recipes=runnable, kinds=RUNNABLE_KINDS, families=COMPILE_FAMILIES))
 def test_NUM_002_regional_compile_matches_eager(fp8_backend, warm_inductor, spec):
     """Cheapest defect once let through: a regionally compiled graph whose regions keep the first
     call's FP8 weights (a weight cast hoisted out and cached). The parameters now change in place
-    between the two steps, as in training, so a cached cast gives the old weights' results."""
+    between the two steps, as in training, so a cached cast gives the old weights' results. The
+    Llama-shaped family runs first, as in NUM-001."""
     _check_matches_eager("NUM-002", fp8_backend, spec, "regional")
 
 
 @pytest.mark.fp8_property("NUM-003")
 @compile_budget
-@given(spec=model_specs(recipes=runnable, emulate=False))
+@family_examples
+@given(spec=model_specs(recipes=runnable, emulate=False, families=COMPILE_FAMILIES))
 def test_NUM_003_exactly_the_tagged_regions_are_compiled(fp8_backend, warm_inductor, spec):
     """Cheapest defects: a report that echoes the tags while the graph runs otherwise, either
     eagerly (the tagged regions, or the ops of a region other than its casts) or compiled whole
     (the untagged nodes too). Besides the report, the suite watches what reaches the dispatcher
     while the compiled graph runs, against what each node dispatches when the graph runs
     eagerly: every node reported eager must be seen there, and ops Inductor always generates
-    code for that only tagged nodes use, and casts to FP8 beyond the untagged ones, must not."""
+    code for that only tagged nodes use, and casts to FP8 beyond the untagged ones, must not.
+    The Llama-shaped family (without its MLP) runs first, every projection real: regions fed by
+    norms and SDPA, untagged attention, embedding and head ops around them."""
     case = traced("NUM-003", fp8_backend, spec)
     probe, _ = fresh_copy(case)
     call_backend("NUM-003", fp8_backend, "regions", probe)

@@ -143,4 +143,72 @@ class E8M0OperandsReadRowMajor(ReferenceBackend):
         return super().scaled_mm_e8m0(_as_row_major(a), _as_row_major(b), a_scale, b_scale, out_dtype)
 
 
-MUTANTS = [ConfigsKeyedByLeafName, RegionIdsByShortName, TracingReplacesUserAnnotations, AmaxFloorOnlyForEmptyGroups, E8M0OperandsReadRowMajor]
+#: What a linear layer's backward node is called: ``MmBackward0`` / ``AddmmBackward0`` (a plain
+#: ``nn.Linear``), TorchAO's ``matmul_with_hp_or_float8_argsBackward``, fp8conf's MX linear.
+_LINEAR_BACKWARDS = ("mmbackward", "matmul", "linear")
+
+
+def _fed_by_data_or_a_linear(value, data_nodes) -> bool:
+    """Whether a call's input needs a gradient, as a trainer written for stacks of linears decides
+    it: when the step's input, requiring one, or a linear layer's output lies upstream of it
+    (``data_nodes``: the autograd nodes of the step's inputs that require a gradient). The
+    parameters of other ops (an embedding's, a norm's) are not looked for."""
+    if not getattr(value, "requires_grad", False):
+        return False
+    stack, seen = [value.grad_fn], []
+    while stack:
+        fn = stack.pop()
+        if fn is None or any(fn is s for s in seen):
+            continue
+        seen.append(fn)
+        if any(fn is d for d in data_nodes) or any(name in type(fn).__name__.lower() for name in _LINEAR_BACKWARDS):
+            return True
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return False
+
+
+class InputGradOnlyAfterALinear(ReferenceBackend):
+    """Decides which calls need a grad_input matmul as a trainer written for stacks of linears
+    does: a call's input needs a gradient when the step's input (requiring one) or a linear
+    layer's output lies upstream of it. What comes before the first linear (an embedding, a
+    norm) counts as data preprocessing, its parameters as nothing a gradient flows to, so the q,
+    k and v projections fed by the embedding through RMSNorm are expected to issue no grad_input
+    matmul, and strict validation rejects the step's correct graph: the grad_input matmuls that
+    the embedding's and the norm's weights need."""
+
+    name = "mutant-input-grad-only-after-a-linear"
+    KILLED_BY = "VAL-001"
+
+    def trace_joint(self, model, args):
+        data_nodes: list = []
+        annotated_forward = fp8conf.graph.provenance._annotated_forward
+
+        def step(*step_args, **kwargs):
+            # The tracer calls the model on its own (functional) copies of the inputs: read them here.
+            data_nodes[:] = [a.grad_fn for a in step_args if isinstance(a, torch.Tensor) and a.grad_fn is not None]
+            return forward(*step_args, **kwargs)
+
+        def judged_forward(module, fqn, counters, calls):
+            inner = annotated_forward(module, fqn, counters, calls)
+
+            def judged(*call_args, **kwargs):
+                first = call_args[0] if call_args else next(iter(kwargs.values()), None)
+                before = len(calls)
+                result = inner(*call_args, **kwargs)
+                calls[before] = dataclasses.replace(calls[before], input_requires_grad=_fed_by_data_or_a_linear(first, data_nodes))
+                return result
+
+            return judged
+
+        own, forward = model.__dict__.get("forward"), model.forward
+        model.forward = step
+        try:
+            with _replaced(fp8conf.graph.provenance, "_annotated_forward", judged_forward):
+                return super().trace_joint(model, args)
+        finally:
+            if own is None:
+                del model.forward
+            else:
+                model.forward = own
+
+MUTANTS = [ConfigsKeyedByLeafName, RegionIdsByShortName, TracingReplacesUserAnnotations, AmaxFloorOnlyForEmptyGroups, E8M0OperandsReadRowMajor, InputGradOnlyAfterALinear]
