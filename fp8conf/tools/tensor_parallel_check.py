@@ -16,7 +16,12 @@ hook, before the bias's gradient is taken, where an unsharded ``Float8Linear`` s
 high-precision output gradient; so a bias gradient is held to e5m2's rounding
 (``BIAS_TOLERANCE``, measured 0.065 for ``up.bias``).
 
-    python -m fp8conf.tools.tensor_parallel_check --dim 64 --hidden 128
+With ``--compile regional`` the traced step is also compiled regionally
+(:func:`fp8conf.compile_joint`: the collectives stay outside the FP8 regions) and run over gloo;
+its output and gradients must equal the traced step's within ``COMPILED_TOLERANCE`` (Inductor
+sums float32 in its own order). A sharded step is not compiled whole (``mode="full"`` refuses it).
+
+    python -m fp8conf.tools.tensor_parallel_check --dim 64 --hidden 128 --compile regional
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import tempfile
 
 import torch
 
-__all__ = ["TensorParallelCheck", "TOLERANCE", "BIAS_TOLERANCE", "tolerance_of", "launch", "main"]
+__all__ = ["TensorParallelCheck", "TOLERANCE", "BIAS_TOLERANCE", "COMPILED_TOLERANCE", "tolerance_of", "launch", "main"]
 
 #: Relative norm of (sharded - unsharded) outputs and gradients allowed: float32 sums in
 #: another order (measured: weight gradients equal bitwise, output and input gradient 1.1e-7).
@@ -37,6 +42,8 @@ TOLERANCE = 1e-4
 #: For bias gradients, taken from the output gradient cast to e5m2 (2 mantissa bits): its unit
 #: roundoff, 2**-3.
 BIAS_TOLERANCE = 0.125
+#: Largest absolute difference allowed between the regionally compiled and the traced step.
+COMPILED_TOLERANCE = 1e-4
 
 
 def tolerance_of(what: str) -> float:
@@ -50,10 +57,14 @@ class TensorParallelCheck:
     regions_complete: bool
     errors: dict  # what -> largest relative error over the ranks
     all_reduce_bytes: int
+    compile: str | None = None
+    #: Largest absolute difference of the compiled step's output and gradients from the traced step's, over the ranks.
+    compiled_max_abs_diff: float | None = None
 
     @property
     def ok(self) -> bool:
-        return self.validated and self.regions_complete and all(e <= tolerance_of(k) for k, e in self.errors.items())
+        compiled = self.compile is None or (self.compiled_max_abs_diff is not None and self.compiled_max_abs_diff <= COMPILED_TOLERANCE)
+        return self.validated and self.regions_complete and compiled and all(e <= tolerance_of(k) for k, e in self.errors.items())
 
     def summary(self) -> str:
         worst = max((e for k, e in self.errors.items() if not k.endswith(".bias")), default=float("nan"))
@@ -65,6 +76,9 @@ class TensorParallelCheck:
             f"{bias:.3g} (tolerance {BIAS_TOLERANCE:g}, e5m2 output gradients): "
             + ", ".join(f"{k} {v:.3g}" for k, v in sorted(self.errors.items()))
             + f"; all-reduced per step and rank: {self.all_reduce_bytes} bytes"
+            + ("" if self.compile is None else
+               f"; {self.compile} compiled: largest absolute difference from the traced step {self.compiled_max_abs_diff:.3g} "
+               f"(tolerance {COMPILED_TOLERANCE:g})")
         )
 
 
@@ -119,29 +133,40 @@ def _worker(rank, ranks, init_file, options, out_dir):
             "down.weight": reference.down.weight.grad.chunk(ranks, 1)[rank], "down.bias": reference.down.bias.grad,
         }
         seen = {"output": outputs[0], **grads}
+        compiled_diff = None
+        if options["compile"]:
+            compiled = fp8conf.compile_joint(gm, mode=options["compile"])
+            outputs_c, grads_c = fp8conf.run_joint(gm, model, (x.clone().requires_grad_(),), (g,), fn=compiled)
+            compiled_seen = {"output": outputs_c[0], **grads_c}
+            compiled_diff = max(float((compiled_seen[k].detach() - seen[k].detach()).abs().max()) for k in seen)
         records = [r for r in (get_collective(n) for n in gm.graph.nodes) if r is not None]
         torch.save({
             "validated": validated,
             "regions_complete": regions_complete,
             "errors": {k: _relative(seen[k].detach(), v) for k, v in expected.items()},
             "all_reduce_bytes": sum(r.result_bytes for r in records if r.op == "all_reduce"),
+            "compiled_diff": compiled_diff,
         }, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def launch(*, ranks: int = 2, dim: int = 32, hidden: int = 64, tokens: int = 16) -> TensorParallelCheck:
-    """Spawn ``ranks`` gloo processes, run the checks and return them."""
+def launch(*, ranks: int = 2, dim: int = 32, hidden: int = 64, tokens: int = 16, compile: str | None = None) -> TensorParallelCheck:
+    """Spawn ``ranks`` gloo processes, run the checks and return them (``compile``: also compile
+    the traced step, ``"regional"``)."""
     import torch.multiprocessing as mp
 
-    options = dict(dim=dim, hidden=hidden, tokens=tokens)
+    if compile not in (None, "regional"):
+        raise ValueError(f"tensor_parallel_check: compile must be None or 'regional' (a sharded step is not compiled whole), got {compile!r}")
+    options = dict(dim=dim, hidden=hidden, tokens=tokens, compile=compile)
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_worker, args=(ranks, os.path.join(tmp, "init"), options, tmp), nprocs=ranks, join=True, start_method="spawn")
         results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(ranks)]
     errors = {k: max(r["errors"][k] for r in results) for k in results[0]["errors"]}
     return TensorParallelCheck(
         ranks, all(r["validated"] for r in results), all(r["regions_complete"] for r in results), errors,
-        results[0]["all_reduce_bytes"],
+        results[0]["all_reduce_bytes"], compile,
+        None if compile is None else max(r["compiled_diff"] for r in results),
     )
 
 
@@ -151,8 +176,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=64, help="split over the ranks; each rank's part a multiple of 16")
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--compile", choices=["regional"], default=None,
+                        help="also compile the traced step regionally and compare it with the traced step")
     args = parser.parse_args(argv)
-    check = launch(ranks=args.ranks, dim=args.dim, hidden=args.hidden, tokens=args.tokens)
+    check = launch(ranks=args.ranks, dim=args.dim, hidden=args.hidden, tokens=args.tokens, compile=args.compile)
     print(check.summary())
     return 0 if check.ok else 1
 
