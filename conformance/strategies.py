@@ -57,7 +57,7 @@ from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, SCALED_MM_RECIPE
 
 __all__ = [
     "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
-    "Constraints", "corpus", "layer_specs", "model_specs", "runnable_recipes", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs",
+    "Constraints", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_left_out", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs",
     "sharded_specs",
 ]
 
@@ -89,6 +89,37 @@ def runnable_recipes(device: str = "cpu") -> tuple[str, ...]:
     except (RuntimeError, NotImplementedError):
         return ("tensorwise",)
     return FLOAT8_RECIPES
+
+
+@functools.cache
+def runnable_kinds(device: str = "cpu") -> tuple[str, ...]:
+    """The quantized module kinds whose FP8 matmuls this torch executes on ``device``, for the
+    properties that run graphs: float8 and MX layers always (MX through the backend's own op);
+    linears on ``F.scaled_mm`` where ``aten._scaled_mm_v2`` has a kernel for the device (torch
+    2.11 has the function, with a CUDA kernel only). :func:`kinds_left_out` says what is missing."""
+    import torch
+    import torch.nn.functional as F
+
+    kinds = [FLOAT8_KIND, MX_KIND]
+    if hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):
+        a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+        b = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=device)
+        try:
+            F.scaled_mm(a, b, one, F.ScalingType.TensorWise, one, F.ScalingType.TensorWise, output_dtype=torch.float32)
+            kinds.append(SCALED_MM_KIND)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError):
+            pass
+    return tuple(kinds)
+
+
+def kinds_left_out(device: str = "cpu") -> str | None:
+    """A note for a report row when a kind the suite draws cannot run here, else None."""
+    missing = [k for k in ALL_KINDS if k not in runnable_kinds(device)]
+    if not missing:
+        return None
+    return (f"{', '.join(missing)} layers are not drawn by the properties that run graphs: this torch has no {device} "
+            "kernel for their matmuls (aten._scaled_mm_v2)")
 
 
 @st.composite

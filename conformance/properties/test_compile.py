@@ -12,14 +12,16 @@ from conformance.dispatch import BlockScaledCalls, always_generated, dispatches_
 from conformance.families import LLAMA_ATTENTION, family_examples
 from conformance.graphs import is_fp8_cast, live_nodes, tagged_groups
 from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, traced
+from conformance.notes import note
 from conformance.plugin.gating import NOT_SUPPORTED
-from conformance.strategies import FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, model_specs, runnable_recipes
+from conformance.strategies import FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, kinds_left_out, model_specs, runnable_kinds, runnable_recipes
 from conformance.api.types import Compiled
 
 runnable = runnable_recipes()
 #: NUM-001 and NUM-002 draw linears on F.scaled_mm too, for a backend that claims
-#: ``scaled_mm_v2``: CPU runs their tensorwise and rowwise matmuls (MX layers it cannot run).
-RUNNABLE_KINDS = (FLOAT8_KIND, SCALED_MM_KIND)
+#: ``scaled_mm_v2``, where this torch runs their matmuls on CPU (2.12 and newer; MX layers are
+#: NUM-005's).
+RUNNABLE_KINDS = tuple(k for k in (FLOAT8_KIND, SCALED_MM_KIND) if k in runnable_kinds())
 
 # A cold Inductor compile takes seconds to tens of seconds on CPU: see harness.compile_budget.
 compile_budget = compile_settings()
@@ -44,7 +46,14 @@ def _compare(property_id, spec, label, expected, seen):
         check(error <= _TOLERANCE, property_id, f"{label}: {name} differs from eager by {error:.3g} in relative norm (tolerance {_TOLERANCE})", spec)
 
 
+def _note_kinds_left_out(backend) -> None:
+    left_out = kinds_left_out()
+    if left_out and "scaled_mm_v2" in backend.capabilities:
+        note(left_out)
+
+
 def _check_matches_eager(property_id, backend, spec, mode):
+    _note_kinds_left_out(backend)
     case = traced(property_id, backend, spec)
     compiled = call_backend(property_id, backend, "compile", case.gm, mode=mode, expect=Compiled)
     # Only the compiled callable's own calls are counted, not what the runner does around it.
