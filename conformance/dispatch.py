@@ -37,26 +37,26 @@ __all__ = ["DispatchCounter", "observed", "dispatches_per_node", "equal_computat
 _CASTS = ("aten._to_copy.default", "prims.convert_element_type.default")
 
 
-class DispatchCounter:
-    """Counts, while active (``with counter:``, reentrant), every op overload that reaches the
-    dispatcher (``counts``) and how many of those calls convert a tensor to FP8 (``fp8_casts``)."""
+class _Watcher:
+    """A reentrant context manager that, while active, shows every op call reaching torch's
+    dispatcher to :meth:`seen` (with its result), one ``TorchDispatchMode`` per ``with``."""
 
     def __init__(self):
-        self.counts: collections.Counter = collections.Counter()
-        self.fp8_casts = 0
         self._modes: list = []
+
+    def seen(self, func, args, kwargs, out) -> None:
+        raise NotImplementedError
 
     def __enter__(self):
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        counter = self
+        watcher = self
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                counter.counts[func] += 1
-                if str(func) in _CASTS and _is_fp8(getattr(out, "dtype", None)):
-                    counter.fp8_casts += 1
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                watcher.seen(func, args, kwargs, out)
                 return out
 
         mode = Mode()
@@ -66,6 +66,21 @@ class DispatchCounter:
 
     def __exit__(self, *exc):
         return self._modes.pop().__exit__(*exc)
+
+
+class DispatchCounter(_Watcher):
+    """Counts, while active (``with counter:``, reentrant), every op overload that reaches the
+    dispatcher (``counts``) and how many of those calls convert a tensor to FP8 (``fp8_casts``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+        self.fp8_casts = 0
+
+    def seen(self, func, args, kwargs, out) -> None:
+        self.counts[func] += 1
+        if str(func) in _CASTS and _is_fp8(getattr(out, "dtype", None)):
+            self.fp8_casts += 1
 
 
 def observed(fn):
@@ -162,7 +177,7 @@ def always_generated(op) -> bool:
 _SCALE_DTYPES = ("torch.uint8", "torch.float8_e8m0fnu")
 
 
-class BlockScaledCalls:
+class BlockScaledCalls(_Watcher):
     """While active (``with calls:``), every op call that reaches the dispatcher with at least one
     FP8 tensor argument and at least one e8m0 scale argument (``uint8`` or ``float8_e8m0fnu``) is
     recorded in ``calls`` as ``(op name, scales)``, ``scales`` a tuple of ``(shape, bytes)`` of the
@@ -170,29 +185,14 @@ class BlockScaledCalls:
     each read in its logical layout: a call's scales are compared by value, not by stride."""
 
     def __init__(self):
+        super().__init__()
         self.calls: list[tuple[str, tuple]] = []
-        self._modes: list = []
 
-    def __enter__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        calls = self.calls
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                tensors = list(_tensors_in((*args, *(kwargs or {}).values())))
-                scales = [t for t in tensors if str(t.dtype) in _SCALE_DTYPES]
-                if scales and any(_is_fp8(t.dtype) for t in tensors):
-                    calls.append((str(func), tuple(_bytes_of(t) for t in scales)))
-                return func(*args, **(kwargs or {}))
-
-        mode = Mode()
-        mode.__enter__()
-        self._modes.append(mode)
-        return self
-
-    def __exit__(self, *exc):
-        return self._modes.pop().__exit__(*exc)
+    def seen(self, func, args, kwargs, out) -> None:
+        tensors = list(_tensors_in((*args, *kwargs.values())))
+        scales = [t for t in tensors if str(t.dtype) in _SCALE_DTYPES]
+        if scales and any(_is_fp8(t.dtype) for t in tensors):
+            self.calls.append((str(func), tuple(_bytes_of(t) for t in scales)))
 
 
 def _tensors_in(values):
