@@ -15,6 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch  # imported before the in-process pytester run, which would otherwise unload it
+# The in-process run compiles (NUM-002): Dynamo's debug backends register themselves by name when
+# this module is first imported; imported inside the run, it would be unloaded after it and
+# register again at the next torch.compile of this worker ("duplicate name").
+import torch._dynamo.repro.after_dynamo  # noqa: F401
+import torch._inductor.compile_fx  # noqa: F401
 
 import conformance
 import conformance.harness  # noqa: F401  (imported before the in-process run, which patches its evidence)
