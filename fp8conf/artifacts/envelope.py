@@ -171,5 +171,8 @@ def deserialize_guarded(path: str, header: ArtifactHeader, load: Callable):
 def _register_fp8conf_ops() -> None:
     try:  # graphs may call fp8conf's custom ops, which must be registered before loading
         import fp8conf.quantized.ops  # noqa: F401
-    except Exception:
-        pass
+    except Exception as exc:
+        from fp8conf.log import warn_once
+
+        warn_once("ops", "artifact", f"fp8conf's custom ops could not be registered ({type(exc).__name__}: {exc}); "
+                  "an artifact whose graph calls them will fail to load")

@@ -20,7 +20,8 @@ def codegen_deferred():
     """Inside, torch's own passes make deferred graph modules too (the min-cut partitioner's)."""
     try:
         from torch.fx._lazy_graph_module import _use_lazy_graph_module
-    except ImportError:  # a torch without deferred graph modules: code at once, as before
+    except ImportError as exc:  # a torch without deferred graph modules: code at once, as before
+        _said_no_deferred_code(exc)
         return contextlib.nullcontext()
     return _use_lazy_graph_module(True)
 
@@ -29,6 +30,14 @@ def graph_module(root, graph: torch.fx.Graph, class_name: str = "GraphModule") -
     """``torch.fx.GraphModule(root, graph, class_name)``, deferred under :func:`codegen_deferred`."""
     try:
         from torch.fx._lazy_graph_module import _make_graph_module
-    except ImportError:
+    except ImportError as exc:
+        _said_no_deferred_code(exc)
         return torch.fx.GraphModule(root, graph, class_name)
     return _make_graph_module(root, graph, class_name)
+
+
+def _said_no_deferred_code(exc: ImportError) -> None:
+    from fp8conf.log import fell_back
+
+    fell_back("deferred code", f"torch.fx._lazy_graph_module is missing ({exc})",
+              "every graph module writes its Python code when made (more host time per compile)")
