@@ -36,6 +36,7 @@ __all__ = [
     "trace_with_oracle",
     "copy_graph_module",
     "fp8_compute_nodes",
+    "grouped_offsets",
     "unjudged_scaled_mms",
     "no_fp8_compute_reason",
     "is_fp8_cast",
@@ -108,6 +109,13 @@ def scale_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
     else:
         values = [node.args[i] if len(node.args) > i else node.kwargs.get(k) for i, k in ((2, "scale_a"), (3, "scale_b"))]
     return [v for v in values if isinstance(v, torch.fx.Node)]
+
+
+def grouped_offsets(node: torch.fx.Node):
+    """The token-group offsets a grouped GEMM reads (``args[4]`` of ``_scaled_grouped_mm``,
+    ``args[8]`` of ``_scaled_grouped_mm_v2``, else the ``offs`` keyword), or None."""
+    position = 8 if str(node.target).split(".")[-2].endswith("_v2") else 4
+    return node.args[position] if len(node.args) > position else node.kwargs.get("offs")
 
 
 def fp8_compute_nodes(gm: torch.fx.GraphModule, ops: Fp8Ops) -> list[torch.fx.Node]:

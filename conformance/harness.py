@@ -49,11 +49,12 @@ _DEVICE = contextvars.ContextVar("conformance device", default="cpu")
 @contextlib.contextmanager
 def serving(backend, device: str = "cpu"):
     """Run one test against ``backend``: models are drawn with only the quantized module kinds it
-    claims (:func:`supported_kinds`), built on ``device``, and failing models print as code that
+    claims (:func:`supported_kinds`; experts on ``F.scaled_grouped_mm`` only when it claims
+    ``scaled_grouped_mm_v2``), built on ``device``, and failing models print as code that
     builds them with it."""
     token, device_token = _SERVED.set(backend), _DEVICE.set(device)
     try:
-        with strategies.supported_kinds(supported_kinds(backend)):
+        with strategies.supported_kinds(supported_kinds(backend), grouped_v2="scaled_grouped_mm_v2" in backend.capabilities):
             yield
     finally:
         _SERVED.reset(token)

@@ -16,17 +16,41 @@ high-precision :class:`GroupedExperts` (a 3-D ``weight`` ``(E, out, in)``, calle
 group with zero rows to a multiple of 16 (FP8 grouped GEMMs need it), all with static shapes,
 so the model traces with fake tensors; the token-group end offsets are an input of each experts
 call. Experts listed in ``MoESpec.unused`` are masked out of routing: their groups are empty.
+
+A spec with ``v2`` (for a backend that claims capability ``scaled_grouped_mm_v2``) has its experts
+converted through ``Backend.convert_scaled_grouped_experts`` instead: grouped experts whose
+grouped GEMMs go through ``F.scaled_grouped_mm`` (``aten._scaled_grouped_mm_v2``), what
+trainers written against torch's second scaled-matmul API call.
+
+torch ships a CUDA kernel for ``aten._scaled_grouped_mm_v2`` only: no CPU, Meta or fake one (up
+to 2.14 at least), so a model calling it cannot even be traced with fake tensors on CPU. Within
+:func:`v2_grouped_structure` it can, and nothing else changes:
+
+* the Meta kernel computes what torch's own kernels compute before any arithmetic, and nothing
+  else: the output's shape, dtype and strides by torch's own rule for grouped GEMM outputs, the
+  one the first API's Meta kernel uses (``torch._meta_registrations._meta_grouped_mm_common``,
+  the Python twin of the CUDA code's ``create_grouped_gemm_output_tensor``, which both APIs'
+  CUDA kernels call), with its checks of the operands (FP8 dtypes, row/column-major layouts,
+  16-byte strides, rowwise scale shapes, int32 offsets), which are the rowwise recipe's on both
+  APIs; a layout the GPU would refuse is refused here too. It takes one rowwise scale per
+  operand and refuses any other scaling rather than guess;
+* it is registered with ``torch.library`` only inside the block, only where torch has no Meta
+  kernel of its own, and removed on leaving, with FakeTensor's dispatch cache cleared, so no
+  fake result outlives the block;
+* it is a Meta kernel, not a CPU one: a real call still raises inside the block, so nothing that
+  runs a v2 grouped GEMM can pretend to compute on CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from conformance.models import reproducer
 
 __all__ = [
     "GROUPED_KIND", "ALIGNMENT", "MoESpec", "ExpertsSpec", "GroupedExperts", "build_moe_model", "build_experts_model",
-    "experts_inputs",
+    "experts_inputs", "v2_grouped_structure", "has_v2_grouped_meta_kernel",
 ]
 
 #: The quantized module kind of FP8 grouped experts.
@@ -41,7 +65,8 @@ class MoESpec:
     """A stack of ``layers`` MoE layers on ``tokens`` tokens of ``dim`` features.
 
     ``unused``: experts no token is routed to (never the last one, whose group also takes the
-    padding slack). ``emulate``: the experts compute in high precision on purpose."""
+    padding slack). ``emulate``: the experts compute in high precision on purpose. ``v2``: the
+    experts' grouped GEMMs go through ``F.scaled_grouped_mm`` (never emulated)."""
 
     dim: int = 16
     hidden: int = 32
@@ -54,8 +79,10 @@ class MoESpec:
     emulate: bool = False
     input_requires_grad: bool = True
     seed: int = 0
+    v2: bool = False
 
     def __post_init__(self):
+        _check_v2(self)
         if self.dim % ALIGNMENT or self.hidden % ALIGNMENT:
             raise ValueError(f"dim and hidden must be multiples of {ALIGNMENT}, got {self.dim}, {self.hidden}")
         if any(not 0 <= e < self.experts - 1 for e in self.unused) or len(set(self.unused)) != len(self.unused):
@@ -98,7 +125,7 @@ class MoESpec:
         return counts
 
     def to_python(self, backend: str | None = None) -> str:
-        return reproducer("conformance.moe", "build_moe_model", self, backend, ("convert", "convert_grouped_experts"))
+        return reproducer("conformance.moe", "build_moe_model", self, backend, ("convert", _converter(self))) + _v2_hint(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +140,10 @@ class ExpertsSpec:
     padding: int = 0
     emulate: bool = False
     seed: int = 0
+    v2: bool = False
 
     def __post_init__(self):
+        _check_v2(self)
         if any(g % ALIGNMENT or g < 0 for g in self.groups) or not any(self.groups):
             raise ValueError(f"groups {self.groups} must be multiples of {ALIGNMENT}, not all empty")
         if self.in_features % ALIGNMENT or self.out_features % ALIGNMENT:
@@ -138,7 +167,31 @@ class ExpertsSpec:
         return bounds
 
     def to_python(self, backend: str | None = None) -> str:
-        return reproducer("conformance.moe", "build_experts_model", self, backend, ("convert", "convert_grouped_experts"))
+        return reproducer("conformance.moe", "build_experts_model", self, backend, ("convert", _converter(self))) + _v2_hint(self)
+
+
+def _check_v2(spec) -> None:
+    if spec.v2 and spec.emulate:
+        raise ValueError("experts on F.scaled_grouped_mm (v2) are never emulated")
+
+
+def _v2_hint(spec) -> str:
+    if not spec.v2:
+        return ""
+    return ("# torch ships no CPU or Meta kernel of aten._scaled_grouped_mm_v2: on CPU, trace with fake tensors\n"
+            "# inside `with v2_grouped_structure():` (the suite's structure-only Meta kernel)\n")
+
+
+def _converter(spec) -> str:
+    """The contract method that converts ``spec``'s experts."""
+    return "convert_scaled_grouped_experts" if spec.v2 else "convert_grouped_experts"
+
+
+def _convert(convert, model, spec, module_filter_fn) -> None:
+    if spec.v2:
+        convert(model, module_filter_fn=module_filter_fn, recipe="rowwise")
+    else:
+        convert(model, module_filter_fn=module_filter_fn, recipe="rowwise", emulate=spec.emulate)
 
 
 _CACHE: dict[str, type] = {}
@@ -243,13 +296,14 @@ def __getattr__(name):
 def build_moe_model(spec: MoESpec, device: str = "cpu", *, convert):
     """Build ``spec``'s model and convert its experts with ``convert`` (a backend's
     ``convert_grouped_experts``, called as ``convert(model, module_filter_fn=..., recipe="rowwise",
-    emulate=...)``); return ``(model, args)``."""
+    emulate=...)``; for a ``v2`` spec its ``convert_scaled_grouped_experts``, called without
+    ``emulate``); return ``(model, args)``."""
     import torch
 
     torch.manual_seed(spec.seed)
     model = _classes()["DrawnMoE"](spec)
     experts = set(spec.quantized_modules())
-    convert(model, module_filter_fn=lambda m, fqn: fqn in experts, recipe="rowwise", emulate=spec.emulate)
+    _convert(convert, model, spec, lambda m, fqn: fqn in experts)
     model.to(device)
     x = torch.randn(spec.tokens, spec.dim, device=device, requires_grad=spec.input_requires_grad)
     return model, (x,)
@@ -278,6 +332,60 @@ def build_experts_model(spec: ExpertsSpec, device: str = "cpu", *, convert):
 
     torch.manual_seed(spec.seed)
     model = _classes()["ExpertsOnly"](spec)
-    convert(model, module_filter_fn=lambda m, fqn: fqn == "experts", recipe="rowwise", emulate=spec.emulate)
+    _convert(convert, model, spec, lambda m, fqn: fqn == "experts")
     model.to(device)
     return model, experts_inputs(spec, spec.seed, device)
+
+
+# --- structure-only tracing of experts on F.scaled_grouped_mm -------------------------------
+
+_V2_GROUPED = "aten::_scaled_grouped_mm_v2"
+
+
+def has_v2_grouped_meta_kernel() -> bool:
+    """Whether ``aten._scaled_grouped_mm_v2`` has a Meta kernel now (torch's own, or the one
+    :func:`v2_grouped_structure` registers)."""
+    import torch
+
+    return hasattr(torch.ops.aten, "_scaled_grouped_mm_v2") and torch._C._dispatch_has_kernel_for_dispatch_key(_V2_GROUPED, "Meta")
+
+
+def _meta_scaled_grouped_mm_v2(mat_a, mat_b, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, offs=None,
+                               bias=None, out_dtype=None, contraction_dim=(), use_fast_accum=False):
+    import torch
+    import torch.nn.functional as F
+    from torch._meta_registrations import _meta_grouped_mm_common
+
+    rowwise = int(F.ScalingType.RowWise.value)
+    if len(scale_a) != 1 or len(scale_b) != 1 or list(recipe_a) != [rowwise] or list(recipe_b) != [rowwise] or list(contraction_dim):
+        raise NotImplementedError(
+            "the structure-only _scaled_grouped_mm_v2 kernel (conformance.moe.v2_grouped_structure) takes one rowwise "
+            f"scale per operand and the default contraction dims; got recipes {list(recipe_a)} / {list(recipe_b)}, "
+            f"contraction_dim {list(contraction_dim)}"
+        )
+    return _meta_grouped_mm_common(
+        mat_a, mat_b, scale_a=scale_a[0], scale_b=scale_b[0], offs=offs, bias=bias, scale_result=None,
+        out_dtype=out_dtype or torch.bfloat16, use_fast_accum=use_fast_accum,
+    )
+
+
+@contextlib.contextmanager
+def v2_grouped_structure():
+    """Within: ``aten._scaled_grouped_mm_v2`` has a Meta kernel (shapes, dtypes, strides and the
+    operand checks of the rowwise recipe), so fake tensors trace it; outside, as torch ships it
+    (see the module docstring). Where torch has a Meta kernel of its own, or no such op at all,
+    nothing is registered."""
+    import torch
+
+    if not hasattr(torch.ops.aten, "_scaled_grouped_mm_v2") or has_v2_grouped_meta_kernel():
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        library.impl("_scaled_grouped_mm_v2", _meta_scaled_grouped_mm_v2, "Meta")
+        yield
+    finally:
+        library._destroy()
+        FakeTensorMode.cache_clear()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from conformance.graphs import copy_codegen
+from conformance.graphs import copy_codegen, grouped_offsets
 
 __all__ = [
     "lower_to_high_precision", "lower_grouped_to_high_precision", "rebuild_without_meta", "rebuild_chain_without_meta", "upcast_operand",
@@ -63,10 +63,7 @@ def lower_grouped_to_high_precision(gm: torch.fx.GraphModule, node: torch.fx.Nod
     does for a matmul)."""
     a = _insert(gm.graph, node, node, aten._to_copy.default, node.args[0], dtype=torch.bfloat16)
     b = _insert(gm.graph, node, node, aten._to_copy.default, node.args[1], dtype=torch.bfloat16)
-    # (a, b, scale_a, scale_b, offs, ...) in the first API; (a, b, scale_a[], recipe_a[],
-    # swizzle_a[], scale_b[], recipe_b[], swizzle_b[], offs, ...) in the second.
-    position = 8 if str(node.target).split(".")[-2].endswith("_v2") else 4
-    offs = node.args[position] if len(node.args) > position else node.kwargs.get("offs")
+    offs = grouped_offsets(node)
     grouped = _insert(gm.graph, node, node, aten._grouped_mm.default, a, b, offs)
     out_dtype = node.meta["val"].dtype
     if grouped.meta["val"].dtype != out_dtype:

@@ -57,7 +57,7 @@ from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, SCALED_MM_RECIPE
 
 __all__ = [
     "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
-    "Constraints", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_left_out", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs",
+    "Constraints", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_left_out", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "grouped_v2_runs",
     "sharded_specs",
 ]
 
@@ -383,15 +383,22 @@ def corpus(c: Constraints = _GENERAL, where: Callable[[ModelSpec], bool] | None 
 _SUPPORTED_KINDS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("supported quantized module kinds", default=ALL_KINDS)
 
 
+#: Whether the backend under test converts experts on ``F.scaled_grouped_mm`` (capability
+#: ``scaled_grouped_mm_v2``); True outside a backend's run.
+_GROUPED_V2: contextvars.ContextVar[bool] = contextvars.ContextVar("experts on F.scaled_grouped_mm", default=True)
+
+
 @contextlib.contextmanager
-def supported_kinds(kinds):
+def supported_kinds(kinds, *, grouped_v2: bool = True):
     """Within: :func:`model_specs` draws only quantized layers of ``kinds``, whatever a property
-    allows (the kinds a backend converts: ``conformance.harness.supported_kinds``)."""
-    token = _SUPPORTED_KINDS.set(tuple(kinds))
+    allows (the kinds a backend converts: ``conformance.harness.supported_kinds``), and
+    :func:`moe_specs` draws experts on ``F.scaled_grouped_mm`` only when ``grouped_v2``."""
+    token, v2_token = _SUPPORTED_KINDS.set(tuple(kinds)), _GROUPED_V2.set(bool(grouped_v2))
     try:
         yield
     finally:
         _SUPPORTED_KINDS.reset(token)
+        _GROUPED_V2.reset(v2_token)
 
 
 def _supported(c: Constraints) -> Constraints:
@@ -467,33 +474,64 @@ def grouped_fp8_runs(device: str = "cpu") -> bool:
     return True
 
 
+@functools.cache
+def grouped_v2_runs(device: str = "cpu") -> bool:
+    """Whether this torch executes ``F.scaled_grouped_mm`` (``aten._scaled_grouped_mm_v2``) with
+    rowwise scales on ``device``: torch 2.12 to 2.14 ship a CUDA kernel only."""
+    import torch
+    import torch.nn.functional as F
+
+    if not (hasattr(F, "scaled_grouped_mm") and hasattr(F, "ScalingType")):
+        return False
+    a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+    b = torch.zeros(1, 16, 16, device=device).to(torch.float8_e4m3fn).transpose(-2, -1)
+    offs = torch.tensor([16], dtype=torch.int32, device=device)
+    rowwise = F.ScalingType.RowWise
+    try:
+        F.scaled_grouped_mm(a, b, torch.ones(16, device=device), rowwise, torch.ones(1, 16, device=device), rowwise,
+                            offs=offs, output_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return False
+    return True
+
+
 #: MoE models in the shared corpus of a derandomized run (a property's own settings, active while
 #: it draws, must not change which models it gets).
 MOE_CORPUS_SIZE = 4
 
 
-def moe_specs(*, emulate: bool | None = False) -> st.SearchStrategy:
+def moe_specs(*, emulate: bool | None = False, v2: bool = False) -> st.SearchStrategy:
     """MoE models (:class:`conformance.moe.MoESpec`): experts count, top-k, empty groups (experts
     masked out of routing), widths, depth and whether the input needs a gradient are drawn;
     shrinking heads for one layer of 2 experts, top-1, no empty group. ``emulate`` None: real
-    and emulated experts.
+    and emulated experts. ``v2``: real experts may be on ``F.scaled_grouped_mm`` where
+    :func:`supported_kinds` allows it (a backend that claims ``scaled_grouped_mm_v2``).
 
     Under a derandomized profile every property samples one shared corpus of models (as
     :func:`model_specs` does), so that a model traced for one MoE property serves the others;
-    with ``emulate`` None its first model is also drawn emulated."""
-    return _moe_specs_for(emulate)
+    with ``emulate`` None its first model is also drawn emulated. With ``v2`` allowed, the
+    corpus's real models at odd positions are on ``F.scaled_grouped_mm``, so that a property
+    taking the whole corpus (every MOE property does) runs both APIs, the first model on the
+    first API."""
+    return _moe_specs_for(emulate, v2)
 
 
 @st.composite
-def _moe_specs_for(draw, emulate):
+def _moe_specs_for(draw, emulate, v2):
     profile = hypothesis.settings.default
+    v2 = v2 and _GROUPED_V2.get()
     if not profile.derandomize:
-        return draw(_fresh_moe_specs(emulate))
+        spec = draw(_fresh_moe_specs(emulate))
+        if v2 and not spec.emulate and draw(st.booleans(), label="experts on F.scaled_grouped_mm"):
+            spec = dataclasses.replace(spec, v2=True)
+        return spec
     shared = list(_moe_corpus(MOE_CORPUS_SIZE))
     if emulate is None:
         shared = shared[:-1] + [dataclasses.replace(shared[0], emulate=True)]
     elif emulate:
         shared = [dataclasses.replace(spec, emulate=True) for spec in shared]
+    if v2:
+        shared = [dataclasses.replace(spec, v2=True) if i % 2 and not spec.emulate else spec for i, spec in enumerate(shared)]
     return draw(st.sampled_from(shared))
 
 

@@ -25,6 +25,7 @@ TESTED_TORCH = ">=2.11,<2.15"
 
 #: Every private torch symbol fp8conf and its conformance suite use, by dotted name.
 INTERNALS: tuple[str, ...] = (
+    "torch._C._dispatch_has_kernel_for_dispatch_key",
     "torch._dynamo",
     "torch._dynamo.allow_in_graph",
     "torch._dynamo.disable",
@@ -78,6 +79,8 @@ INTERNALS: tuple[str, ...] = (
     "torch._inductor.utils",
     "torch._inductor.utils.BoxedBool",
     "torch._inductor.utils.run_and_get_code",
+    "torch._meta_registrations",
+    "torch._meta_registrations._meta_grouped_mm_common",
     "torch._ops.OpOverload",
     "torch._scaled_grouped_mm",
     "torch._scaled_mm",

@@ -5,12 +5,14 @@ graphs against eager."""
 from __future__ import annotations
 
 import collections
+import re
 
 import pytest
 import torch
 
 import fp8conf
 from conformance.moe import ExpertsSpec, MoESpec, build_experts_model, build_moe_model
+from conformance.backends.reference import ReferenceBackend
 from fp8conf.errors import GroupedExpertsError
 from fp8conf.quantized.grouped import (
     Float8GroupedExperts, convert_to_float8_grouped_experts, to_float8_per_group, to_float8_rowwise, token_groups,
@@ -140,6 +142,35 @@ def test_the_signature_names_grouped_experts_and_their_emulation():
     assert signature.sha256 != fp8conf.QuantizationSignature.from_model(emulated).sha256
 
 
+def test_the_signature_tells_experts_on_the_second_api_apart_and_leaves_the_first_as_it_was(monkeypatch):
+    import fp8conf.quantized.grouped as grouped
+
+    monkeypatch.setattr(grouped, "has_scaled_grouped_mm_v2", lambda: True)  # building calls no kernel
+    first, _ = build_moe_model(MoESpec(), convert=_convert)
+    second, _ = build_moe_model(MoESpec(v2=True), convert=ReferenceBackend().convert_scaled_grouped_experts)
+    first_json, second_json = (fp8conf.QuantizationSignature.from_model(m).to_json() for m in (first, second))
+    assert '"v2"' not in first_json and '"config":{"v2":true}' in second_json.replace(" ", "")
+    assert "v2=True" in repr(second.layers[0].experts_up) and "v2" not in repr(first.layers[0].experts_up)
+
+
+def test_experts_on_the_second_api_are_refused_where_torch_lacks_it_naming_the_release(monkeypatch):
+    import fp8conf.quantized.grouped as grouped
+
+    monkeypatch.setattr(grouped, "has_scaled_grouped_mm_v2", lambda: False)
+    model, _ = build_moe_model(MoESpec(), convert=lambda *a, **k: None)
+    before = type(model.layers[0].experts_up)
+    with pytest.raises(GroupedExpertsError, match=rf"torch {re.escape(torch.__version__)} lacks.*2\.12"):
+        convert_to_float8_grouped_experts(model, v2=True)
+    assert type(model.layers[0].experts_up) is before  # nothing swapped
+    with pytest.raises(GroupedExpertsError, match="F.scaled_grouped_mm|scaled_grouped_mm"):
+        Float8GroupedExperts(model.layers[0].experts_up.weight, v2=True)
+
+
+def test_a_v2_spec_is_never_emulated():
+    with pytest.raises(ValueError, match="never emulated"):
+        MoESpec(v2=True, emulate=True)
+
+
 # --- on an sm90 GPU -------------------------------------------------------------------------------
 
 
@@ -177,6 +208,55 @@ def test_compiled_moe_graph_matches_eager_on_gpu(mode):
     grad = torch.randn(spec.tokens, spec.dim, device="cuda")
     (out_e,), grads_e = _moe_step(model, args, grad, gm=gm)
     (out_c,), grads_c = _moe_step(model, args, grad, fn=compiled, gm=gm)
+    assert _rel(out_c, out_e) < 1e-2
+    for key in grads_e:
+        assert _rel(grads_c[key], grads_e[key]) < 1e-2, key
+
+
+def _v2(spec):
+    import dataclasses
+
+    return dataclasses.replace(spec, v2=True)
+
+
+@pytest.mark.fp8_sm90
+def test_experts_on_the_second_api_compute_what_the_first_computes_on_gpu():
+    from conformance.strategies import grouped_v2_runs
+
+    if not grouped_v2_runs("cuda"):
+        pytest.skip(f"torch {torch.__version__} runs no F.scaled_grouped_mm on this GPU")
+    spec = ExpertsSpec(groups=(32, 0, 16, 48), in_features=64, out_features=32, padding=8)
+    first, (x, offs) = build_experts_model(spec, "cuda", convert=_convert)
+    second, _ = build_experts_model(_v2(spec), "cuda", convert=ReferenceBackend().convert_scaled_grouped_experts)
+    results = []
+    for model in (first, second):
+        xi = x.detach().clone().requires_grad_()
+        out = model(xi, offs)
+        out.backward(torch.ones_like(out))
+        results.append((out, xi.grad, model.experts.weight.grad))
+    for a, b in zip(*results):  # the same FP8 operands and scales, the same grouped GEMMs
+        assert torch.equal(a, b), _rel(a, b)
+
+
+@pytest.mark.fp8_sm90
+@pytest.mark.parametrize("mode", ["full", "regional"])
+def test_compiled_moe_graph_on_the_second_api_matches_eager_on_gpu(mode):
+    from conformance.moe import v2_grouped_structure
+    from conformance.strategies import grouped_v2_runs
+
+    if not grouped_v2_runs("cuda"):
+        pytest.skip(f"torch {torch.__version__} runs no F.scaled_grouped_mm on this GPU")
+    spec = _v2(MoESpec(dim=64, hidden=128, experts=4, top_k=2, layers=2, tokens=64, unused=(1,)))
+    model, args = build_moe_model(spec, "cuda", convert=ReferenceBackend().convert_scaled_grouped_experts)
+    with v2_grouped_structure():  # tracing and compiling propagate fake tensors through the GEMMs
+        gm = fp8conf.trace_joint(model, args)
+        compiled = fp8conf.compile_joint(gm, mode=mode, strict=True)
+        assert any("_scaled_grouped_mm_v2" in str(n.target) for n in gm.graph.nodes)
+        if mode == "regional":
+            assert compiled.compiled_nodes, "no region was compiled"
+        grad = torch.randn(spec.tokens, spec.dim, device="cuda")
+        (out_e,), grads_e = _moe_step(model, args, grad, gm=gm)
+        (out_c,), grads_c = _moe_step(model, args, grad, fn=compiled, gm=gm)
     assert _rel(out_c, out_e) < 1e-2
     for key in grads_e:
         assert _rel(grads_c[key], grads_e[key]) < 1e-2, key

@@ -1,85 +1,31 @@
 """Grouped experts on torch's second scaled-matmul API (``F.scaled_grouped_mm`` ->
-``aten._scaled_grouped_mm_v2``), traced, validated, split and region-identified on CPU.
-
-torch 2.13 has no CPU, Meta or fake kernel for ``_scaled_grouped_mm_v2`` (it has a CUDA one
-only, and a Meta one for the first API's ``_scaled_grouped_mm``), so a model calling it cannot
-even be traced with fake tensors on CPU. A structure-only trace is sound with a Meta kernel that
-computes what torch's own kernels compute before any arithmetic, and nothing else:
-
-* the output's shape, dtype and strides come from torch's own rule for grouped GEMM outputs,
-  the one the first API's Meta kernel uses (``_meta_grouped_mm_common``, the Python twin of
-  the CUDA code's ``create_grouped_gemm_output_tensor``, which both APIs' CUDA kernels call);
-  its checks of the operands (FP8 dtypes, row/column-major layouts, 16-byte strides, rowwise
-  scale shapes, int32 offsets) are the rowwise recipe's on both APIs, so a layout the GPU would
-  refuse is refused here too. Only one rowwise scale per operand is taken: any other recipe is
-  refused, not guessed;
-* it is registered with ``torch.library`` only inside :func:`v2_grouped_structure` (never at
-  import), only where torch has no Meta kernel of its own, and removed on leaving, with
-  FakeTensor's dispatch cache cleared, so no fake result outlives the block;
-* it is a Meta kernel, not a CPU one: a real call still raises inside the block, so nothing
-  that runs a v2 grouped GEMM can pretend to compute on CPU.
-
-The experts module (:class:`V2GroupedExperts`) is fp8conf's rowwise FP8 grouped experts with
-each grouped GEMM made through ``F.scaled_grouped_mm``: stateless quantize-then-matmul, as
-torchtitan's float8 experts now are. Its numerics need an sm90 GPU; here its structure is checked.
+``aten._scaled_grouped_mm_v2``): fp8conf's ``Float8GroupedExperts(v2=True)``, traced, validated,
+split and region-identified on CPU under the suite's structure-only Meta kernel
+(``conformance.moe.v2_grouped_structure``; torch ships a CUDA kernel only). Its numerics need an
+sm90 GPU; here its structure is checked, and that the kernel is scoped and never computes.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import fp8conf
-from conformance.graphs import Fp8Ops, fp8_compute_nodes, incompleteness, is_fp8_cast
-from conformance.moe import MoESpec, build_moe_model
-from fp8conf.quantized.grouped import Float8GroupedExperts, to_float8_per_group, to_float8_rowwise, token_groups
+from conformance.graphs import Fp8Ops, fp8_compute_nodes, grouped_offsets, incompleteness, is_fp8_cast
+from conformance.moe import MoESpec, build_moe_model, has_v2_grouped_meta_kernel, v2_grouped_structure
+from conformance.backends.reference import ReferenceBackend
+from fp8conf.quantized.grouped import Float8GroupedExperts, has_scaled_grouped_mm_v2
 
-V2_GROUPED = torch.ops.aten._scaled_grouped_mm_v2.default
 V2_NAME = "aten._scaled_grouped_mm_v2.default"
 
-pytestmark = pytest.mark.skipif(not hasattr(F, "scaled_grouped_mm"), reason=f"torch {torch.__version__} has no F.scaled_grouped_mm")
+pytestmark = pytest.mark.skipif(not has_scaled_grouped_mm_v2(), reason=f"torch {torch.__version__} has no F.scaled_grouped_mm")
 
 
 def _has_kernel(key: str) -> bool:
-    return torch._C._dispatch_has_kernel_for_dispatch_key(V2_GROUPED.name(), key)
-
-
-def _meta_scaled_grouped_mm_v2(mat_a, mat_b, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, offs=None,
-                               bias=None, out_dtype=None, contraction_dim=(), use_fast_accum=False):
-    from torch._meta_registrations import _meta_grouped_mm_common
-
-    rowwise = int(F.ScalingType.RowWise.value)
-    if len(scale_a) != 1 or len(scale_b) != 1 or list(recipe_a) != [rowwise] or list(recipe_b) != [rowwise] or list(contraction_dim):
-        raise NotImplementedError(
-            "the structure-only _scaled_grouped_mm_v2 kernel takes one rowwise scale per operand and the default "
-            f"contraction dims; got recipes {list(recipe_a)} / {list(recipe_b)}, contraction_dim {list(contraction_dim)}"
-        )
-    return _meta_grouped_mm_common(
-        mat_a, mat_b, scale_a=scale_a[0], scale_b=scale_b[0], offs=offs, bias=bias, scale_result=None,
-        out_dtype=out_dtype or torch.bfloat16, use_fast_accum=use_fast_accum,
-    )
-
-
-@contextlib.contextmanager
-def v2_grouped_structure():
-    """Within: ``aten._scaled_grouped_mm_v2`` has a Meta kernel (shapes, dtypes, strides and the
-    operand checks of the rowwise recipe), so fake tensors trace it; outside, as torch ships it."""
-    if _has_kernel("Meta"):  # torch's own: nothing to add
-        yield
-        return
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    library = torch.library.Library("aten", "IMPL")
-    try:
-        library.impl("_scaled_grouped_mm_v2", _meta_scaled_grouped_mm_v2, "Meta")
-        yield
-    finally:
-        library._destroy()
-        FakeTensorMode.cache_clear()
+    return torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_grouped_mm_v2", key)
 
 
 def _grouped_v2(a, b, a_scale, b_scale, offs):
@@ -87,59 +33,10 @@ def _grouped_v2(a, b, a_scale, b_scale, offs):
     return F.scaled_grouped_mm(a, b, a_scale, rowwise, b_scale, rowwise, offs=offs, output_dtype=torch.bfloat16)
 
 
-def _column_major(t):
-    return t.transpose(-2, -1).contiguous().transpose(-2, -1)
-
-
-class _V2GroupedMM(torch.autograd.Function):
-    """fp8conf's rowwise FP8 grouped GEMMs (``fp8conf.quantized.grouped``), each through
-    ``F.scaled_grouped_mm``: output, grad_input and the 2-D by 2-D grad_weight with scales per
-    token group."""
-
-    @staticmethod
-    def forward(ctx, x, weight, offs):
-        ctx.save_for_backward(x, weight, offs)
-        x_data, x_scale = to_float8_rowwise(x, dim=-1)
-        w_data, w_scale = to_float8_rowwise(weight, dim=-1)
-        out = _grouped_v2(x_data, w_data.transpose(-2, -1), x_scale.reciprocal().squeeze(-1), w_scale.reciprocal().squeeze(-1), offs)
-        return out.to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight, offs = ctx.saved_tensors
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            g_data, g_scale = to_float8_rowwise(grad_out, dim=-1)
-            w_data, w_scale = to_float8_rowwise(weight, dim=-2)
-            grad_x = _grouped_v2(g_data, _column_major(w_data), g_scale.reciprocal().squeeze(-1),
-                                 w_scale.reciprocal().squeeze(-2).contiguous(), offs).to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            groups = token_groups(offs, x.shape[0])
-            g_data, g_scale = to_float8_per_group(grad_out, groups, weight.shape[0])
-            x_data, x_scale = to_float8_per_group(x, groups, weight.shape[0])
-            grad_w = _grouped_v2(g_data.t().contiguous(), _column_major(x_data), g_scale.reciprocal().reshape(-1),
-                                 x_scale.reciprocal().reshape(-1), offs).to(weight.dtype)
-        return grad_x, grad_w, None
-
-
-class V2GroupedExperts(Float8GroupedExperts):
-    """Rowwise FP8 grouped experts (kind ``float8_grouped_experts``) on ``F.scaled_grouped_mm``."""
-
-    def forward(self, x, offs):
-        return _V2GroupedMM.apply(x, self.weight, offs)
-
-
-def _convert(model, *, module_filter_fn, recipe, emulate):
-    assert recipe == "rowwise" and not emulate
-    for fqn, module in list(model.named_modules()):
-        if fqn and module_filter_fn(module, fqn):
-            parent, _, name = fqn.rpartition(".")
-            setattr(model.get_submodule(parent), name, V2GroupedExperts(module.weight))
-
-
 def _model(input_requires_grad: bool):
-    spec = MoESpec(dim=16, hidden=32, experts=3, top_k=1, tokens=16, input_requires_grad=input_requires_grad)
-    model, args = build_moe_model(spec, convert=_convert)
+    spec = MoESpec(dim=16, hidden=32, experts=3, top_k=1, tokens=16, input_requires_grad=input_requires_grad, v2=True)
+    model, args = build_moe_model(spec, convert=ReferenceBackend().convert_scaled_grouped_experts)
+    assert all(m.v2 for m in model.modules() if isinstance(m, Float8GroupedExperts))
     return spec, model, args
 
 
@@ -163,7 +60,7 @@ def test_the_kernel_is_registered_only_inside_the_block_and_never_computes():
     b = torch.zeros(2, 16, 16).to(torch.float8_e4m3fn).transpose(-2, -1)
     offs = torch.tensor([16, 16], dtype=torch.int32)
     with v2_grouped_structure():
-        assert _has_kernel("Meta")
+        assert _has_kernel("Meta") and has_v2_grouped_meta_kernel()
         with torch.device("meta"):
             out = _grouped_v2(a.to("meta"), b.to("meta"), torch.ones(16, device="meta"), torch.ones(2, 16, device="meta"),
                               offs.to("meta"))
@@ -202,7 +99,7 @@ def test_v2_grouped_experts_trace_validate_split_and_identify_regions_on_cpu(inp
     for region in regions:  # complete by the suite's own check; the offsets enter as a boundary
         assert incompleteness(set(region.nodes), lambda n: passes[n] == "backward", Fp8Ops()) is None, region.id
         (compute,) = region.compute_nodes
-        assert compute.args[8] not in region.nodes
+        assert grouped_offsets(compute) is compute.args[8] and compute.args[8] not in region.nodes
         casts = [n for n in region.nodes if is_fp8_cast(n)]
         assert len(casts) >= 2, f"{region.id}: the casts of both operands belong to the region, saw {casts}"
 

@@ -30,7 +30,9 @@ Calling conventions:
   for a backend that claims ``moe``, mixture-of-experts layers whose experts it converts itself
   (:meth:`Backend.convert_grouped_experts`); for a backend that claims ``scaled_mm_v2``, linears
   it converts itself into FP8 linears computing through ``torch.nn.functional.scaled_mm``
-  (:meth:`Backend.convert_scaled_mm`).
+  (:meth:`Backend.convert_scaled_mm`); for a backend that claims ``scaled_grouped_mm_v2`` (with
+  ``moe``), experts it converts itself into FP8 grouped experts computing through
+  ``torch.nn.functional.scaled_grouped_mm`` (:meth:`Backend.convert_scaled_grouped_experts`).
 * Graphs the suite hands to a backend are the suite's copies: a backend may tag or rewrite
   them in place (``node.meta["custom"]`` included) without affecting other properties.
 * Models and their inputs are built on the suite's device (``--fp8-device=cpu|cuda``; CPU by
@@ -262,6 +264,20 @@ class Backend(abc.ABC):
         recipe ``"rowwise"`` and ``emulate``. The suite draws MoE models only for a backend that
         claims ``moe``."""
         raise NotImplementedError(f"backend {self.name!r} does not implement convert_grouped_experts()")
+
+    def convert_scaled_grouped_experts(self, model: torch.nn.Module, *, module_filter_fn, recipe: str) -> None:
+        """As :meth:`convert_grouped_experts` (never emulated), into FP8 grouped experts whose
+        grouped GEMMs go through torch's second scaled-matmul API,
+        ``torch.nn.functional.scaled_grouped_mm`` (``aten._scaled_grouped_mm_v2``; capability
+        ``scaled_grouped_mm_v2``, with ``moe``; torch 2.12 and newer). Kind, provenance and the
+        GEMMs each call issues are those of :meth:`convert_grouped_experts` with ``emulate``
+        False. The suite draws such experts only for a backend that claims
+        ``scaled_grouped_mm_v2`` and builds them through this method. torch ships a CUDA kernel
+        of ``aten._scaled_grouped_mm_v2`` only, so on CPU the properties that trace (MOE-001 to
+        MOE-005) trace them with fake tensors under a Meta kernel of the suite's
+        (``conformance.moe.v2_grouped_structure``), and those that run them do so only where the
+        device runs them."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement convert_scaled_grouped_experts()")
 
     # -- sharded steps (capability ``distributed``) --------------------------------------------
     def shard_data_parallel(self, model: torch.nn.Module, mesh, *, float8_all_gather: bool) -> torch.nn.Module:

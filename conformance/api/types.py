@@ -32,6 +32,7 @@ CAPABILITIES = frozenset(
         "moe",
         "distributed",
         "scaled_mm_v2",
+        "scaled_grouped_mm_v2",
     }
 )
 

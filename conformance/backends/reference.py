@@ -7,6 +7,7 @@ import functools
 import fp8conf
 from conformance.api.backend import Backend
 from conformance.api.types import Compiled, Provenance, Region, StageSplit
+from fp8conf.quantized.grouped import has_scaled_grouped_mm_v2
 from fp8conf.quantized.scaled_mm import has_scaled_mm_v2
 
 __all__ = ["ReferenceBackend"]
@@ -15,13 +16,15 @@ __all__ = ["ReferenceBackend"]
 class ReferenceBackend(Backend):
     name = "reference"
     version = fp8conf.__version__
-    # ``scaled_mm_v2`` where this torch has F.scaled_mm (2.12 and newer).
+    # ``scaled_mm_v2`` and ``scaled_grouped_mm_v2`` where this torch has F.scaled_mm and
+    # F.scaled_grouped_mm (2.12 and newer).
     capabilities = frozenset(
         {
             "provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp",
             "fingerprint", "artifacts", "e8m0", "mx", "moe", "distributed",
         }
         | ({"scaled_mm_v2"} if has_scaled_mm_v2() else set())
+        | ({"scaled_grouped_mm_v2"} if has_scaled_grouped_mm_v2() else set())
     )
 
     def trace_joint(self, model, args):
@@ -107,6 +110,11 @@ class ReferenceBackend(Backend):
         from fp8conf import convert_to_float8_grouped_experts
 
         convert_to_float8_grouped_experts(model, recipe=recipe, emulate=emulate, module_filter_fn=module_filter_fn)
+
+    def convert_scaled_grouped_experts(self, model, *, module_filter_fn, recipe):
+        from fp8conf import convert_to_float8_grouped_experts
+
+        convert_to_float8_grouped_experts(model, recipe=recipe, module_filter_fn=module_filter_fn, v2=True)
 
     def shard_data_parallel(self, model, mesh, *, float8_all_gather):
         from fp8conf.parallel import shard_data_parallel

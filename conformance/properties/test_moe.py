@@ -3,9 +3,11 @@ validation, regions, the GraphPP split and compilation (capability ``moe``, sinc
 
 Models are drawn MoE stacks (:class:`conformance.moe.MoESpec`: a high-precision top-k router,
 experts converted by the backend's ``convert_grouped_experts``, uneven token groups, empty ones
-among them) and single experts modules on drawn token groups (:class:`conformance.moe.ExpertsSpec`).
+among them; for a backend that claims ``scaled_grouped_mm_v2``, MOE-001 to MOE-005 also draw
+experts on ``F.scaled_grouped_mm``, converted by its ``convert_scaled_grouped_experts``) and single experts modules on drawn token groups (:class:`conformance.moe.ExpertsSpec`).
 The structural properties trace with fake tensors, which works on CPU builds without an FP8
-grouped-GEMM kernel; the properties that execute graphs run real FP8 experts where the device
+grouped-GEMM kernel (for experts on ``F.scaled_grouped_mm``, under the suite's structure-only
+Meta kernel, ``conformance.moe.v2_grouped_structure``, around every backend call on such a model); the properties that execute graphs run real FP8 experts where the device
 runs FP8 grouped GEMMs and emulated ones elsewhere; MOE-008 needs an sm90 GPU. Each property
 also needs the capability of its area (``provenance``, ``validation``, ...): without it, it is
 ``not_supported``.
@@ -14,6 +16,7 @@ also needs the capability of its area (``provenance``, ``validation``, ...): wit
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 
@@ -22,13 +25,14 @@ from hypothesis import example, given, settings
 
 from conformance import rewrites
 from conformance.api.types import Compiled, Region, StageSplit
-from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, tagged_groups, trace_with_oracle
+from conformance.graphs import fp8_compute_nodes, grouped_offsets, incompleteness, is_fp8_cast, tagged_groups, trace_with_oracle
 from conformance.harness import (
     call_backend, check, compute_counts_that_run, device, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error,
 )
-from conformance.moe import GROUPED_KIND, ExpertsSpec, build_experts_model, build_moe_model, experts_inputs
+from conformance.moe import GROUPED_KIND, ExpertsSpec, build_experts_model, build_moe_model, experts_inputs, v2_grouped_structure
 from conformance.plugin.gating import NOT_SUPPORTED
-from conformance.strategies import experts_specs, grouped_fp8_runs, moe_specs
+from conformance.notes import note
+from conformance.strategies import experts_specs, grouped_fp8_runs, grouped_v2_runs, moe_specs
 
 # Tracing an MoE stack takes about a second on CPU: a few models per property, shared by all of
 # them under a derandomized profile (traces are cached per model).
@@ -51,13 +55,20 @@ class _Case:
     oracle: object
 
 
+def _structure(spec):
+    """Where ``spec``'s experts are on ``F.scaled_grouped_mm``: the suite's structure-only Meta
+    kernel of ``aten._scaled_grouped_mm_v2`` (torch ships none), so that fake tensors trace and
+    propagate through it; nothing otherwise."""
+    return v2_grouped_structure() if spec.v2 else contextlib.nullcontext()
+
+
 @functools.lru_cache(maxsize=64)
 def _trace(backend, spec, where: str) -> _Case:
-    if hasattr(spec, "layers"):
-        model, args = build_moe_model(spec, where, convert=backend.convert_grouped_experts)
-    else:
-        model, args = build_experts_model(spec, where, convert=backend.convert_grouped_experts)
-    gm, oracle = trace_with_oracle(backend, model, args, list(spec.quantized_modules()), backend.is_backward)
+    convert = backend.convert_scaled_grouped_experts if spec.v2 else backend.convert_grouped_experts
+    build = build_moe_model if hasattr(spec, "layers") else build_experts_model
+    model, args = build(spec, where, convert=convert)
+    with _structure(spec):
+        gm, oracle = trace_with_oracle(backend, model, args, list(spec.quantized_modules()), backend.is_backward)
     return _Case(spec, model, args, gm, oracle)
 
 
@@ -77,80 +88,83 @@ def _pass_of(backend, node) -> str:
 
 @pytest.mark.fp8_property("MOE-001")
 @_budget
-@given(spec=moe_specs(emulate=None))
+@given(spec=moe_specs(emulate=None, v2=True))
 def test_MOE_001_grouped_compute_carries_its_experts_provenance(fp8_backend, spec):
     """Cheapest defect: a backend that knows only linears and labels the experts' grouped GEMMs
     ``float8_linear`` (or loses them in the backward, where the routing's index ops sit between
     the experts). Every FP8 compute node must name the experts module the suite saw issue it,
     with kind ``float8_grouped_experts``, and the router's and routing's nodes must carry none."""
     _needs(fp8_backend, "provenance")
-    case = _traced("MOE-001", fp8_backend, spec)
-    ops = fp8_ops("MOE-001", fp8_backend)
-    computes = fp8_compute_nodes(case.gm, ops)
-    check(bool(computes) or spec.emulate, "MOE-001", "a model with non-emulated experts has no FP8 compute node", spec)
-    for node in case.gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        issued, found = case.oracle.issued_by.get(node), fp8_backend.provenance(node)
-        where = f"{_pass_of(fp8_backend, node)} node '{node.name}' ({node.target})"
-        if issued is None:
-            check(found is None, "MOE-001", f"{where} belongs to no experts module (router, routing) but carries {found}", spec)
-            continue
-        if node in computes or found is not None:
-            check(found is not None and found.module_fqn == issued, "MOE-001", f"{where} was issued by '{issued}', provenance says {found}", spec)
-            check(found.kind == GROUPED_KIND and found.emulate == spec.emulate, "MOE-001",
-                  f"{where}: provenance kind {found.kind!r}, emulate {found.emulate}; expected {GROUPED_KIND!r}, {spec.emulate}", spec)
-            if fp8_backend.provenance_has_recipe or found.recipe is not None:  # a recipe given is checked
-                check(found.recipe == "rowwise", "MOE-001", f"{where}: provenance recipe {found.recipe!r}, expected 'rowwise'", spec)
+    with _structure(spec):
+        case = _traced("MOE-001", fp8_backend, spec)
+        ops = fp8_ops("MOE-001", fp8_backend)
+        computes = fp8_compute_nodes(case.gm, ops)
+        check(bool(computes) or spec.emulate, "MOE-001", "a model with non-emulated experts has no FP8 compute node", spec)
+        for node in case.gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            issued, found = case.oracle.issued_by.get(node), fp8_backend.provenance(node)
+            where = f"{_pass_of(fp8_backend, node)} node '{node.name}' ({node.target})"
+            if issued is None:
+                check(found is None, "MOE-001", f"{where} belongs to no experts module (router, routing) but carries {found}", spec)
+                continue
+            if node in computes or found is not None:
+                check(found is not None and found.module_fqn == issued, "MOE-001", f"{where} was issued by '{issued}', provenance says {found}", spec)
+                check(found.kind == GROUPED_KIND and found.emulate == spec.emulate, "MOE-001",
+                      f"{where}: provenance kind {found.kind!r}, emulate {found.emulate}; expected {GROUPED_KIND!r}, {spec.emulate}", spec)
+                if fp8_backend.provenance_has_recipe or found.recipe is not None:  # a recipe given is checked
+                    check(found.recipe == "rowwise", "MOE-001", f"{where}: provenance recipe {found.recipe!r}, expected 'rowwise'", spec)
 
 
 @pytest.mark.fp8_property("MOE-002")
 @_budget
-@given(spec=moe_specs(emulate=None))
+@given(spec=moe_specs(emulate=None, v2=True))
 def test_MOE_002_validation_accepts_moe_graphs_and_counts_grouped_gemms_per_call(fp8_backend, spec):
     """Cheapest defect: a validator that counts grouped experts like ``rowwise_with_gw_hp``
     linears (no FP8 grad_weight), so it fails every correct MoE graph, or one that counts the
     grad_input GEMM of a call whose input needs no gradient (the first layer's experts when the
     stage input needs none). The report's counts must equal the drawn model's, per module and pass."""
     _needs(fp8_backend, "validation")
-    case = _traced("MOE-002", fp8_backend, spec)
-    error = strict_error("MOE-002", fp8_backend, case.gm)
-    check(error is None, "MOE-002", f"strict validation rejected a valid MoE graph: {type(error).__name__}: {error}", spec)
-    report = call_backend("MOE-002", fp8_backend, "validate", case.gm, strict=False)
-    seen = {k: v for k, v in report.compute_counts.items() if v}
-    # What runs (SPEC.md, "Counting what runs"): the recipe's count, plus a grad_input GEMM
-    # nobody needs that the graph keeps for an in-place op.
-    expected, kept = compute_counts_that_run("MOE-002", fp8_backend, spec, case.gm, case.oracle)
-    expected = {k: v for k, v in expected.items() if v}
-    check(seen == expected, "MOE-002", f"FP8 compute counts per (module, pass): {seen}, expected {expected}"
-          + (f" (run only for in-place ops: {kept})" if kept else ""), spec)
+    with _structure(spec):
+        case = _traced("MOE-002", fp8_backend, spec)
+        error = strict_error("MOE-002", fp8_backend, case.gm)
+        check(error is None, "MOE-002", f"strict validation rejected a valid MoE graph: {type(error).__name__}: {error}", spec)
+        report = call_backend("MOE-002", fp8_backend, "validate", case.gm, strict=False)
+        seen = {k: v for k, v in report.compute_counts.items() if v}
+        # What runs (SPEC.md, "Counting what runs"): the recipe's count, plus a grad_input GEMM
+        # nobody needs that the graph keeps for an in-place op.
+        expected, kept = compute_counts_that_run("MOE-002", fp8_backend, spec, case.gm, case.oracle)
+        expected = {k: v for k, v in expected.items() if v}
+        check(seen == expected, "MOE-002", f"FP8 compute counts per (module, pass): {seen}, expected {expected}"
+              + (f" (run only for in-place ops: {kept})" if kept else ""), spec)
 
 
 @pytest.mark.fp8_property("MOE-003")
 @_budget
-@given(spec=moe_specs(emulate=False))
+@given(spec=moe_specs(emulate=False, v2=True))
 def test_MOE_003_grouped_gemms_lowered_to_high_precision_fail_validation(fp8_backend, spec):
     """Cheapest defect: a validator that exempts grouped experts (it checks linears only), so a
     lowering that swaps ``_scaled_grouped_mm`` for the bf16 ``_grouped_mm`` passes. For each pass,
     the suite lowers every grouped GEMM of the first experts module and expects a strict failure
     naming that module and pass."""
     _needs(fp8_backend, "validation")
-    fqn = spec.calls()[0][0]
-    for pass_name in ("forward", "backward"):
-        case = _traced("MOE-003", fp8_backend, spec)
-        ops = fp8_ops("MOE-003", fp8_backend)
-        targets = [n for n in fp8_compute_nodes(case.gm, ops)
-                   if case.oracle.issued_by.get(n) == fqn and _pass_of(fp8_backend, n) == pass_name]
-        if not targets:
-            fail("MOE-003", f"module '{fqn}' has no FP8 grouped GEMM in the {pass_name} pass to lower", spec)
-        for node in targets:
-            if "grouped" not in str(node.target):
-                fail("MOE-003", f"FP8 compute '{node.name}' of '{fqn}' is {node.target}, not a grouped GEMM", spec)
-            rewrites.lower_grouped_to_high_precision(case.gm, node)
-        error = strict_error("MOE-003", fp8_backend, case.gm)
-        check(error is not None, "MOE-003", f"strict validation accepted '{fqn}' with its {pass_name} grouped GEMMs in bf16", spec)
-        check(names_module(error, fqn) and names_pass(error, pass_name), "MOE-003",
-              f"the error does not name module '{fqn}' and the {pass_name} pass: {error}", spec)
+    with _structure(spec):
+        fqn = spec.calls()[0][0]
+        for pass_name in ("forward", "backward"):
+            case = _traced("MOE-003", fp8_backend, spec)
+            ops = fp8_ops("MOE-003", fp8_backend)
+            targets = [n for n in fp8_compute_nodes(case.gm, ops)
+                       if case.oracle.issued_by.get(n) == fqn and _pass_of(fp8_backend, n) == pass_name]
+            if not targets:
+                fail("MOE-003", f"module '{fqn}' has no FP8 grouped GEMM in the {pass_name} pass to lower", spec)
+            for node in targets:
+                if "grouped" not in str(node.target):
+                    fail("MOE-003", f"FP8 compute '{node.name}' of '{fqn}' is {node.target}, not a grouped GEMM", spec)
+                rewrites.lower_grouped_to_high_precision(case.gm, node)
+            error = strict_error("MOE-003", fp8_backend, case.gm)
+            check(error is not None, "MOE-003", f"strict validation accepted '{fqn}' with its {pass_name} grouped GEMMs in bf16", spec)
+            check(names_module(error, fqn) and names_pass(error, pass_name), "MOE-003",
+                  f"the error does not name module '{fqn}' and the {pass_name} pass: {error}", spec)
 
 
 def _fp8_producers(node) -> set:
@@ -170,27 +184,28 @@ def _fp8_producers(node) -> set:
 
 @pytest.mark.fp8_property("MOE-004")
 @_budget
-@given(spec=moe_specs(emulate=False))
+@given(spec=moe_specs(emulate=False, v2=True))
 def test_MOE_004_each_grouped_call_is_one_complete_region(fp8_backend, spec):
     """Cheapest defect: the seed's own limitation, a region pass that leaves grouped experts out
     (no region, nothing tagged), or one that tags the grouped GEMM with its token cast but hoists
     the expert weights' cast out of the region. Every grouped GEMM must lie in one reported,
     complete, tagged region that holds both its operands' casts and not the offsets' routing."""
     _needs(fp8_backend, "regions")
-    case = _traced("MOE-004", fp8_backend, spec)
-    ops = fp8_ops("MOE-004", fp8_backend)
-    regions = call_backend("MOE-004", fp8_backend, "regions", case.gm, expect=list)
-    if any(not isinstance(r, Region) for r in regions):
-        fail("MOE-004", f"backend {fp8_backend.name!r}: regions() returned something other than conformance.Region", spec)
-    membership = collections.Counter(n for r in regions for n in r.nodes)
-    for node in fp8_compute_nodes(case.gm, ops):
-        owners = [r for r in regions if node in r.nodes]
-        check(len(owners) == 1 and owners[0].complete and owners[0].tagged, "MOE-004",
-              f"grouped GEMM '{node.name}' lies in {membership[node]} region(s); it must lie in one, complete and tagged", spec)
-    groups = tagged_groups(case.gm)
-    check(bool(groups), "MOE-004", "no node is tagged in an MoE graph with FP8 experts", spec)
-    for region_id, nodes in groups.items():
-        _check_tagged_group(fp8_backend, case, ops, region_id, nodes)
+    with _structure(spec):
+        case = _traced("MOE-004", fp8_backend, spec)
+        ops = fp8_ops("MOE-004", fp8_backend)
+        regions = call_backend("MOE-004", fp8_backend, "regions", case.gm, expect=list)
+        if any(not isinstance(r, Region) for r in regions):
+            fail("MOE-004", f"backend {fp8_backend.name!r}: regions() returned something other than conformance.Region", spec)
+        membership = collections.Counter(n for r in regions for n in r.nodes)
+        for node in fp8_compute_nodes(case.gm, ops):
+            owners = [r for r in regions if node in r.nodes]
+            check(len(owners) == 1 and owners[0].complete and owners[0].tagged, "MOE-004",
+                  f"grouped GEMM '{node.name}' lies in {membership[node]} region(s); it must lie in one, complete and tagged", spec)
+        groups = tagged_groups(case.gm)
+        check(bool(groups), "MOE-004", "no node is tagged in an MoE graph with FP8 experts", spec)
+        for region_id, nodes in groups.items():
+            _check_tagged_group(fp8_backend, case, ops, region_id, nodes)
 
 
 def _check_tagged_group(backend, case, ops, region_id, nodes) -> None:
@@ -202,7 +217,7 @@ def _check_tagged_group(backend, case, ops, region_id, nodes) -> None:
     check(len(calls) == 1 and None not in calls and len(passes) == 1, "MOE-004",
           f"tagged region {region_id!r} spans experts calls {sorted(map(str, calls))} and passes {sorted(passes)}", spec)
     for compute in (n for n in nodes if n in set(fp8_compute_nodes(case.gm, ops))):
-        offs = compute.args[4] if len(compute.args) > 4 else compute.kwargs.get("offs")
+        offs = grouped_offsets(compute)
         if offs is not None:
             check(offs not in nodes, "MOE-004", f"tagged region {region_id!r} holds the offsets '{offs.name}' of '{compute.name}'", spec)
         if passes != {"forward"}:
@@ -215,28 +230,29 @@ def _check_tagged_group(backend, case, ops, region_id, nodes) -> None:
 
 @pytest.mark.fp8_property("MOE-005")
 @_budget
-@given(spec=moe_specs(emulate=False))
+@given(spec=moe_specs(emulate=False, v2=True))
 def test_MOE_005_the_split_puts_expert_weight_gradients_in_dw(fp8_backend, spec):
     """Cheapest defect: a split that finishes the experts' grad_weight grouped GEMMs in dI and
     hands dW the results (every value right, no weight work left to defer). Per experts module,
     dI must hold exactly the grouped GEMMs the stage's input gradient depends on."""
     _needs(fp8_backend, "graphpp")
-    case = _traced("MOE-005", fp8_backend, spec)
-    split = call_backend("MOE-005", fp8_backend, "split_stage", case.gm, strict=True, expect=StageSplit)
-    ops = fp8_ops("MOE-005", fp8_backend)
-    owner = lambda n: getattr(fp8_backend.provenance(n), "module_fqn", None)  # noqa: E731
-    seen = {name: collections.Counter(owner(n) for n in fp8_compute_nodes(part, ops)) for name, part in split.parts.items()}
-    forward, needed, rest = collections.Counter(), collections.Counter(), collections.Counter()
-    for fqn, input_grad in spec.calls():
-        forward[fqn] += 1
-        if input_grad:
-            (needed if spec.input_requires_grad else rest)[fqn] += 1
-        rest[fqn] += 1
-    expected = {"forward": forward, "backward_input": needed, "backward_weight": rest}
-    check(seen == expected, "MOE-005", f"grouped GEMMs per callable and module: {_plain(seen)}, expected {_plain(expected)}", spec)
-    if split.param_grads is not None:
-        missing = [f"{fqn}.weight" for fqn in spec.quantized_modules() if f"{fqn}.weight" not in split.param_grads]
-        check(not missing, "MOE-005", f"expert weight gradients {missing} are not outputs of backward_weight", spec)
+    with _structure(spec):
+        case = _traced("MOE-005", fp8_backend, spec)
+        split = call_backend("MOE-005", fp8_backend, "split_stage", case.gm, strict=True, expect=StageSplit)
+        ops = fp8_ops("MOE-005", fp8_backend)
+        owner = lambda n: getattr(fp8_backend.provenance(n), "module_fqn", None)  # noqa: E731
+        seen = {name: collections.Counter(owner(n) for n in fp8_compute_nodes(part, ops)) for name, part in split.parts.items()}
+        forward, needed, rest = collections.Counter(), collections.Counter(), collections.Counter()
+        for fqn, input_grad in spec.calls():
+            forward[fqn] += 1
+            if input_grad:
+                (needed if spec.input_requires_grad else rest)[fqn] += 1
+            rest[fqn] += 1
+        expected = {"forward": forward, "backward_input": needed, "backward_weight": rest}
+        check(seen == expected, "MOE-005", f"grouped GEMMs per callable and module: {_plain(seen)}, expected {_plain(expected)}", spec)
+        if split.param_grads is not None:
+            missing = [f"{fqn}.weight" for fqn in spec.quantized_modules() if f"{fqn}.weight" not in split.param_grads]
+            check(not missing, "MOE-005", f"expert weight gradients {missing} are not outputs of backward_weight", spec)
 
 
 def _plain(counters) -> dict:
@@ -257,6 +273,18 @@ def _runnable(spec):
     return dataclasses.replace(spec, emulate=not grouped_fp8_runs(device()))
 
 
+def _note_v2_not_run(backend, property_id: str) -> None:
+    """The row of a property that runs experts says so when it runs none on ``F.scaled_grouped_mm``
+    for a backend that claims them."""
+    if "scaled_grouped_mm_v2" not in backend.capabilities:
+        return
+    if property_id != "MOE-008":
+        note("experts on F.scaled_grouped_mm are drawn by MOE-001 to MOE-005 and MOE-008; this property runs "
+             "experts on torch._scaled_grouped_mm only")
+    elif not grouped_v2_runs(device()):
+        note(f"experts on F.scaled_grouped_mm not run: this torch has no {device()} kernel for aten._scaled_grouped_mm_v2")
+
+
 #: Token groups made only of padding (padding equal to the group's size) next to empty groups and
 #: a group half padding, forced first: an amax floor kept for empty groups alone, or scales that
 #: treat a zero group as a missing one, meet them on no drawn model by chance alone.
@@ -272,6 +300,7 @@ def test_MOE_006_per_group_scales_are_never_shared_across_groups(fp8_backend, sp
     all tokens (the dense rowwise recipe's choice), not per token group, so one group's outliers
     coarsen every other expert's gradient. Scaling one group's tokens by 2**12 must leave every
     other expert's weight gradient, and the other groups' outputs and input gradients, bitwise."""
+    _note_v2_not_run(fp8_backend, "MOE-006")
     spec = _runnable(spec)
     case = _traced("MOE-006", fp8_backend, spec)
     where = device()
@@ -303,6 +332,7 @@ def test_MOE_007_empty_groups_and_padding_rows_issue_no_nan(fp8_backend, spec):
     weight gradient exactly zero."""
     import torch
 
+    _note_v2_not_run(fp8_backend, "MOE-007")
     spec = _runnable(spec)
     case = _traced("MOE-007", fp8_backend, spec)
     outputs, grads = _run("MOE-007", fp8_backend, case, experts_inputs(spec, 3, device()), seed=4)
@@ -321,10 +351,22 @@ def test_MOE_007_empty_groups_and_padding_rows_issue_no_nan(fp8_backend, spec):
 def test_MOE_008_compiled_moe_graphs_match_eager_on_gpu(fp8_backend, spec):
     """Cheapest defect: regional compile that cannot take a grouped region and silently runs
     another (full) graph or drops the regions' per-group scaling. Full and regional compile of
-    the real-FP8 MoE graph must match the eager graph on two steps with fresh inputs."""
+    the real-FP8 MoE graph must match the eager graph on two steps with fresh inputs (experts on
+    ``F.scaled_grouped_mm`` too, each model on both APIs, where this torch runs them on CUDA)."""
+    _needs(fp8_backend, "compile.full", "compile.regional")
+    _note_v2_not_run(fp8_backend, "MOE-008")
+    v2 = "scaled_grouped_mm_v2" in fp8_backend.capabilities and grouped_v2_runs("cuda")
+    # Both APIs on every model where both run: two models per property leave one to chance.
+    variants = dict.fromkeys([dataclasses.replace(spec, v2=False), dataclasses.replace(spec, v2=True)] if v2 else [
+        dataclasses.replace(spec, v2=False)])
+    for variant in variants:
+        with _structure(variant):  # compiling traces with fake tensors
+            _check_compiled_moe(fp8_backend, variant)
+
+
+def _check_compiled_moe(fp8_backend, spec):
     import torch
 
-    _needs(fp8_backend, "compile.full", "compile.regional")
     case = _traced("MOE-008", fp8_backend, spec, "cuda")
     for mode in ("full", "regional"):
         compiled = call_backend("MOE-008", fp8_backend, "compile", case.gm, mode=mode, expect=Compiled)

@@ -6,7 +6,8 @@ for one FP8 configuration could be loaded under another. :class:`QuantizationSig
 what does change: for every quantized module its FQN, kind, recipe, ``emulate`` flag and every
 field of its quantization config (per tensor role the scaling type, granularity and target
 dtype; per gemm the fast-accumulation flag; power-of-2 scale rounding; inner-dim padding; for MX
-the block size and scale rounding), plus the torch and torchao versions and the ``strict`` flag; for a sharded model
+the block size and scale rounding; for grouped experts on ``F.scaled_grouped_mm``, ``v2``),
+plus the torch and torchao versions and the ``strict`` flag; for a sharded model
 (:func:`fp8conf.parallel.shard_data_parallel`), the FP8-relevant part of its parallel layout:
 its kind and, per sharded quantized weight, whether it is all-gathered as FP8 or in high
 precision; for a tensor-parallel model (:func:`fp8conf.parallel.shard_tensor_parallel`), its
@@ -169,6 +170,10 @@ def module_signature(fqn: str, module) -> ModuleSignature | None:
         fields = _float8_config_fields(module)
     elif config.kind == "mxfp8_linear":
         fields = _mx_config_fields(module)
+    elif config.kind == "float8_grouped_experts" and getattr(module, "v2", False):
+        # The grouped GEMMs' API (the compiled code calls one or the other); absent for v1, so
+        # the signatures of experts on torch._scaled_grouped_mm are what they were.
+        fields = {"v2": True}
     else:  # a kind this version does not know: its recipe and emulate flag still count
         fields = {}
     return ModuleSignature(fqn, config.kind, str(config.recipe), bool(config.emulate), _freeze(fields))

@@ -20,6 +20,12 @@ on any device and its chains are ordinary graph nodes that region compilation ca
 TorchAO's ``torchao.prototype.moe_training`` does the same math through Triton kernels, which
 CPU builds without Triton cannot even register, so its path cannot be traced there.
 
+With ``v2=True`` each of the three grouped GEMMs goes through torch's second scaled-matmul API,
+``F.scaled_grouped_mm`` (``aten._scaled_grouped_mm_v2``, torch 2.12 and newer), naming both
+operands' scaling ``RowWise``: the same operands, scales and result, the call trainers written
+against today's API make. torch ships a CUDA kernel for it only (no CPU or Meta kernel), so such
+experts run on sm90 GPUs and trace with fake tensors only where a Meta kernel is registered.
+
 Recipe ``rowwise`` with ``emulate=True`` quantizes identically and multiplies the dequantized
 operands (exact in bfloat16) with ``torch._grouped_mm`` (no FP8 compute: exempt from validation), which
 also runs on CPU. :func:`convert_to_float8_grouped_experts` swaps a model's experts modules.
@@ -41,6 +47,7 @@ __all__ = [
     "Float8GroupedExperts",
     "convert_to_float8_grouped_experts",
     "float8_grouped_mm",
+    "has_scaled_grouped_mm_v2",
     "to_float8_rowwise",
     "to_float8_per_group",
     "token_groups",
@@ -118,9 +125,21 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(-2, -1).contiguous().transpose(-2, -1)
 
 
-def _scaled_grouped(a, b, a_scale, b_scale, offs) -> torch.Tensor:
+def has_scaled_grouped_mm_v2() -> bool:
+    """Whether this torch has ``torch.nn.functional.scaled_grouped_mm`` (torch 2.12 and newer)."""
+    functional = torch.nn.functional
+    return hasattr(functional, "scaled_grouped_mm") and hasattr(functional, "ScalingType")
+
+
+def _scaled_grouped(a, b, a_scale, b_scale, offs, v2: bool) -> torch.Tensor:
     """One FP8 grouped GEMM; ``a_scale`` / ``b_scale`` are the inverse scales laid out as
-    ``torch._scaled_grouped_mm`` takes them (its FP8 kernels write bfloat16)."""
+    ``torch._scaled_grouped_mm`` takes them (its FP8 kernels write bfloat16). ``v2``: through
+    ``F.scaled_grouped_mm`` with both scalings named ``RowWise`` (the same scale tensors)."""
+    if v2:
+        rowwise = torch.nn.functional.ScalingType.RowWise
+        return torch.nn.functional.scaled_grouped_mm(
+            a, b, a_scale, rowwise, b_scale, rowwise, offs=offs, output_dtype=torch.bfloat16
+        )
     return torch._scaled_grouped_mm(a, b, a_scale, b_scale, offs, out_dtype=torch.bfloat16)
 
 
@@ -141,9 +160,9 @@ class _Float8GroupedMM(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, offs, emulate: bool):
+    def forward(ctx, x, weight, offs, emulate: bool, v2: bool):
         ctx.save_for_backward(x, weight, offs)
-        ctx.emulate = emulate
+        ctx.emulate, ctx.v2 = emulate, v2
         x_data, x_scale = to_float8_rowwise(x, dim=-1)
         w_data, w_scale = to_float8_rowwise(weight, dim=-1)
         if emulate:
@@ -151,7 +170,7 @@ class _Float8GroupedMM(torch.autograd.Function):
         else:
             # (E, N, K) contiguous, transposed: the column-major (E, K, N) right operand.
             out = _scaled_grouped(x_data, w_data.transpose(-2, -1), x_scale.reciprocal().squeeze(-1),
-                                  w_scale.reciprocal().squeeze(-1), offs)
+                                  w_scale.reciprocal().squeeze(-1), offs, v2)
         # In x's dtype from inside the Function, so the backward quantizes the gradient as it
         # arrives: a bfloat16 round trip before the cast is one that compilers may fuse away
         # (Inductor does not round fused intermediates), and the FP8 bytes would then differ.
@@ -162,22 +181,22 @@ class _Float8GroupedMM(torch.autograd.Function):
         x, weight, offs = ctx.saved_tensors
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            grad_x = _grad_input(grad_out, weight, offs, ctx.emulate).to(x.dtype)
+            grad_x = _grad_input(grad_out, weight, offs, ctx.emulate, ctx.v2).to(x.dtype)
         if ctx.needs_input_grad[1]:
-            grad_w = _grad_weight(grad_out, x, offs, weight.shape[0], ctx.emulate).to(weight.dtype)
-        return grad_x, grad_w, None, None
+            grad_w = _grad_weight(grad_out, x, offs, weight.shape[0], ctx.emulate, ctx.v2).to(weight.dtype)
+        return grad_x, grad_w, None, None, None
 
 
-def _grad_input(grad_out, weight, offs, emulate: bool) -> torch.Tensor:
+def _grad_input(grad_out, weight, offs, emulate: bool, v2: bool) -> torch.Tensor:
     g_data, g_scale = to_float8_rowwise(grad_out, dim=-1)
     w_data, w_scale = to_float8_rowwise(weight, dim=-2)  # per expert and column, over N
     if emulate:
         return torch._grouped_mm(_dequant(g_data, g_scale), _dequant(w_data, w_scale), offs=offs)
     return _scaled_grouped(g_data, _column_major(w_data), g_scale.reciprocal().squeeze(-1),
-                           w_scale.reciprocal().squeeze(-2).contiguous(), offs)
+                           w_scale.reciprocal().squeeze(-2).contiguous(), offs, v2)
 
 
-def _grad_weight(grad_out, x, offs, num_experts: int, emulate: bool) -> torch.Tensor:
+def _grad_weight(grad_out, x, offs, num_experts: int, emulate: bool, v2: bool) -> torch.Tensor:
     groups = token_groups(offs, x.shape[0])
     g_data, g_scale = to_float8_per_group(grad_out, groups, num_experts)
     x_data, x_scale = to_float8_per_group(x, groups, num_experts)
@@ -189,13 +208,22 @@ def _grad_weight(grad_out, x, offs, num_experts: int, emulate: bool) -> torch.Te
     # Scales of the 2-D x 2-D grouped GEMM: one per (group, row of a) and (group, column of b),
     # group-major.
     return _scaled_grouped(g_data.t().contiguous(), _column_major(x_data), g_scale.reciprocal().reshape(-1),
-                           x_scale.reciprocal().reshape(-1), offs)
+                           x_scale.reciprocal().reshape(-1), offs, v2)
 
 
-def float8_grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, *, emulate: bool = False) -> torch.Tensor:
+def float8_grouped_mm(
+    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, *, emulate: bool = False, v2: bool = False
+) -> torch.Tensor:
     """Differentiable ``x[g] @ weight[e_g].T`` per token group with rowwise FP8 (see the module
-    docstring); the result has ``x``'s dtype."""
-    return _Float8GroupedMM.apply(x, weight, offs, emulate)
+    docstring; ``v2``: through ``F.scaled_grouped_mm``); the result has ``x``'s dtype."""
+    return _Float8GroupedMM.apply(x, weight, offs, emulate, v2)
+
+
+def _v2_problem(v2: bool) -> str | None:
+    if v2 and not has_scaled_grouped_mm_v2():
+        return (f"v2=True needs torch.nn.functional.scaled_grouped_mm, which torch {torch.__version__} lacks "
+                "(torch 2.12 and newer have it); leave v2=False to use torch._scaled_grouped_mm")
+    return None
 
 
 def _dims_problem(weight: torch.Tensor) -> str | None:
@@ -212,6 +240,8 @@ class Float8GroupedExperts(nn.Module):
         quant_kind: ``"float8_grouped_experts"`` (the kind fp8conf's provenance names).
         recipe: ``"rowwise"``.
         emulate: quantize identically but multiply in float32 (no FP8 compute).
+        v2: the grouped GEMMs go through ``F.scaled_grouped_mm`` (``aten._scaled_grouped_mm_v2``)
+            instead of ``torch._scaled_grouped_mm``.
         weight: ``(num_experts, out_features, in_features)``.
 
     ``forward(x, offs)``: ``x`` (M, in_features), tokens sorted by expert, ``offs`` the (E,)
@@ -221,7 +251,7 @@ class Float8GroupedExperts(nn.Module):
 
     quant_kind = GROUPED_KIND
 
-    def __init__(self, weight: nn.Parameter, *, recipe: str = "rowwise", emulate: bool = False):
+    def __init__(self, weight: nn.Parameter, *, recipe: str = "rowwise", emulate: bool = False, v2: bool = False):
         super().__init__()
         if recipe not in GROUPED_RECIPES:
             raise GroupedExpertsError(f"Float8GroupedExperts: recipe must be one of {GROUPED_RECIPES}, got {recipe!r}")
@@ -230,9 +260,12 @@ class Float8GroupedExperts(nn.Module):
         problem = _dims_problem(weight)
         if problem:
             raise GroupedExpertsError(f"Float8GroupedExperts: {problem}")
+        if _v2_problem(v2):
+            raise GroupedExpertsError(f"Float8GroupedExperts: {_v2_problem(v2)}")
         self.weight = weight
         self.recipe = recipe
         self.emulate = bool(emulate)
+        self.v2 = bool(v2)
 
     @property
     def num_experts(self) -> int:
@@ -248,11 +281,13 @@ class Float8GroupedExperts(nn.Module):
                 f"Float8GroupedExperts: `offs` must be an int32 tensor of shape ({self.num_experts},), "
                 f"got {offs.dtype} {tuple(offs.shape)}"
             )
-        return float8_grouped_mm(x, self.weight, offs, emulate=self.emulate)
+        return float8_grouped_mm(x, self.weight, offs, emulate=self.emulate, v2=self.v2)
 
     def extra_repr(self) -> str:
         experts, out_features, in_features = self.weight.shape
-        return f"experts={experts}, in_features={in_features}, out_features={out_features}, recipe={self.recipe}, emulate={self.emulate}"
+        return f"experts={experts}, in_features={in_features}, out_features={out_features}, recipe={self.recipe}, emulate={self.emulate}" + (
+            ", v2=True" if self.v2 else ""
+        )
 
 
 def _experts_to_convert(model: nn.Module, module_filter_fn) -> list[tuple[str, nn.Module]]:
@@ -280,8 +315,10 @@ def convert_to_float8_grouped_experts(
     recipe: str = "rowwise",
     emulate: bool = False,
     module_filter_fn: Callable[[nn.Module, str], bool] | None = None,
+    v2: bool = False,
 ) -> nn.Module:
-    """Swap, in place, the experts modules of ``model`` for :class:`Float8GroupedExperts`.
+    """Swap, in place, the experts modules of ``model`` for :class:`Float8GroupedExperts`
+    (``v2``: whose grouped GEMMs go through ``F.scaled_grouped_mm``, torch 2.12 and newer).
 
     An experts module is one with a 3-D ``weight`` Parameter ``(E, out, in)`` called as
     ``module(x, offs)`` with the grouped semantics of this module's docstring;
@@ -291,15 +328,18 @@ def convert_to_float8_grouped_experts(
 
     Raises:
         GroupedExpertsError: (a ``ValueError``) naming an experts module whose dims are not
-            multiples of 16, or for an unknown ``recipe``.
+            multiples of 16, for an unknown ``recipe``, or for ``v2`` on a torch without
+            ``F.scaled_grouped_mm``.
     """
     require(model, "model", "convert_to_float8_grouped_experts", "model")
     if recipe not in GROUPED_RECIPES:
         raise GroupedExpertsError(f"convert_to_float8_grouped_experts: recipe must be one of {GROUPED_RECIPES}, got {recipe!r}")
+    if _v2_problem(v2):
+        raise GroupedExpertsError(f"convert_to_float8_grouped_experts: {_v2_problem(v2)}")
     converted: dict[int, Float8GroupedExperts] = {}
     for fqn, module in _experts_to_convert(model, module_filter_fn):
         if id(module) not in converted:
-            converted[id(module)] = Float8GroupedExperts(module.weight, recipe=recipe, emulate=emulate)
+            converted[id(module)] = Float8GroupedExperts(module.weight, recipe=recipe, emulate=emulate, v2=v2)
         if fqn == "":
             return converted[id(module)]
         parent_fqn, _, name = fqn.rpartition(".")

@@ -1,10 +1,13 @@
-"""Mutant backends whose passes know torch's first scaled-matmul API only (``aten._scaled_mm``),
-not the second (``aten._scaled_mm_v2``, what ``F.scaled_mm`` lowers to).
+"""Mutant backends whose passes know torch's first scaled-matmul API only (``aten._scaled_mm``,
+``aten._scaled_grouped_mm``), not the second (``aten._scaled_mm_v2``, what ``F.scaled_mm`` lowers
+to, and ``aten._scaled_grouped_mm_v2``, what ``F.scaled_grouped_mm`` lowers to).
 
-Each is the reference with one such defect. It claims ``scaled_mm_v2``, so the suite draws
-linears on ``F.scaled_mm`` for it and the defect shows; :data:`WITHOUT_V2` holds each one again
-without that capability (``<Mutant>WithoutV2``), shown no such model, which passes the same
-property: the v2 draw is what exposes the defect (``tests/test_mutants.py``).
+Each is the reference with one such defect. It claims ``scaled_mm_v2`` and
+``scaled_grouped_mm_v2``, so the suite draws linears on ``F.scaled_mm`` and experts on
+``F.scaled_grouped_mm`` for it and the defect shows: on a linear for the PROV, VAL and REG
+mutants, on experts for the MOE ones. :data:`WITHOUT_V2` holds each one again without those
+capabilities (``<Mutant>WithoutV2``), shown no such model, which passes the same property: the
+v2 draw is what exposes the defect (``tests/test_mutants.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ import fp8conf.graph.regions
 import fp8conf.graph.validate
 from conformance.backends.reference import ReferenceBackend
 
-__all__ = ["MUTANTS", "WITHOUT_V2", "V1OnlyValidation", "V1OnlyRegions", "V2ProvenanceDropped"]
+__all__ = [
+    "MUTANTS", "WITHOUT_V2", "V1OnlyValidation", "V1OnlyRegions", "V2ProvenanceDropped", "V1OnlyGroupedValidation",
+    "V1OnlyGroupedRegions", "V2GroupedProvenanceDropped",
+]
+_V2_CAPABILITIES = frozenset({"scaled_mm_v2", "scaled_grouped_mm_v2"})
 
 
 def _is_v2(node) -> bool:
@@ -74,19 +81,48 @@ class V2ProvenanceDropped(ReferenceBackend):
         return gm
 
 
-MUTANTS = [V1OnlyValidation, V1OnlyRegions, V2ProvenanceDropped]
+# The same defects met on grouped experts: each is caught by the MOE property of its pass.
+
+
+class V1OnlyGroupedValidation(V1OnlyValidation):
+    """Counts ``aten._scaled_grouped_mm`` as grouped FP8 compute and not its v2: every experts
+    module on ``F.scaled_grouped_mm`` reads as having lost its FP8 GEMMs."""
+
+    name = "mutant-v1-only-grouped-validation"
+    KILLED_BY = "MOE-002"
+
+
+class V1OnlyGroupedRegions(V1OnlyRegions):
+    """Grows regions from first-API grouped GEMMs only: a v2 grouped GEMM lies in no region."""
+
+    name = "mutant-v1-only-grouped-regions"
+    KILLED_BY = "MOE-004"
+
+
+class V2GroupedProvenanceDropped(V2ProvenanceDropped):
+    """Leaves the ``_scaled_grouped_mm_v2`` calls of the experts without provenance."""
+
+    name = "mutant-v2-grouped-provenance-dropped"
+    KILLED_BY = "MOE-001"
+
+
+MUTANTS = [
+    V1OnlyValidation, V1OnlyRegions, V2ProvenanceDropped, V1OnlyGroupedValidation, V1OnlyGroupedRegions,
+    V2GroupedProvenanceDropped,
+]
 
 
 def _without_v2(mutant):
-    """``mutant`` not claiming ``scaled_mm_v2``: the suite draws no v2 linear for it."""
+    """``mutant`` claiming neither ``scaled_mm_v2`` nor ``scaled_grouped_mm_v2``: the suite draws
+    no linear on ``F.scaled_mm`` and no experts on ``F.scaled_grouped_mm`` for it."""
     return type(
         f"{mutant.__name__}WithoutV2",
         (mutant,),
         {
             "__module__": __name__,
-            "__doc__": f"{mutant.__name__} without capability scaled_mm_v2: shown no linear on F.scaled_mm.",
+            "__doc__": f"{mutant.__name__} without the v2 capabilities: shown no model on torch's second scaled-matmul API.",
             "name": f"{mutant.name}-without-v2",
-            "capabilities": mutant.capabilities - {"scaled_mm_v2"},
+            "capabilities": mutant.capabilities - _V2_CAPABILITIES,
         },
     )
 
