@@ -69,6 +69,18 @@ def test_reference_passes_every_property_a_mutant_breaks(reference_run):
     assert {m.KILLED_BY for m in MUTANTS} <= passed, f"not passed: {sorted({m.KILLED_BY for m in MUTANTS} - passed)}"
 
 
+@reads_shared_run("suite-reference")
+def test_the_reference_run_shows_the_moe_properties_experts_on_the_second_grouped_api(reference_run):
+    from conformance.backends.reference import ReferenceBackend
+
+    if "scaled_grouped_mm_v2" not in ReferenceBackend.capabilities:
+        pytest.skip("this torch has no F.scaled_grouped_mm: the reference claims no scaled_grouped_mm_v2")
+    statuses, _ = reference_run.require()
+    for property_id in ("MOE-001", "MOE-002", "MOE-003", "MOE-004", "MOE-005"):
+        notes = statuses[property_id].get("notes", ())
+        assert any("experts on F.scaled_grouped_mm drawn" in n for n in notes), (property_id, notes)
+
+
 @pytest.fixture(scope="module")
 def mutant_verdict(request, tmp_path_factory):
     """The verdict of the run against a mutant. The first test of an area to ask runs, in one

@@ -29,7 +29,9 @@ from conformance.graphs import fp8_compute_nodes, grouped_offsets, incompletenes
 from conformance.harness import (
     call_backend, check, compute_counts_that_run, device, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error,
 )
-from conformance.moe import GROUPED_KIND, ExpertsSpec, build_experts_model, build_moe_model, experts_inputs, v2_grouped_structure
+from conformance.moe import (
+    GROUPED_KIND, ExpertsSpec, build_experts_model, build_moe_model, experts_inputs, has_v2_grouped_meta_kernel, v2_grouped_structure,
+)
 from conformance.plugin.gating import NOT_SUPPORTED
 from conformance.notes import note
 from conformance.strategies import experts_specs, grouped_fp8_runs, grouped_v2_runs, moe_specs
@@ -59,7 +61,14 @@ def _structure(spec):
     """Where ``spec``'s experts are on ``F.scaled_grouped_mm``: the suite's structure-only Meta
     kernel of ``aten._scaled_grouped_mm_v2`` (torch ships none), so that fake tensors trace and
     propagate through it; nothing otherwise."""
-    return v2_grouped_structure() if spec.v2 else contextlib.nullcontext()
+    if not spec.v2:
+        return contextlib.nullcontext()
+    if has_v2_grouped_meta_kernel():
+        note("models with experts on F.scaled_grouped_mm drawn")
+    else:
+        note("models with experts on F.scaled_grouped_mm drawn, traced under the suite's structure-only Meta kernel "
+             "of aten._scaled_grouped_mm_v2 (this torch has none)")
+    return v2_grouped_structure()
 
 
 @functools.lru_cache(maxsize=64)
@@ -359,6 +368,8 @@ def test_MOE_008_compiled_moe_graphs_match_eager_on_gpu(fp8_backend, spec):
     # Both APIs on every model where both run: two models per property leave one to chance.
     variants = dict.fromkeys([dataclasses.replace(spec, v2=False), dataclasses.replace(spec, v2=True)] if v2 else [
         dataclasses.replace(spec, v2=False)])
+    if v2:
+        note("each model compiled with its experts on torch._scaled_grouped_mm and on F.scaled_grouped_mm")
     for variant in variants:
         with _structure(variant):  # compiling traces with fake tensors
             _check_compiled_moe(fp8_backend, variant)
