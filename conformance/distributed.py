@@ -220,8 +220,15 @@ def moves_fp8_bytes(gather: torch.fx.Node) -> bool:
         return True
     if not isinstance(wire, torch.dtype) or wire.itemsize != 1:
         return False
-    stack, seen = [a for a in gather.all_input_nodes], set()
-    while stack:  # back, to where the bytes came from
+    back = _reaches_fp8(gather.all_input_nodes, lambda n: n.all_input_nodes)  # to where the bytes came from
+    return back or _reaches_fp8(gather.users, lambda n: n.users)  # to what they are read as
+
+
+def _reaches_fp8(start, step) -> bool:
+    """Whether an FP8 value lies among ``start`` or beyond them along ``step``, through
+    byte-keeping ops only."""
+    stack, seen = list(start), set()
+    while stack:
         node = stack.pop()
         if node in seen:
             continue
@@ -229,17 +236,7 @@ def moves_fp8_bytes(gather: torch.fx.Node) -> bool:
         if _is_fp8_dtype(_dtype(node)):
             return True
         if _keeps_bytes(node):
-            stack.extend(node.all_input_nodes)
-    stack, seen = list(gather.users), set()
-    while stack:  # forward, to what they are read as
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if _is_fp8_dtype(_dtype(node)):
-            return True
-        if _keeps_bytes(node):
-            stack.extend(node.users)
+            stack.extend(step(node))
     return False
 
 

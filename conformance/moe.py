@@ -342,11 +342,17 @@ def build_experts_model(spec: ExpertsSpec, device: str = "cpu", *, convert):
 _V2_GROUPED = "aten::_scaled_grouped_mm_v2"
 
 
-def has_v2_grouped_meta_kernel() -> bool:
-    """Whether ``aten._scaled_grouped_mm_v2`` has a Meta kernel now (torch's own, or the one
-    :func:`v2_grouped_structure` registers)."""
+#: Whether :func:`v2_grouped_structure` has its Meta kernel registered now.
+_REGISTERED = False
+
+
+def has_v2_grouped_meta_kernel(*, torchs_own: bool = False) -> bool:
+    """Whether ``aten._scaled_grouped_mm_v2`` has a Meta kernel now: torch's own or the one
+    :func:`v2_grouped_structure` registers, or with ``torchs_own``, torch's own only."""
     import torch
 
+    if torchs_own and _REGISTERED:
+        return False
     return hasattr(torch.ops.aten, "_scaled_grouped_mm_v2") and torch._C._dispatch_has_kernel_for_dispatch_key(_V2_GROUPED, "Meta")
 
 
@@ -382,10 +388,13 @@ def v2_grouped_structure():
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    global _REGISTERED
     library = torch.library.Library("aten", "IMPL")
     try:
         library.impl("_scaled_grouped_mm_v2", _meta_scaled_grouped_mm_v2, "Meta")
+        _REGISTERED = True
         yield
     finally:
+        _REGISTERED = False
         library._destroy()
         FakeTensorMode.cache_clear()

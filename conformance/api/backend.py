@@ -275,8 +275,8 @@ class Backend(abc.ABC):
         ``scaled_grouped_mm_v2`` and builds them through this method. torch ships a CUDA kernel
         of ``aten._scaled_grouped_mm_v2`` only, so on CPU the properties that trace (MOE-001 to
         MOE-005) trace them with fake tensors under a Meta kernel of the suite's
-        (``conformance.moe.v2_grouped_structure``), and those that run them do so only where the
-        device runs them."""
+        (``conformance.moe.v2_grouped_structure``), and those that run them (MOE-006 to MOE-008)
+        do so only where the device runs them."""
         raise NotImplementedError(f"backend {self.name!r} does not implement convert_scaled_grouped_experts()")
 
     # -- sharded steps (capability ``distributed``) --------------------------------------------

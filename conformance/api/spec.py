@@ -31,7 +31,8 @@ __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"
 #: Also 1.3: capability ``scaled_mm_v2`` (``Backend.convert_scaled_mm``): PROV, VAL, REG, BND, EMU-002
 #: and NUM-001/002 draw linears on ``F.scaled_mm`` for a backend that claims it.
 #: Also 1.3: capability ``scaled_grouped_mm_v2`` (``Backend.convert_scaled_grouped_experts``):
-#: MOE-001..005 and MOE-008 draw experts on ``F.scaled_grouped_mm`` for a backend that claims it.
+#: MOE-001..005 draw experts on ``F.scaled_grouped_mm`` for a backend that claims it, MOE-006..008
+#: run each model on both grouped APIs where the device runs the second.
 SPEC_VERSION = "1.3"
 
 

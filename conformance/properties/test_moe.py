@@ -63,7 +63,7 @@ def _structure(spec):
     propagate through it; nothing otherwise."""
     if not spec.v2:
         return contextlib.nullcontext()
-    if has_v2_grouped_meta_kernel():
+    if has_v2_grouped_meta_kernel(torchs_own=True):
         note("models with experts on F.scaled_grouped_mm drawn")
     else:
         note("models with experts on F.scaled_grouped_mm drawn, traced under the suite's structure-only Meta kernel "
@@ -282,16 +282,21 @@ def _runnable(spec):
     return dataclasses.replace(spec, emulate=not grouped_fp8_runs(device()))
 
 
-def _note_v2_not_run(backend, property_id: str) -> None:
-    """The row of a property that runs experts says so when it runs none on ``F.scaled_grouped_mm``
-    for a backend that claims them."""
+def _apis(backend, spec, where: str) -> list:
+    """``spec`` on the first grouped API and, for real experts of a backend that claims
+    ``scaled_grouped_mm_v2`` where ``where`` runs ``F.scaled_grouped_mm``, again on the second
+    (two models a property leave one API to chance otherwise); the row says which."""
+    spec = dataclasses.replace(spec, v2=False)
     if "scaled_grouped_mm_v2" not in backend.capabilities:
-        return
-    if property_id != "MOE-008":
-        note("experts on F.scaled_grouped_mm are drawn by MOE-001 to MOE-005 and MOE-008; this property runs "
-             "experts on torch._scaled_grouped_mm only")
-    elif not grouped_v2_runs(device()):
-        note(f"experts on F.scaled_grouped_mm not run: this torch has no {device()} kernel for aten._scaled_grouped_mm_v2")
+        return [spec]
+    if spec.emulate:
+        note("experts on F.scaled_grouped_mm not run: this device runs no FP8 grouped GEMM, so the experts are emulated")
+        return [spec]
+    if not grouped_v2_runs(where):
+        note(f"experts on F.scaled_grouped_mm not run: this torch has no {where} kernel for aten._scaled_grouped_mm_v2")
+        return [spec]
+    note("each model run with its experts on torch._scaled_grouped_mm and on F.scaled_grouped_mm")
+    return [spec, dataclasses.replace(spec, v2=True)]
 
 
 #: Token groups made only of padding (padding equal to the group's size) next to empty groups and
@@ -309,8 +314,12 @@ def test_MOE_006_per_group_scales_are_never_shared_across_groups(fp8_backend, sp
     all tokens (the dense rowwise recipe's choice), not per token group, so one group's outliers
     coarsen every other expert's gradient. Scaling one group's tokens by 2**12 must leave every
     other expert's weight gradient, and the other groups' outputs and input gradients, bitwise."""
-    _note_v2_not_run(fp8_backend, "MOE-006")
-    spec = _runnable(spec)
+    for variant in _apis(fp8_backend, _runnable(spec), device()):
+        with _structure(variant):  # tracing propagates fake tensors through the GEMMs
+            _check_groups_apart(fp8_backend, variant)
+
+
+def _check_groups_apart(fp8_backend, spec):
     case = _traced("MOE-006", fp8_backend, spec)
     where = device()
     group = next(g for g, size in enumerate(spec.groups) if size)
@@ -339,10 +348,14 @@ def test_MOE_007_empty_groups_and_padding_rows_issue_no_nan(fp8_backend, spec):
     amax of 0) gives an infinite scale and ``0 * inf = NaN``. With empty groups and zero rows
     ending every group, the output and gradients must be finite and each empty group's expert
     weight gradient exactly zero."""
+    for variant in _apis(fp8_backend, _runnable(spec), device()):
+        with _structure(variant):  # tracing propagates fake tensors through the GEMMs
+            _check_finite(fp8_backend, variant)
+
+
+def _check_finite(fp8_backend, spec):
     import torch
 
-    _note_v2_not_run(fp8_backend, "MOE-007")
-    spec = _runnable(spec)
     case = _traced("MOE-007", fp8_backend, spec)
     outputs, grads = _run("MOE-007", fp8_backend, case, experts_inputs(spec, 3, device()), seed=4)
     for name, value in [("output", outputs[0])] + sorted(grads.items()):
@@ -363,14 +376,7 @@ def test_MOE_008_compiled_moe_graphs_match_eager_on_gpu(fp8_backend, spec):
     the real-FP8 MoE graph must match the eager graph on two steps with fresh inputs (experts on
     ``F.scaled_grouped_mm`` too, each model on both APIs, where this torch runs them on CUDA)."""
     _needs(fp8_backend, "compile.full", "compile.regional")
-    _note_v2_not_run(fp8_backend, "MOE-008")
-    v2 = "scaled_grouped_mm_v2" in fp8_backend.capabilities and grouped_v2_runs("cuda")
-    # Both APIs on every model where both run: two models per property leave one to chance.
-    variants = dict.fromkeys([dataclasses.replace(spec, v2=False), dataclasses.replace(spec, v2=True)] if v2 else [
-        dataclasses.replace(spec, v2=False)])
-    if v2:
-        note("each model compiled with its experts on torch._scaled_grouped_mm and on F.scaled_grouped_mm")
-    for variant in variants:
+    for variant in _apis(fp8_backend, spec, "cuda"):
         with _structure(variant):  # compiling traces with fake tensors
             _check_compiled_moe(fp8_backend, variant)
 
