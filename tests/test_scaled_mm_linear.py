@@ -12,10 +12,16 @@ import torch
 from torch import nn
 
 import fp8conf
+from conformance.strategies import SCALED_MM_KIND, runnable_kinds
 from fp8conf.errors import FP8ValidationError, ScaledMMConversionError
 from fp8conf.quantized.scaled_mm import ScaledMMLinear, convert_to_scaled_mm_training, has_scaled_mm_v2
 
 pytestmark = pytest.mark.skipif(not has_scaled_mm_v2(), reason=f"torch {torch.__version__} has no F.scaled_mm (2.12 and newer)")
+#: Tests that run the linears' matmuls on CPU tensors.
+runs_on_cpu = pytest.mark.skipif(
+    SCALED_MM_KIND not in runnable_kinds(),
+    reason=f"torch {torch.__version__} runs no F.scaled_mm on CPU (torch 2.11 has it with a CUDA kernel only)",
+)
 
 RECIPES = ("tensorwise", "rowwise")
 V2 = "aten._scaled_mm_v2.default"
@@ -76,6 +82,7 @@ def _dequantized(t: torch.Tensor, recipe: str) -> torch.Tensor:
     return (t.double() * scale).clamp(-448, 448).to(torch.float8_e4m3fn).double() / scale
 
 
+@runs_on_cpu
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_each_of_the_three_matmuls_is_the_product_of_its_operands_quantized_along_its_contraction_dim(recipe):
     torch.manual_seed(0)
@@ -153,6 +160,7 @@ def test_regions_are_complete_and_the_split_puts_each_backward_matmul_where_it_b
     }, counts
 
 
+@runs_on_cpu
 @pytest.mark.parametrize("mode", ["regional", "full"])
 def test_compiled_steps_run_the_v2_matmuls_and_match_the_eager_step(mode):
     model, x = _model("rowwise")
