@@ -128,3 +128,22 @@ def test_a_v2_grouped_gemm_lost_to_high_precision_fails_validation_naming_its_ex
         lower_grouped_to_high_precision(gm, lost)
     with pytest.raises(fp8conf.FP8ValidationError, match=fqn.replace(".", r"\.")):
         fp8conf.validate_fp8_graph(gm, strict=True)
+
+
+@pytest.mark.parametrize("mode", ["regional", "full"])
+def test_v2_grouped_experts_compile_on_cpu_and_their_gemms_are_what_inductor_runs(mode):
+    # What CPU can do: Inductor compiles the graph (fake values through the scoped Meta kernel);
+    # running it needs the GEMM's CUDA kernel (tests/test_grouped.py runs it on an sm90 GPU).
+    _spec, model, args = _model(True)
+    with v2_grouped_structure():
+        gm = fp8conf.trace_joint(model, args)
+        compiled = fp8conf.compile_joint(gm, mode=mode, strict=True)
+    gemms = {n.name for n in _v2_nodes(gm)}
+    assert gemms and gemms <= compiled.compiled_nodes, sorted(gemms - compiled.compiled_nodes)
+    assert compiled.inductor_compiles >= 1 and not compiled.fallbacks, compiled.fallbacks
+    if mode == "regional":
+        in_regions = {n.name for r in compiled.regions for n in r.compute_nodes}
+        assert gemms <= in_regions, sorted(gemms - in_regions)
+    grads = (torch.randn(args[0].shape),)
+    with pytest.raises((NotImplementedError, RuntimeError), match="_scaled_grouped_mm_v2"):
+        fp8conf.run_joint(gm, model, args, grads, fn=compiled)
