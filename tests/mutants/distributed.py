@@ -39,6 +39,15 @@ def _to_plain_linears(model, fqns) -> None:
             setattr(model.get_submodule(parent) if parent else model, name, plain)
 
 
+def _sharded_gathering(model, mesh, *, float8_all_gather: bool):
+    """The reference's data-parallel sharding with the model's float8 all-gather set to
+    ``float8_all_gather``, whatever the suite asked for."""
+    from fp8conf.parallel import shard_data_parallel
+
+    _set_float8_all_gather(model, float8_all_gather)
+    return shard_data_parallel(model, mesh, float8_all_gather=float8_all_gather)
+
+
 class HighPrecisionGatherThenCast(ReferenceBackend):
     """Gathers the high-precision weight and casts it to FP8 after the gather although float8
     all-gather is on: a tracer that bypasses TorchAO's FSDP hooks (torchtitan #3123)."""
@@ -47,10 +56,7 @@ class HighPrecisionGatherThenCast(ReferenceBackend):
     KILLED_BY = "DP-001"
 
     def shard_data_parallel(self, model, mesh, *, float8_all_gather):
-        from fp8conf.parallel import shard_data_parallel
-
-        _set_float8_all_gather(model, False)
-        return shard_data_parallel(model, mesh, float8_all_gather=False)
+        return _sharded_gathering(model, mesh, float8_all_gather=False)
 
 
 class GatheredFp8Requantized(ReferenceBackend):
@@ -80,10 +86,7 @@ class Float8GatherAlthoughOff(ReferenceBackend):
     KILLED_BY = "DP-002"
 
     def shard_data_parallel(self, model, mesh, *, float8_all_gather):
-        from fp8conf.parallel import shard_data_parallel
-
-        _set_float8_all_gather(model, True)
-        return shard_data_parallel(model, mesh, float8_all_gather=True)
+        return _sharded_gathering(model, mesh, float8_all_gather=True)
 
 
 class NoFp8WithoutFloat8AllGather(ReferenceBackend):
