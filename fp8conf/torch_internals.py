@@ -17,6 +17,8 @@ import functools
 import importlib
 import threading
 
+from fp8conf.log import logger
+
 __all__ = ["INTERNALS", "TESTED_TORCH", "Probe", "probe", "failed_probes", "FastPath", "fast_paths",
            "async_compile_wait_patched"]
 
@@ -124,10 +126,11 @@ def probe(name: str) -> Probe:
     for cut in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
-        except ImportError as exc:
+        except ImportError as exc:  # a shorter prefix may be the module; the last error is the reason
             error = str(exc)
             continue
         except Exception as exc:  # an internal module that fails while importing is as good as absent
+            logger.debug("probe of torch internal %s: importing %s raised %r", name, ".".join(parts[:cut]), exc)
             return Probe(name, False, f"importing {'.'.join(parts[:cut])} failed: {type(exc).__name__}: {exc}")
         for i, attr in enumerate(parts[cut:], cut):
             if not hasattr(obj, attr):

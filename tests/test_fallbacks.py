@@ -92,3 +92,34 @@ def test_units_that_wait_for_their_kernels_one_by_one_are_counted_on_the_compile
     said = [r.getMessage() for r in fresh_log.records if r.name == "fp8conf"]
     assert len(said) == 1 and "put-off kernel waits" in said[0], said
     assert_matches_eager(gm, model, x, compiled.fn, seed=0)
+
+
+def test_values_that_cannot_be_compared_are_different_blocks_and_the_log_says_why(caplog):
+    from fp8conf.graph.equal_blocks import equal_values
+
+    class Uncomparable:
+        def __eq__(self, other):
+            raise RuntimeError("no order here")
+
+    with caplog.at_level(logging.DEBUG, logger="fp8conf"):
+        assert not equal_values(Uncomparable(), Uncomparable())
+    assert any("Uncomparable" in r.getMessage() and "taken as different" in r.getMessage() for r in caplog.records)
+
+
+def test_a_torch_internal_that_fails_to_import_is_absent_with_its_reason_logged(monkeypatch, caplog):
+    import importlib
+
+    from fp8conf import torch_internals
+
+    real = importlib.import_module
+
+    def failing(name, *args, **kwargs):
+        if name == "torch._inductor.codegen.cpp_utils":
+            raise RuntimeError("broken on this build")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", failing)
+    with caplog.at_level(logging.DEBUG, logger="fp8conf"):
+        found = torch_internals.probe("torch._inductor.codegen.cpp_utils.DTYPE_TO_CPP")
+    assert not found.found and "broken on this build" in found.reason
+    assert any("broken on this build" in r.getMessage() for r in caplog.records)

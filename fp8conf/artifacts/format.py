@@ -40,6 +40,7 @@ from fp8conf.artifacts.keys import ENV_KEY, ENV_KEY_FILE, key_id, resolve_key
 from fp8conf.artifacts.reading import ENV_MAX_ARTIFACT_BYTES, max_artifact_bytes, read_regular_file
 from fp8conf.artifacts.signature import QuantizationSignature
 from fp8conf.errors import ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FP8ConfigError
+from fp8conf.log import logger
 
 __all__ = [
     "ARTIFACT_MAGIC",
@@ -221,7 +222,8 @@ def _peek_key_id(body: bytes) -> str | None:
         raw = json.loads(_header_bytes(body, "").decode("ascii"))
         found = raw.get("key_id") if isinstance(raw, dict) else None
         return found if isinstance(found, str) and re.fullmatch(r"[0-9a-f]{16}", found) else None
-    except (ArtifactError, UnicodeDecodeError, ValueError):
+    except (ArtifactError, UnicodeDecodeError, ValueError) as exc:  # the caller reports the unknown key
+        logger.debug("no key id readable in the artifact header: %r", exc)
         return None
 
 

@@ -39,6 +39,7 @@ from fp8conf.artifacts.envelope import (
 from fp8conf.artifacts.format import FORMAT_VERSION, ArtifactHeader, seal, write_atomic
 from fp8conf.artifacts.signature import QuantizationSignature
 from fp8conf.errors import ArtifactError, ArtifactIntegrityError, FP8ConfigError
+from fp8conf.log import logger
 
 __all__ = ["PrecompiledSplit", "save_split_artifact", "load_split_artifact"]
 
@@ -76,7 +77,8 @@ def _compiled_piece(target):
     compiled piece of a regional graph), or ``None``."""
     try:
         from torch._inductor.standalone_compile import AOTCompiledArtifact
-    except ImportError:  # a torch without it has no such pieces to find
+    except ImportError as exc:  # a torch without it has no such pieces to find
+        logger.debug("regional artifacts: %r; no AOTCompiledArtifact pieces to find", exc)
         return None
     from fp8conf.compile import CompiledUnit
 

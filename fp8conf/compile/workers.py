@@ -38,6 +38,7 @@ from collections.abc import Callable
 import torch
 
 from fp8conf.compile import region_compile
+from fp8conf.log import logger
 
 __all__ = ["InProcessCompiler", "WorkerPool", "unit_compiler"]
 
@@ -160,8 +161,8 @@ class _Worker:
                                       stdout=subprocess.PIPE, stderr=self._log, env=env)
         try:
             self._send(("settings", settings))
-        except OSError:
-            pass  # it exited at once: its first compile reports how, with what it printed
+        except OSError as exc:  # it exited at once: its first compile reports how, with what it printed
+            logger.debug("compile worker (pid %s) took no settings: %r", self._proc.pid, exc)
 
     def _send(self, message) -> None:
         pickle.dump(message, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
@@ -186,7 +187,8 @@ class _Worker:
         try:
             self._proc.stdin.close()
             self._proc.wait(timeout=30)
-        except Exception:
+        except Exception as exc:  # it did not end on its own: ended here
+            logger.debug("compile worker (pid %s) did not stop (%r); killed", self._proc.pid, exc)
             self._proc.kill()
         self._log.close()
 

@@ -10,6 +10,7 @@ from collections.abc import Collection
 import torch
 
 from fp8conf.errors import FP8TraceError
+from fp8conf.log import logger
 
 __all__ = ["TRACED_BLOCKS", "check_equal_blocks", "equal_values", "truncated"]
 
@@ -80,7 +81,8 @@ def equal_values(a, b) -> bool:
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and _layout(a) == _layout(b)
     try:
         return bool(a is b or a == b)
-    except Exception:
+    except Exception as exc:  # values that cannot be compared are not taken for equal: the blocks stay apart
+        logger.debug("equal_blocks: comparing %s with %s raised %r; taken as different", type(a).__name__, type(b).__name__, exc)
         return False
 
 

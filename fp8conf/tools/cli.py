@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fp8conf.log import logger
+
 __all__ = ["main"]
 
 
@@ -99,7 +101,7 @@ def _model_from_factory(spec: str):
     except TypeError:
         raise _ExplainError(f"{spec!r} needs arguments {inspect.signature(factory)}; give a function taking none") from None
     except ValueError:  # no signature to read (a builtin): calling it will tell
-        pass
+        logger.debug("explain: %r has no signature to check; calling it", spec)
     try:
         made = factory()
     except Exception as exc:
@@ -137,7 +139,8 @@ def _absent(module: str) -> bool:
 
     try:
         return importlib.util.find_spec(module) is None
-    except ImportError:
+    except ImportError as exc:  # a parent package that cannot be imported: the module is not there
+        logger.debug("looking up %s raised %r; taken as absent", module, exc)
         return True
 
 

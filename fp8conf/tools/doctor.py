@@ -13,6 +13,8 @@ from __future__ import annotations
 import platform
 import sys
 
+from fp8conf.log import logger
+
 __all__ = ["TESTED", "tested_torch", "in_range", "diagnose", "run"]
 
 #: The torch and TorchAO releases the project's test matrix runs (tox.ini, the H200 runs).
@@ -34,7 +36,8 @@ def tested_torch() -> str:
     pyproject = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
     try:
         return tomllib.loads(pyproject.read_text())["tool"]["fp8conf"]["tested-torch"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
+    except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:  # an installed wheel has no pyproject
+        logger.debug("doctor: no tested torch range in %s (%r); using the built-in %s", pyproject, exc, TESTED_TORCH)
         return TESTED_TORCH
 
 
