@@ -6,7 +6,8 @@ fp8conf's speed rests on private torch symbols (``torch._inductor``, ``torch._fu
 listed); :func:`probe` says whether one is found on the installed torch; :func:`fast_paths` lists
 fp8conf's fast paths, each with whether it is taken here and why not; :func:`async_compile_wait_patched`
 installs fp8conf's one patch of Inductor (``AsyncCompile.wait``) once, guarded by its probe, and
-restores the original when the last user leaves, also on error.
+restores the original when the last user leaves, also on error. :data:`NEWER_INTERNALS` names
+those that only newer torch releases have, which fp8conf uses where found (:func:`inductor_lowers_e8m0`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import threading
 
 from fp8conf.log import logger
 
-__all__ = ["INTERNALS", "TESTED_TORCH", "Probe", "probe", "failed_probes", "FastPath", "fast_paths",
-           "async_compile_wait_patched"]
+__all__ = ["INTERNALS", "NEWER_INTERNALS", "TESTED_TORCH", "Probe", "probe", "failed_probes", "FastPath",
+           "fast_paths", "async_compile_wait_patched", "inductor_lowers_e8m0"]
 
 #: The range of torch versions this release was tested with (also ``[tool.fp8conf]`` in pyproject.toml).
 TESTED_TORCH = ">=2.11,<2.15"
@@ -59,6 +60,8 @@ INTERNALS: tuple[str, ...] = (
     "torch._inductor.async_compile.AsyncCompile.wait",
     "torch._inductor.async_compile.maybe_warm_pool",
     "torch._inductor.codecache",
+    "torch._inductor.codegen.cpp_utils",
+    "torch._inductor.codegen.cpp_utils.DTYPE_TO_CPP",
     "torch._inductor.codegen.triton",
     "torch._inductor.compile_fx",
     "torch._inductor.compile_fx.compile_fx_inner",
@@ -106,6 +109,13 @@ INTERNALS: tuple[str, ...] = (
     "torch.utils._python_dispatch",
     "torch.utils._python_dispatch.TorchDispatchMode",
     "torch.utils._pytree",
+)
+
+#: Private torch symbols fp8conf uses only where the installed torch has them; older releases in
+#: the tested range lack them, and fp8conf then takes the path it has for those.
+NEWER_INTERNALS: tuple[str, ...] = (
+    # Inductor's own lowering of e8m0 -> float (torch 2.14): MX scales may travel as float8_e8m0fnu.
+    "torch._inductor.lowering._float8_e8m0fnu_to_dtype",
 )
 
 
@@ -211,3 +221,24 @@ def async_compile_wait_patched(wait_factory):
             if _users == 0:
                 AsyncCompile.wait = _original
                 _original = None
+
+
+@functools.cache
+def inductor_lowers_e8m0() -> Probe:
+    """Whether Inductor compiles ``torch.float8_e8m0fnu`` tensors: it lowers e8m0 -> float itself
+    and CPU code generation has a C++ type for e8m0 (torch 2.14 and newer). Where not, an e8m0
+    tensor that reaches generated code aborts the compile, and fp8conf's MX path carries its
+    scales as ``uint8`` bytes instead (logged once, at info)."""
+    name = "torch._inductor.lowering._float8_e8m0fnu_to_dtype"
+    lowering = probe(name)
+    if not lowering.found:
+        return Probe("inductor lowers e8m0", False, f"{name}: {lowering.reason}")
+    table = probe("torch._inductor.codegen.cpp_utils.DTYPE_TO_CPP")
+    if not table.found:
+        return Probe("inductor lowers e8m0", False, table.reason)
+    import torch
+    from torch._inductor.codegen.cpp_utils import DTYPE_TO_CPP
+
+    if torch.float8_e8m0fnu not in DTYPE_TO_CPP:
+        return Probe("inductor lowers e8m0", False, "CPU Inductor's DTYPE_TO_CPP has no float8_e8m0fnu")
+    return Probe("inductor lowers e8m0", True)

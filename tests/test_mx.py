@@ -20,9 +20,11 @@ from fp8conf.quantized.mx import (
     MXConversionError,
     MXLinear,
     convert_to_mx_training,
+    default_scale_dtype,
     from_mx,
     to_mx,
 )
+from fp8conf import torch_internals
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 E4M3 = torch.float8_e4m3fn
@@ -349,6 +351,69 @@ def test_compile_inductor_forward_backward_matches_eager(recipe):
     assert counter.frame_count == 1
     for g, w in zip(compiled, eager):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+# --- the dtype scales travel in ----------------------------------------------------------------------
+
+
+def test_default_scale_dtype_follows_what_inductor_compiles(caplog):
+    native = torch_internals.inductor_lowers_e8m0()
+    assert default_scale_dtype() == (torch.float8_e8m0fnu if native.found else torch.uint8)
+    assert MXLinear(32, 32).scale_dtype == default_scale_dtype()
+    assert "scale_dtype=" in repr(MXLinear(32, 32))
+    if not native.found:
+        assert native.reason
+
+
+def test_to_mx_scales_are_the_same_bytes_in_either_dtype():
+    x = _varied_blocks()
+    elements, as_bytes = to_mx(x)
+    elements_e8m0, as_e8m0 = to_mx(x, scale_dtype=torch.float8_e8m0fnu)
+    assert as_bytes.dtype == torch.uint8 and as_e8m0.dtype == torch.float8_e8m0fnu
+    assert torch.equal(as_e8m0.view(torch.uint8), as_bytes) and torch.equal(elements_e8m0.view(torch.uint8), elements.view(torch.uint8))
+    assert torch.equal(from_mx(elements, as_e8m0), from_mx(elements, as_bytes))
+    with pytest.raises(MXArgumentError, match="scale_dtype"):
+        to_mx(x, scale_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_mxlinear_scale_dtypes_agree_bitwise(recipe):
+    torch.manual_seed(4)
+    base = nn.Linear(64, 32)
+    x = torch.randn(2, 16, 64)
+    grad_out = torch.randn(2, 16, 32)
+    results = []
+    for scale_dtype in (torch.uint8, torch.float8_e8m0fnu):
+        model = MXLinear.from_float(base, recipe=recipe, scale_dtype=scale_dtype)
+        results.append(_forward_backward(model, x, grad_out, linear=model))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_compile_with_e8m0_scales_where_inductor_compiles_them():
+    """Where Inductor compiles e8m0, MXLinear with float8_e8m0fnu scales compiles in one graph,
+    equals its uint8 twin compiled bitwise and eager within the compiled-uint8 test's tolerance;
+    where it does not, the compile aborts, which is why those torch releases carry the scales as
+    uint8 (and say so)."""
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(1))
+    grad_out = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(2))
+    runs = {}
+    for scale_dtype in (torch.uint8, torch.float8_e8m0fnu):
+        torch._dynamo.reset()
+        torch.manual_seed(2)
+        model = nn.Sequential(MXLinear(64, 32, scale_dtype=scale_dtype), nn.ReLU())
+        compiled_model = torch.compile(model, backend="inductor", fullgraph=True)
+        if scale_dtype == torch.float8_e8m0fnu and not torch_internals.inductor_lowers_e8m0().found:
+            with pytest.raises(Exception, match="float8_e8m0fnu"):
+                _forward_backward(compiled_model, x, grad_out, linear=model[0])
+            return
+        runs[scale_dtype] = (_forward_backward(model, x, grad_out, linear=model[0]),
+                             _forward_backward(compiled_model, x, grad_out, linear=model[0]))
+    (eager, compiled_bytes), (_, compiled_e8m0) = runs[torch.uint8], runs[torch.float8_e8m0fnu]
+    for native, as_bytes, reference in zip(compiled_e8m0, compiled_bytes, eager):
+        assert torch.equal(native, as_bytes)
+        torch.testing.assert_close(native, reference, rtol=1e-5, atol=1e-6)
 
 
 def _torchao_mx_training():

@@ -7,6 +7,7 @@ import pathlib
 import re
 
 import pytest
+import torch
 
 from fp8conf import torch_internals
 
@@ -34,13 +35,25 @@ def test_every_private_torch_symbol_is_listed():
     unlisted = {}
     for root in ("fp8conf", "conformance"):
         for path in (ROOT / root).rglob("*.py"):
-            for name in _private_symbols(path.read_text()) - set(torch_internals.INTERNALS):
+            for name in _private_symbols(path.read_text()) - set(torch_internals.INTERNALS + torch_internals.NEWER_INTERNALS):
                 unlisted.setdefault(name, str(path.relative_to(ROOT)))
     assert not unlisted, f"private torch symbols not in fp8conf.torch_internals.INTERNALS: {unlisted}"
 
 
 def test_every_internal_is_found_on_the_installed_torch():
     assert torch_internals.failed_probes() == []
+
+
+def test_newer_internals_are_found_on_newer_torch():
+    """torch 2.14 and newer have every one of them: a rename there would silently take the
+    native e8m0 path away."""
+    release = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    missing = [p for p in map(torch_internals.probe, torch_internals.NEWER_INTERNALS) if not p.found]
+    if release >= (2, 14):
+        assert missing == []
+        assert torch_internals.inductor_lowers_e8m0().found
+    else:
+        assert not torch_internals.inductor_lowers_e8m0().found
 
 
 def test_each_fast_path_is_on():

@@ -33,7 +33,9 @@ __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"
 #: Also 1.3: capability ``scaled_grouped_mm_v2`` (``Backend.convert_scaled_grouped_experts``):
 #: MOE-001..005 draw experts on ``F.scaled_grouped_mm`` for a backend that claims it, MOE-006..008
 #: run each model on both grouped APIs where the device runs the second.
-SPEC_VERSION = "1.3"
+#: 1.4: E8M0-006 (`float8_e8m0fnu` scales are refused or read as the same bytes, compiled too
+#: where Inductor compiles e8m0); E8M0-005 no longer asks that they be refused.
+SPEC_VERSION = "1.4"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +131,8 @@ _ALL = [
     _p("E8M0-002", "MUST", "e8m0", "Byte 255 makes exactly the outputs whose row of `a` or column of `b` uses its block NaN (also when the block's elements are zero); byte 0 means `2**-127`, never flushed: outputs are nonzero wherever the reference's are beyond the tolerance."),
     _p("E8M0-003", "MUST", "e8m0", "`torch.library.opcheck` passes on `e8m0_op()` (with float8 `torch.allclose` compared bytewise on CPU), and `scaled_mm_e8m0` on fake tensors gives the (M, N) `out_dtype` result."),
     _p("E8M0-004", "MUST", "e8m0", "A step calling `scaled_mm_e8m0` compiles under `torch.compile(fullgraph=True)` with CPU Inductor into one graph (no graph break) holding exactly one `e8m0_op()` node, which Inductor's output code calls once as an extern op; no e8m0 dtype (`float8_e8m0fnu`) appears in that code; the result equals eager bitwise."),
-    _p("E8M0-005", "MUST", "e8m0", "Non-e4m3 operands, K not a multiple of 32, and scales of the wrong shape or dtype (float, int8/int32, `float8_e8m0fnu`) raise an exception whose message names the argument (`a`, `b`, `a_scale` or `b_scale`, quoted or after the word `argument`)."),
+    _p("E8M0-005", "MUST", "e8m0", "Non-e4m3 operands, K not a multiple of 32, and scales of the wrong shape or dtype (float, int8/int32) raise an exception whose message names the argument (`a`, `b`, `a_scale` or `b_scale`, quoted or after the word `argument`)."),
+    _p("E8M0-006", "MUST", "e8m0", "Scales given as `float8_e8m0fnu` (either or both) are refused with an exception naming the argument, or read as the same bytes: the result equals, NaN for NaN, the one their `uint8` view gives (bytes 0, 1, 127, 254 and 255 included), in eager and, where the installed torch's CPU Inductor compiles e8m0, compiled under `torch.compile(fullgraph=True)`.", since="1.4"),
 ]
 
 PROPERTIES: dict[str, Property] = {p.id: p for p in _ALL}

@@ -1,4 +1,5 @@
-"""E8M0: the MX block-scaled matmul whose scales travel as uint8 E8M0 bytes.
+"""E8M0: the MX block-scaled matmul whose scales travel as E8M0 bytes (``uint8``, and
+``float8_e8m0fnu`` where the backend takes torch's own e8m0 dtype).
 
 Every numeric check is against :func:`conformance.e8m0.reference`, which decodes the bytes in
 float64 itself; the backend's op is only ever the thing under test. Operands are drawn as
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from conformance.e8m0 import A_LAYOUTS, B_LAYOUTS, BLOCK, ELEMENT_STYLES, NAN_BYTE, OUT_DTYPES, E8M0Case, fit_scale_bytes, float8_allclose, reference
 from conformance.harness import compile_settings, fail
+from conformance.notes import note
 
 # A cold Inductor compile takes seconds to tens of seconds on CPU: see harness.compile_budget.
 compile_budget = compile_settings()
@@ -427,7 +429,7 @@ def _bad_inputs(case, hp_dtype: str, scale_dtype: str, bad_k: int):
 @given(
     case=e8m0_cases(bytes_=ORDINARY_BYTES, max_tiles=2, max_blocks=2),
     hp_dtype=st.sampled_from(("float32", "bfloat16", "float16")),
-    scale_dtype=st.sampled_from(("float32", "int8", "int32", "float8_e8m0fnu")),
+    scale_dtype=st.sampled_from(("float32", "int8", "int32")),
     bad_k=st.sampled_from((16, 48, 40, 8, 100)),
 )
 def test_E8M0_005_bad_input_raises_naming_the_argument(fp8_backend, case, hp_dtype, scale_dtype, bad_k):
@@ -457,3 +459,166 @@ def test_E8M0_005_bad_input_raises_naming_the_argument(fp8_backend, case, hp_dty
             continue
         shape = tuple(getattr(out, "shape", ()))
         _fail("E8M0-005", f"bad input ({label}) was accepted: scaled_mm_e8m0() returned a {shape} result instead of raising", case, call=call)
+
+
+# -- E8M0-006 --------------------------------------------------------------------------------------
+
+#: Which scales a case passes as ``float8_e8m0fnu`` (views of the same bytes).
+E8M0_VIEWS = ("a_scale", "b_scale", "both")
+
+
+def _as_e8m0(scales, which: str):
+    """``(a_scale, b_scale)`` with the ones ``which`` names viewed as ``float8_e8m0fnu``."""
+    import torch
+
+    a_scale, b_scale = scales
+    if which in ("a_scale", "both"):
+        a_scale = a_scale.view(torch.float8_e8m0fnu)
+    if which in ("b_scale", "both"):
+        b_scale = b_scale.view(torch.float8_e8m0fnu)
+    return a_scale, b_scale
+
+
+def _view_line(which: str) -> str:
+    names = ("a_scale", "b_scale") if which == "both" else (which,)
+    return "; ".join(f"{n} = {n}.view(torch.float8_e8m0fnu)" for n in names)
+
+
+def _same_result(out, expected) -> bool:
+    import torch
+
+    return (
+        tuple(out.shape) == tuple(expected.shape) and out.dtype == expected.dtype
+        and torch.equal(out.isnan(), expected.isnan()) and torch.equal(out.nan_to_num(0.0), expected.nan_to_num(0.0))
+    )
+
+
+def _difference(out, expected) -> str:
+    if tuple(out.shape) != tuple(expected.shape) or out.dtype != expected.dtype:
+        return f"a {tuple(out.shape)} {out.dtype} result against {tuple(expected.shape)} {expected.dtype}"
+    nan = int((out.isnan() != expected.isnan()).sum())
+    worst = (out.float() - expected.float()).abs().nan_to_num(0.0).max().item()
+    return f"{nan} outputs NaN in one and not the other, max abs difference {worst:.3g}"
+
+
+@st.composite
+def view_cases(draw):
+    """Finite bytes (0, 1, 127 and 254 among them) or ordinary ones with byte 255 in some blocks."""
+    return draw(st.one_of(e8m0_cases(max_tiles=2, max_blocks=2), nan_cases()), label="case")
+
+
+#: Bytes 0, 1, 127, 254 and 255 in one case, both scales e8m0: forced first.
+EXTREME_VIEW_CASE = E8M0Case(m=16, n=16, k=64, out_dtype="float32", a_bytes=(0, 1, 127, 255) * 8,
+                             b_bytes=(254, 253, 127, 130) * 8, a_style="normal", b_style="normal", seed=11)
+
+
+@pytest.mark.fp8_property("E8M0-006")
+@given(case=view_cases(), which=st.sampled_from(E8M0_VIEWS))
+@example(case=EXTREME_VIEW_CASE, which="both")
+def test_E8M0_006_e8m0_scales_are_the_same_bytes(fp8_backend, case, which):
+    """Cheapest defect: taking ``float8_e8m0fnu`` scales by value (``scale.to(torch.uint8)`` turns
+    byte ``b`` into the integer ``2**(b - 127)``, saturated), so a backend works on the bytes it
+    was tested with and computes garbage on TorchAO's own scale dtype. A backend may refuse e8m0
+    scales, naming the argument; if it takes them, the result must equal, NaNs included, the one
+    from the same bytes as ``uint8``."""
+    import torch
+
+    expected = _run("E8M0-006", fp8_backend, case)
+    a, b, a_scale, b_scale = case.build()
+    a_scale, b_scale = _as_e8m0((a_scale, b_scale), which)
+    call = f"{_view_line(which)}\n{_call_line(fp8_backend, case)}\nexpected = backend.scaled_mm_e8m0(a, b, a_scale.view(torch.uint8), b_scale.view(torch.uint8), torch.{case.out_dtype})"
+    try:
+        out = fp8_backend.scaled_mm_e8m0(a, b, a_scale, b_scale, case.torch_out_dtype)
+    except Exception as exc:
+        named = {"a_scale", "b_scale"} if which == "both" else {which}
+        _check(
+            any(_names_argument(str(exc), name) for name in named),
+            "E8M0-006",
+            f"float8_e8m0fnu scales ({which}) refused with {type(exc).__name__}, but its message does not name the "
+            f"argument: {str(exc)[:500]}",
+            case,
+            call=call,
+        )
+        note(f"E8M0-006: the backend refuses float8_e8m0fnu scales ({type(exc).__name__}); only its refusal was checked")
+        return
+    _check(
+        isinstance(out, torch.Tensor) and _same_result(out, expected),
+        "E8M0-006",
+        f"float8_e8m0fnu scales ({which}) give another result than the same bytes as uint8: "
+        + (_difference(out, expected) if isinstance(out, torch.Tensor) else f"returned {type(out).__qualname__}")
+        + "; read e8m0 scales as bytes (`scale.view(torch.uint8)`), not by value",
+        case,
+        call=call,
+    )
+
+
+def _inductor_compiles_e8m0():
+    """``None`` when CPU Inductor compiles a step holding an e8m0 tensor here, else why not (the
+    suite's own probe of torch: it involves no backend)."""
+    import torch
+
+    torch._dynamo.reset()
+    try:
+        probe = torch.compile(lambda x: x.view(torch.float8_e8m0fnu).to(torch.float32) * 2.0, backend="inductor", fullgraph=True)
+        got = probe(torch.tensor([0, 127, 254], dtype=torch.uint8))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {' '.join(str(exc).strip().splitlines()[:2])[:300]}"
+    finally:
+        torch._dynamo.reset()
+    if got[1].item() != 2.0:
+        return f"its compiled e8m0 -> float32 gives {got.tolist()} for bytes 0, 127, 254"
+    return None
+
+
+@pytest.mark.fp8_property("E8M0-006")
+@compile_budget
+@given(which=st.sampled_from(E8M0_VIEWS))
+@example(which="both")
+def test_E8M0_006_e8m0_scales_are_the_same_bytes_compiled(fp8_backend, warm_inductor, which):
+    """Cheapest defect: a backend whose eager path views e8m0 scales as bytes while its compiled
+    path converts them (a decomposition that Inductor lowers by value). Where this torch's
+    Inductor compiles e8m0, a step calling ``scaled_mm_e8m0`` with e8m0 scales, compiled with
+    ``fullgraph=True``, must equal eager on the same bytes as ``uint8``."""
+    import torch
+
+    case = EXTREME_VIEW_CASE
+    operands = case.build()
+    a, b, a_scale, b_scale = operands
+    views = _as_e8m0((a_scale, b_scale), which)
+    out_dtype = case.torch_out_dtype
+    try:
+        fp8_backend.scaled_mm_e8m0(a, b, *views, out_dtype)
+    except Exception:
+        note("E8M0-006: the backend refuses float8_e8m0fnu scales; nothing to compile")
+        return
+    why_not = _inductor_compiles_e8m0()
+    if why_not is not None:
+        pytest.skip(f"E8M0-006 (compiled): Inductor of torch {torch.__version__} does not compile e8m0 here ({why_not}); eager was checked")
+
+    def step(a, b, a_scale, b_scale):
+        return fp8_backend.scaled_mm_e8m0(a, b, a_scale, b_scale, out_dtype)
+
+    expected = step(*operands)
+    call = (
+        f"{_view_line(which)}\n" + _call_line(fp8_backend, case).rsplit("\n", 1)[0] + "\n"
+        f"step = lambda a, b, a_scale, b_scale: backend.scaled_mm_e8m0(a, b, a_scale, b_scale, torch.{case.out_dtype})\n"
+        "out = torch.compile(step, backend='inductor', fullgraph=True)(a, b, a_scale, b_scale)\n"
+        "expected = step(a, b, a_scale.view(torch.uint8), b_scale.view(torch.uint8))"
+    )
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(step, backend="inductor", fullgraph=True)(a, b, *views)
+    except Exception as exc:
+        text = " ".join(str(exc).strip().splitlines()[:4])
+        _fail("E8M0-006", f"the backend takes float8_e8m0fnu scales eagerly, but a step passing them to scaled_mm_e8m0() "
+              f"does not compile with CPU Inductor: {type(exc).__name__}: {text}", case, call=call)
+    finally:
+        torch._dynamo.reset()
+    _check(
+        _same_result(out, expected),
+        "E8M0-006",
+        f"compiled, float8_e8m0fnu scales ({which}) give another result than the same bytes as uint8 in eager: "
+        f"{_difference(out, expected)}",
+        case,
+        call=call,
+    )

@@ -1,9 +1,11 @@
 """MXFP8 training for ``nn.Linear``: quantize-to-MX helpers, :class:`MXLinear` and its converter.
 
 MXFP8 (OCP Microscaling v1.0) stores a tensor as ``float8_e4m3fn`` elements plus one E8M0
-power-of-two scale per block of 32 consecutive elements. Here scales are ``uint8`` biased
-exponents (byte ``b`` means ``2**(b - 127)``), never ``torch.float8_e8m0fnu`` tensors, so that
-``torch.compile`` on CPU (whose Inductor has no C++ type for e8m0) can compile the quantization.
+power-of-two scale per block of 32 consecutive elements. Scales are E8M0 bytes (byte ``b`` means
+``2**(b - 127)``). Where Inductor compiles e8m0 (torch 2.14 and newer) they travel as
+``torch.float8_e8m0fnu`` tensors, as TorchAO's MX tensors carry them; on older torch, whose CPU
+Inductor has no C++ type for e8m0, as ``uint8`` tensors of the same bytes, so that
+``torch.compile`` can compile the quantization (:func:`default_scale_dtype` says which, and why).
 
 :class:`MXLinear` quantizes its three matmuls (output, grad_input, grad_weight) to MXFP8, each
 operand along the matmul's contraction dim, and runs them through ``fp8conf::scaled_mm_e8m0``.
@@ -19,15 +21,19 @@ from typing import Callable
 import torch
 from torch import nn
 
+from fp8conf import torch_internals
 from fp8conf.arguments import require
 from fp8conf.errors import MXArgumentError, MXConversionError
-from fp8conf.quantized.ops.e8m0 import MX_BLOCK_SIZE, apply_e8m0_scale, scaled_mm_e8m0
+from fp8conf.log import logger
+from fp8conf.quantized.ops.e8m0 import MX_BLOCK_SIZE, SCALE_DTYPES, apply_e8m0_scale, scaled_mm_e8m0
 
 __all__ = [
     "E4M3_MAX",
     "E4M3_MAX_POW2",
     "RECIPES",
     "SCALE_ROUNDINGS",
+    "SCALE_DTYPES",
+    "default_scale_dtype",
     "MXArgumentError",
     "MXConversionError",
     "to_mx",
@@ -85,17 +91,37 @@ def _scale_bytes(amax: torch.Tensor, scale_rounding: str) -> torch.Tensor:
     return torch.where(torch.isfinite(amax), biased, 255)
 
 
+_said_scale_dtype = False
+
+
+def default_scale_dtype() -> torch.dtype:
+    """The dtype MX scales travel in by default: ``torch.float8_e8m0fnu`` where Inductor compiles
+    e8m0 (:func:`fp8conf.torch_internals.inductor_lowers_e8m0`), else ``torch.uint8`` (the same
+    bytes; said once per process at info, with the reason)."""
+    global _said_scale_dtype
+    native = torch_internals.inductor_lowers_e8m0()
+    if native.found:
+        return torch.float8_e8m0fnu
+    if not _said_scale_dtype:
+        _said_scale_dtype = True
+        logger.info("fp8conf MX scales travel as uint8 bytes, not float8_e8m0fnu: Inductor of torch %s does not "
+                    "compile e8m0 (%s)", torch.__version__, native.reason)
+    return torch.uint8
+
+
 def to_mx(
-    x: torch.Tensor, block_size: int = MX_BLOCK_SIZE, scale_rounding: str = "floor"
+    x: torch.Tensor, block_size: int = MX_BLOCK_SIZE, scale_rounding: str = "floor", scale_dtype: torch.dtype = torch.uint8
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` to MXFP8 along its last dim, in blocks of ``block_size``.
 
     Returns ``(elements, scales)``: ``elements`` has ``x``'s shape and dtype ``float8_e4m3fn``
     (``clamp(x / 2**e, -448, 448)`` rounded to nearest), ``scales`` has shape
-    ``(*x.shape[:-1], x.shape[-1] // block_size)`` and dtype ``uint8`` (``e + 127``, clamped to
-    [0, 254]; 255 for blocks holding inf or NaN). See :func:`_scale_bytes` for ``e``.
+    ``(*x.shape[:-1], x.shape[-1] // block_size)`` and holds the bytes ``e + 127`` (clamped to
+    [0, 254]; 255 for blocks holding inf or NaN) as ``scale_dtype``: ``uint8``, or
+    ``float8_e8m0fnu`` (a view of the same bytes). See :func:`_scale_bytes` for ``e``.
     """
     _check_choice("scale_rounding", scale_rounding, SCALE_ROUNDINGS, "to_mx")
+    _check_choice("scale_dtype", scale_dtype, SCALE_DTYPES, "to_mx")
     if not isinstance(block_size, int) or block_size <= 0:
         raise MXArgumentError("block_size", f"to_mx: `block_size` must be a positive int, got {block_size!r}")
     if not isinstance(x, torch.Tensor) or x.dim() == 0 or not x.is_floating_point():
@@ -113,7 +139,7 @@ def to_mx(
     inverse = torch.bitwise_left_shift(2 * 127 - biased.clamp(max=_MAX_INVERTIBLE_BYTE), _F32_MANTISSA_BITS)
     scaled = blocks * inverse.view(torch.float32)
     elements = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return elements.reshape(x.shape), biased.squeeze(-1).to(torch.uint8)
+    return elements.reshape(x.shape), biased.squeeze(-1).to(torch.uint8).view(scale_dtype)
 
 
 def from_mx(
@@ -124,7 +150,8 @@ def from_mx(
 ) -> torch.Tensor:
     """Dequantize :func:`to_mx`'s output: ``elements * 2**(scales - 127)`` blockwise, in ``dtype``.
 
-    The arithmetic is float32 (exact: a power-of-two times an e4m3 value), NaN for byte 255.
+    ``scales`` are ``uint8`` or ``float8_e8m0fnu`` bytes. The arithmetic is float32 (exact: a
+    power-of-two times an e4m3 value), NaN for byte 255.
     """
     k = elements.shape[-1]
     if k % block_size != 0 or tuple(scales.shape) != (*elements.shape[:-1], k // block_size):
@@ -146,10 +173,10 @@ def _pad_last_dim(t: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, pad)) if pad else t
 
 
-def _mx_matmul(lhs, rhs_t, out_dtype, emulate: bool, scale_rounding: str) -> torch.Tensor:
+def _mx_matmul(lhs, rhs_t, out_dtype, emulate: bool, scale_rounding: str, scale_dtype: torch.dtype) -> torch.Tensor:
     """``lhs @ rhs_t.T`` for ``lhs`` (R, C), ``rhs_t`` (S, C), both quantized to MXFP8 along C."""
-    lhs_q, lhs_s = to_mx(_pad_last_dim(lhs), MX_BLOCK_SIZE, scale_rounding)
-    rhs_q, rhs_s = to_mx(_pad_last_dim(rhs_t), MX_BLOCK_SIZE, scale_rounding)
+    lhs_q, lhs_s = to_mx(_pad_last_dim(lhs), MX_BLOCK_SIZE, scale_rounding, scale_dtype)
+    rhs_q, rhs_s = to_mx(_pad_last_dim(rhs_t), MX_BLOCK_SIZE, scale_rounding, scale_dtype)
     if emulate:
         return torch.mm(from_mx(lhs_q, lhs_s), from_mx(rhs_q, rhs_s).t()).to(out_dtype)
     return scaled_mm_e8m0(lhs_q, rhs_q.t(), lhs_s, rhs_s, out_dtype=out_dtype)
@@ -170,21 +197,22 @@ class _MXLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, emulate: bool, scale_rounding: str):
+    def forward(ctx, x, weight, emulate: bool, scale_rounding: str, scale_dtype: torch.dtype):
         ctx.save_for_backward(x, weight)
         ctx.emulate = emulate
         ctx.scale_rounding = scale_rounding
-        return _mx_matmul(x, weight, x.dtype, emulate, scale_rounding)
+        ctx.scale_dtype = scale_dtype
+        return _mx_matmul(x, weight, x.dtype, emulate, scale_rounding, scale_dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            grad_x = _mx_matmul(grad_out, weight.t(), x.dtype, ctx.emulate, ctx.scale_rounding)
+            grad_x = _mx_matmul(grad_out, weight.t(), x.dtype, ctx.emulate, ctx.scale_rounding, ctx.scale_dtype)
         if ctx.needs_input_grad[1]:
-            grad_w = _mx_matmul(grad_out.t(), x.t(), weight.dtype, ctx.emulate, ctx.scale_rounding)
-        return grad_x, grad_w, None, None
+            grad_w = _mx_matmul(grad_out.t(), x.t(), weight.dtype, ctx.emulate, ctx.scale_rounding, ctx.scale_dtype)
+        return grad_x, grad_w, None, None, None
 
 
 # --- the module -----------------------------------------------------------------------------------
@@ -206,6 +234,8 @@ class MXLinear(nn.Linear):
         emulate: ``recipe == "mxfp8_emulated"``.
         block_size: 32.
         scale_rounding: ``"floor"`` or ``"rup"`` (see :func:`to_mx`).
+        scale_dtype: the dtype its scales travel in, ``float8_e8m0fnu`` or ``uint8`` (the same
+            bytes either way); by default :func:`default_scale_dtype`.
 
     Inputs may have leading batch dims; the output has the input's dtype.
     """
@@ -223,9 +253,12 @@ class MXLinear(nn.Linear):
         *,
         recipe: str = "mxfp8",
         scale_rounding: str = "floor",
+        scale_dtype: torch.dtype | None = None,
     ):
         _check_choice("recipe", recipe, RECIPES, "MXLinear")
         _check_choice("scale_rounding", scale_rounding, SCALE_ROUNDINGS, "MXLinear")
+        if scale_dtype is not None:
+            _check_choice("scale_dtype", scale_dtype, SCALE_DTYPES, "MXLinear")
         problem = _features_problem(in_features, out_features)
         if problem:
             raise MXArgumentError("in_features" if in_features % MX_BLOCK_SIZE else "out_features",
@@ -234,14 +267,16 @@ class MXLinear(nn.Linear):
         self.recipe = recipe
         self.emulate = recipe == "mxfp8_emulated"
         self.scale_rounding = scale_rounding
+        self.scale_dtype = default_scale_dtype() if scale_dtype is None else scale_dtype
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, *, recipe: str = "mxfp8", scale_rounding: str = "floor") -> MXLinear:
+    def from_float(cls, linear: nn.Linear, *, recipe: str = "mxfp8", scale_rounding: str = "floor",
+                   scale_dtype: torch.dtype | None = None) -> MXLinear:
         """An ``MXLinear`` that takes over ``linear``'s weight and bias Parameters (no copy)."""
         require(linear, nn.Linear, "MXLinear.from_float", "linear", "a torch.nn.Linear")
         with torch.device("meta"):
             new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                      recipe=recipe, scale_rounding=scale_rounding)
+                      recipe=recipe, scale_rounding=scale_rounding, scale_dtype=scale_dtype)
         # Same Parameter objects: optimizers, tied weights and FSDP keep pointing at them.
         new.weight = linear.weight
         new.bias = linear.bias
@@ -254,14 +289,15 @@ class MXLinear(nn.Linear):
                 f"{_HP_DTYPES}; got shape {tuple(input.shape)}, dtype {input.dtype}",
             )
         x2d = input.reshape(-1, self.in_features)
-        out = _MXLinearFunction.apply(x2d, self.weight, self.emulate, self.scale_rounding)
+        out = _MXLinearFunction.apply(x2d, self.weight, self.emulate, self.scale_rounding, self.scale_dtype)
         out = out.reshape(*input.shape[:-1], self.out_features)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, recipe={self.recipe}, scale_rounding={self.scale_rounding}"
+        return (f"{super().extra_repr()}, recipe={self.recipe}, scale_rounding={self.scale_rounding}, "
+                f"scale_dtype={self.scale_dtype}")
 
 
 # --- conversion -------------------------------------------------------------------------------------
@@ -294,6 +330,7 @@ def convert_to_mx_training(
     recipe: str = "mxfp8",
     module_filter_fn: Callable[[nn.Module, str], bool] | None = None,
     scale_rounding: str = "floor",
+    scale_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Swap the ``nn.Linear`` modules of ``model`` for :class:`MXLinear`, in place.
 
@@ -303,21 +340,26 @@ def convert_to_mx_training(
         module_filter_fn: ``(module, fqn) -> bool``; only linears it accepts are converted (the
             same signature as torchao's ``convert_to_float8_training``).
         scale_rounding: ``"floor"`` or ``"rup"``.
+        scale_dtype: ``torch.float8_e8m0fnu`` or ``torch.uint8``, the dtype the scales travel in;
+            by default :func:`default_scale_dtype` (native e8m0 where Inductor compiles it).
 
     Every candidate is checked before any is swapped, so a failure leaves ``model`` unchanged.
 
     Raises:
         MXConversionError: (a ``ValueError``) naming the FQN of a linear whose in/out features
             are not multiples of 32.
-        MXArgumentError: for an unknown ``recipe`` or ``scale_rounding``.
+        MXArgumentError: for an unknown ``recipe``, ``scale_rounding`` or ``scale_dtype``.
     """
     require(model, "model", "convert_to_mx_training", "model")
     _check_choice("recipe", recipe, RECIPES, "convert_to_mx_training")
     _check_choice("scale_rounding", scale_rounding, SCALE_ROUNDINGS, "convert_to_mx_training")
+    if scale_dtype is not None:
+        _check_choice("scale_dtype", scale_dtype, SCALE_DTYPES, "convert_to_mx_training")
     converted: dict[int, MXLinear] = {}
     for fqn, linear in _linears_to_convert(model, module_filter_fn):
         if id(linear) not in converted:
-            converted[id(linear)] = MXLinear.from_float(linear, recipe=recipe, scale_rounding=scale_rounding)
+            converted[id(linear)] = MXLinear.from_float(linear, recipe=recipe, scale_rounding=scale_rounding,
+                                                        scale_dtype=scale_dtype)
         new = converted[id(linear)]
         if fqn == "":
             return new

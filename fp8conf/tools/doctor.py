@@ -85,7 +85,11 @@ def diagnose() -> dict:
             key = next(k for k in paths if k.startswith(name))
             paths[key] = paths[key] or f"{mode}: {reason}"
     paths.update({f"{name} (torch internals)": reason for name, reason in internal_paths.items()})
-    return {"versions": versions, "device": device, "untested": untested, "paths": paths, "failed_internals": failed}
+    native = torch_internals.inductor_lowers_e8m0()
+    mx_scales = ("float8_e8m0fnu (Inductor compiles e8m0)" if native.found
+                 else f"uint8 bytes (Inductor does not compile e8m0: {native.reason})")
+    return {"versions": versions, "device": device, "untested": untested, "paths": paths, "failed_internals": failed,
+            "mx_scales": mx_scales}
 
 
 def run(args=None) -> int:
@@ -93,6 +97,8 @@ def run(args=None) -> int:
     for name, version in found["versions"].items():
         print(f"{name:8} {version}")
     print(f"device   {found['device']}")
+    # Not a fast path: either dtype carries the same bytes at the same speed.
+    print(f"MX scales travel as {found['mx_scales']}")
     for item in found["untested"]:
         if "outside the tested range" in item:
             print(f"warning: {item}; fast paths may fall back (below)", file=sys.stderr)

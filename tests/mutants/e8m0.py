@@ -96,6 +96,34 @@ class RaggedKAccepted(ReferenceBackend):
         return scaled_mm_e8m0(a, b, a_scale, b_scale, out_dtype)
 
 
+class E8M0ScalesByValue(ReferenceBackend):
+    """Takes ``float8_e8m0fnu`` scales by value, ``scale.to(torch.uint8)`` (byte ``b`` becomes the
+    integer ``2**(b - 127)``, saturated), as a port that met only ``uint8`` bytes would: right on
+    the bytes it was tested with, wrong on TorchAO's own scale dtype."""
+
+    name = "mutant-e8m0-scales-by-value"
+    KILLED_BY = "E8M0-006"
+
+    def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):
+        def by_value(scale):
+            return scale.to(torch.uint8) if scale.dtype == torch.float8_e8m0fnu else scale
+
+        return super().scaled_mm_e8m0(a, b, by_value(a_scale), by_value(b_scale), out_dtype)
+
+
+class CompiledE8M0ScalesByValue(ReferenceBackend):
+    """Reads ``float8_e8m0fnu`` scales as bytes eagerly, but by value while Dynamo traces it (a
+    compiled path that converts what the eager one views): only a compiled comparison sees it."""
+
+    name = "mutant-e8m0-compiled-scales-by-value"
+    KILLED_BY = "E8M0-006"
+
+    def scaled_mm_e8m0(self, a, b, a_scale, b_scale, out_dtype):
+        if torch.compiler.is_compiling():
+            a_scale, b_scale = (s.to(torch.uint8) if s.dtype == torch.float8_e8m0fnu else s for s in (a_scale, b_scale))
+        return super().scaled_mm_e8m0(a, b, a_scale, b_scale, out_dtype)
+
+
 class CompiledScalesOneExponentUp(ReferenceBackend):
     """Compiles MX models with the scale exponent taken against 2**7 instead of e4m3's 2**8 (as a
     fused cast kernel written for another element format would): every scale byte one higher
@@ -119,4 +147,5 @@ class CompiledScalesOneExponentUp(ReferenceBackend):
         return super().compile(gm, mode=mode, cudagraph=cudagraph)
 
 
-MUTANTS = [BiasOffByOne, NanByteIsANumber, BadFakeShape, GraphBreak, RaggedKAccepted, CompiledScalesOneExponentUp]
+MUTANTS = [BiasOffByOne, NanByteIsANumber, BadFakeShape, GraphBreak, RaggedKAccepted, E8M0ScalesByValue,
+           CompiledE8M0ScalesByValue, CompiledScalesOneExponentUp]

@@ -1,11 +1,14 @@
-"""``fp8conf::scaled_mm_e8m0``: an MX block-scaled FP8 matmul whose scales travel as ``uint8``.
+"""``fp8conf::scaled_mm_e8m0``: an MX block-scaled FP8 matmul on E8M0 scale bytes.
 
 MX scales are E8M0 bytes: byte ``b`` means ``2**(b - 127)``, byte 255 is NaN and byte 0 is
 ``2**-127`` (a float32 subnormal that must never be flushed to zero). PyTorch has a dtype for
-them, ``torch.float8_e8m0fnu``, but CPU Inductor has no C++ type for it, so any e8m0 tensor that
-reaches generated code aborts compilation. This op takes the scales as plain ``uint8`` and views
-them as e8m0 only inside its CUDA kernel, so under ``torch.compile`` it stays one opaque node and
-e8m0 never reaches Inductor.
+them, ``torch.float8_e8m0fnu``, but the CPU Inductor of torch 2.13 and older has no C++ type for
+it, so any e8m0 tensor that reaches its generated code aborts compilation. The op therefore takes
+the scales as plain ``uint8`` bytes, and under ``torch.compile`` stays one opaque node so that
+e8m0 never reaches Inductor. It also takes them as ``float8_e8m0fnu`` tensors, read as the same
+bytes (a view, never a conversion of values): where Inductor lowers e8m0 (torch 2.14 and newer,
+:func:`fp8conf.torch_internals.inductor_lowers_e8m0`), MX scales travel natively from their
+quantization to this op, compiled or not.
 
 Semantics (every kernel): dequantize each operand blockwise in float32 (element times
 ``2**(byte - 127)``, 32 elements per byte along K), multiply in float32, cast to ``out_dtype``.
@@ -36,8 +39,10 @@ __all__ = [
     "MX_BLOCK_SIZE",
     "OUT_DTYPES",
     "E8M0_NAN_BYTE",
+    "SCALE_DTYPES",
     "MXArgumentError",
     "scaled_mm_e8m0",
+    "scale_bytes",
     "emulated_scaled_mm_e8m0",
     "e8m0_to_float32",
     "apply_e8m0_scale",
@@ -82,11 +87,17 @@ def _check_operand(name: str, t: torch.Tensor) -> None:
         )
 
 
+#: The scale dtypes the op takes: biased exponent bytes, or torch's own e8m0 dtype (the same bytes).
+SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
+
+
 def _check_scale(name: str, scale: torch.Tensor, expected: tuple, what: str) -> None:
-    if scale.dtype == torch.float8_e8m0fnu:
-        _fail(name, "has dtype torch.float8_e8m0fnu", f"pass `{name}.view(torch.uint8)` (biased exponent bytes)")
-    if scale.dtype != torch.uint8:
-        _fail(name, f"must have dtype torch.uint8 (biased E8M0 exponents), got {scale.dtype}", "convert the scales to bytes")
+    if scale.dtype not in SCALE_DTYPES:
+        _fail(
+            name,
+            f"must have dtype torch.uint8 (biased E8M0 exponents) or torch.float8_e8m0fnu, got {scale.dtype}",
+            "pass the scale bytes (fp8conf.quantized.mx.to_mx gives them), not scale values",
+        )
     if tuple(scale.shape) != tuple(expected):
         _fail(name, f"must have shape {tuple(expected)} ({what}), got {tuple(scale.shape)}", "recompute the scales")
 
@@ -112,6 +123,12 @@ def _check_args(a, b, a_scale, b_scale, out_dtype) -> None:
 # --- E8M0 arithmetic ------------------------------------------------------------------------------
 
 
+def scale_bytes(scale: torch.Tensor) -> torch.Tensor:
+    """``scale`` as ``uint8`` bytes: a ``float8_e8m0fnu`` tensor is viewed (its bits kept), never
+    converted (``.to(torch.uint8)`` would turn ``2**(b - 127)`` into an integer)."""
+    return scale.view(torch.uint8) if scale.dtype == torch.float8_e8m0fnu else scale
+
+
 def _pow2_normal(exponent: torch.Tensor) -> torch.Tensor:
     """Exact ``2**exponent`` in float32 for int32 exponents in the normal range [-126, 127]."""
     return torch.bitwise_left_shift(exponent + _E8M0_BIAS, _F32_MANTISSA_BITS).view(torch.float32)
@@ -123,7 +140,7 @@ def e8m0_to_float32(scale_u8: torch.Tensor) -> torch.Tensor:
     Bit math, not ``exp2``: bytes 1..254 share float32's bias, so ``b << 23`` is already the
     float32 pattern; byte 0 needs the subnormal pattern, which no shift of the byte produces.
     """
-    b = scale_u8.to(torch.int32)
+    b = scale_bytes(scale_u8).to(torch.int32)
     bits = torch.bitwise_left_shift(b, _F32_MANTISSA_BITS)
     bits = torch.where(b == 0, _F32_BITS_2_POW_MINUS_127, bits)
     bits = torch.where(b == E8M0_NAN_BYTE, _F32_BITS_QUIET_NAN, bits)
@@ -138,6 +155,7 @@ def apply_e8m0_scale(values: torch.Tensor, scale_u8: torch.Tensor) -> torch.Tens
     zero it and every element it scales. Multiplying by powers of two is exact, so the split
     rounds only where the true result is itself subnormal.
     """
+    scale_u8 = scale_bytes(scale_u8)
     exponent = scale_u8.to(torch.int32).clamp(max=2 * _E8M0_BIAS) - _E8M0_BIAS
     high = torch.bitwise_right_shift(exponent, 1)  # floor(exponent / 2), in [-64, 63]
     low = exponent - high  # in [-63, 64]
@@ -150,6 +168,7 @@ def apply_e8m0_scale(values: torch.Tensor, scale_u8: torch.Tensor) -> torch.Tens
 
 def emulated_scaled_mm_e8m0(a, b, a_scale, b_scale, out_dtype=torch.bfloat16) -> torch.Tensor:
     """The exact emulation: dequantize both operands blockwise in float32, ``mm`` in float32."""
+    a_scale, b_scale = scale_bytes(a_scale), scale_bytes(b_scale)
     m, k = a.shape
     n = b.shape[1]
     blocks = k // MX_BLOCK_SIZE
@@ -196,8 +215,8 @@ def _cublas_scaled_mm_e8m0(a, b, a_scale, b_scale, out_dtype) -> torch.Tensor:
     return torch._scaled_mm(
         a_row_major,
         b_col_major,
-        to_cublas_blocked(a_scale).view(torch.float8_e8m0fnu),
-        to_cublas_blocked(b_scale).view(torch.float8_e8m0fnu),
+        to_cublas_blocked(scale_bytes(a_scale)).view(torch.float8_e8m0fnu),
+        to_cublas_blocked(scale_bytes(b_scale)).view(torch.float8_e8m0fnu),
         out_dtype=out_dtype,
     )
 
@@ -236,8 +255,10 @@ def scaled_mm_e8m0(
     Args:
         a: (M, K) ``float8_e4m3fn``; K a multiple of 32.
         b: (K, N) ``float8_e4m3fn`` (any strides; ``weight_fp8.t()`` is fine).
-        a_scale: (M, K // 32) ``uint8`` E8M0 bytes, one per 32 elements along K of each row of a.
-        b_scale: (N, K // 32) ``uint8`` E8M0 bytes, one per 32 elements along K of each column of b.
+        a_scale: (M, K // 32) E8M0 bytes, one per 32 elements along K of each row of a: ``uint8``,
+            or ``float8_e8m0fnu`` (read as the same bytes).
+        b_scale: (N, K // 32) E8M0 bytes, one per 32 elements along K of each column of b (same
+            dtypes).
         out_dtype: float32, bfloat16 or float16.
 
     Raises:
