@@ -4,6 +4,13 @@ from pathlib import Path
 import pytest
 
 from conformance import plugin
+from fp8conf.log import library_notices_quieted
+
+# TorchAO is imported here, before any test: pytester's in-process runs restore sys.modules when
+# they end, so a TorchAO first imported inside one would be dropped while its ops stay registered
+# with torch, and the next import of it in this worker fails ("registered ... multiple times").
+with library_notices_quieted():
+    import torchao  # noqa: F401
 
 # The mutant backends live in tests/mutants and are loaded by name (mutants.backends:Class).
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -7,16 +7,39 @@ from __future__ import annotations
 import pytest
 
 from conformance.api.spec import PROPERTIES
-from suite_runs import TEST_TIMEOUT_S
+from suite_runs import TEST_TIMEOUT_S, Run, reads_shared_run, run_suites
 from test_mutants import run_suite
 
 # Above run_suite's hang guard, so that a run that hangs is reported as one by the guard.
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT_S)
 
+# The slow tests' runs, made one after the other in one process (a process start costs seconds):
+# label -> (backend, properties).
+_SHARED = {
+    "ProvenanceRaises": ("mutants.misbehaving:ProvenanceRaises", ("PROV-001", "VAL-001")),
+    "Float8Only": ("mutants.contract:Float8Only", tuple(p for p in PROPERTIES if p.startswith(("PROV-", "VAL-")))),
+    "TagsInPlace": ("mutants.contract:TagsInPlace",
+                    ("REG-001", "REG-004", "REG-006", "REG-007", "VAL-001", "VAL-005", "VAL-007")),
+    "ContractErrorsOnly": ("mutants.contract:ContractErrorsOnly",
+                           ("VAL-002", "VAL-003", "VAL-007", "EMU-002", "BND-002", "BND-006", "FPR-004")),
+}
 
-@pytest.mark.slow
-def test_a_raising_method_fails_its_properties_and_the_run_goes_on(tmp_path):
-    statuses, out = run_suite("mutants.misbehaving:ProvenanceRaises", ["PROV-001", "VAL-001"], tmp_path)
+
+@pytest.fixture(scope="module")
+def shared_runs(tmp_path_factory):
+    """The verdicts of the runs in ``_SHARED``, made once for the tests that read them."""
+    runs = [Run(label, backend, properties) for label, (backend, properties) in _SHARED.items()]
+    return run_suites(runs, tmp_path_factory.mktemp("misbehaving"))
+
+
+def _shared(shared_runs, label) -> tuple[dict, list, str]:
+    statuses, out = shared_runs[label].require()
+    return statuses, list(_SHARED[label][1]), out
+
+
+@reads_shared_run("suite-misbehaving")
+def test_a_raising_method_fails_its_properties_and_the_run_goes_on(shared_runs):
+    statuses, _, out = _shared(shared_runs, "ProvenanceRaises")
     assert statuses["PROV-001"]["status"] == "fail"
     assert "provenance() raised KeyError: 'fp8_meta'" in out
     assert statuses["VAL-001"]["status"] == "pass", out[-3000:]
@@ -28,13 +51,12 @@ def test_a_wrong_return_type_is_named(tmp_path):
     assert "validate() returned dict, expected ValidationReport" in out
 
 
-@pytest.mark.slow
-def test_a_float8_only_backend_is_never_shown_an_mx_model(tmp_path):
+@reads_shared_run("suite-misbehaving")
+def test_a_float8_only_backend_is_never_shown_an_mx_model(shared_runs):
     # PROV and VAL draw MX models for a backend that claims mx and models with linears on
     # F.scaled_mm for one that claims scaled_mm_v2 (the reference: about half of them); this one
     # claims neither, and its tracer refuses both.
-    wanted = [p for p in PROPERTIES if p.startswith(("PROV-", "VAL-"))]
-    statuses, out = run_suite("mutants.contract:Float8Only", wanted, tmp_path)
+    statuses, wanted, out = _shared(shared_runs, "Float8Only")
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}
     assert not failing, f"{failing}:\n{out[-4000:]}"
     # ... and it is shown as many models as any backend, not fewer.
@@ -42,19 +64,17 @@ def test_a_float8_only_backend_is_never_shown_an_mx_model(tmp_path):
         assert statuses[property_id]["examples"] >= 25, statuses[property_id]
 
 
-@pytest.mark.slow
-def test_what_a_backend_tags_in_place_stays_in_the_property_that_let_it(tmp_path):
+@reads_shared_run("suite-misbehaving")
+def test_what_a_backend_tags_in_place_stays_in_the_property_that_let_it(shared_runs):
     # REG runs regions() on the suite's graphs of models that VAL validates later in the session.
-    wanted = ["REG-001", "REG-004", "REG-006", "REG-007", "VAL-001", "VAL-005", "VAL-007"]
-    statuses, out = run_suite("mutants.contract:TagsInPlace", wanted, tmp_path)
+    statuses, wanted, out = _shared(shared_runs, "TagsInPlace")
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}
     assert not failing, f"{failing}:\n{out[-4000:]}"
 
 
-@pytest.mark.slow
-def test_the_contract_exceptions_themselves_satisfy_the_properties(tmp_path):
-    wanted = ["VAL-002", "VAL-003", "VAL-007", "EMU-002", "BND-002", "BND-006", "FPR-004"]
-    statuses, out = run_suite("mutants.contract:ContractErrorsOnly", wanted, tmp_path)
+@reads_shared_run("suite-misbehaving")
+def test_the_contract_exceptions_themselves_satisfy_the_properties(shared_runs):
+    statuses, wanted, out = _shared(shared_runs, "ContractErrorsOnly")
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}
     assert not failing, f"{failing}:\n{out[-4000:]}"
 

@@ -61,9 +61,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if folder is None:
         return
     groups = {item.nodeid: group for item in items if (group := _group(item)) is not None}
+    slow = [item.nodeid for item in items if item.nodeid not in groups and item.get_closest_marker("slow")]
     path = Path(folder, f"{config.workerinput['workerid']}.json")
     partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(groups))
+    partial.write_text(json.dumps({"groups": groups, "slow": slow}))
     os.replace(partial, path)  # the controller never reads half a file
 
 
@@ -81,18 +82,23 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         Groups are handed out first, in the order they are collected: each waits for runs of the
         suite that take minutes, a whole-suite run (declared first in its module) the longest;
         handed out last, one would leave a worker on it alone at the end while the other idles.
+        The other tests marked ``slow`` (a run of the suite, a fresh process: tens of seconds
+        each) come next, and the quick ones last, to fill in around them.
         """
 
         def __init__(self, config: pytest.Config, log) -> None:
             super().__init__(config, log)
             self.groups: dict[str, str] = {}
+            self.slow: set[str] = set()
             self._groups_first = False
 
         def schedule(self) -> None:
             # Called once every worker has collected, hence written its file.
             if self.collection is None:
                 for path in folder.glob("*.json"):
-                    self.groups.update(json.loads(path.read_text()))
+                    found = json.loads(path.read_text())
+                    self.groups.update(found["groups"])
+                    self.slow.update(found["slow"])
                 _log_once(config, len(set(self.groups.values())), len(self.groups))
             super().schedule()
 
@@ -105,7 +111,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
                 for index, nodeid in enumerate(self.collection or ()):
                     first_seen.setdefault(self._split_scope(nodeid), index)
                 grouped = sorted(set(self.groups.values()) & set(self.workqueue), key=first_seen.__getitem__)
-                for scope in reversed(grouped):
+                slow = sorted(self.slow & set(self.workqueue), key=first_seen.__getitem__)
+                for scope in reversed(grouped + slow):
                     self.workqueue.move_to_end(scope, last=False)
                 self._groups_first = True
             super()._assign_work_unit(node)
