@@ -82,13 +82,18 @@ conformance() {
 
 moe() {
     # FP8 grouped experts (MOE) with the models on CUDA: MOE-006/007 then run real FP8 experts and
-    # MOE-008 compiles them; MOE-008's mutant must fail it; then the MoE benchmark (RESULTS.md).
+    # MOE-008 compiles them; MOE-008's mutant and MOE-006's second-API one must fail them; then the
+    # MoE benchmark (RESULTS.md).
     python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
         --fp8-backend=conformance.backends.reference:ReferenceBackend --fp8-device=cuda --hypothesis-profile=fp8conf-ci \
         --fp8-report="$OUT/moe-cuda.json" conformance/properties/test_moe.py 2>&1 | tee "$OUT/moe-cuda.log" | tail -n 15
     PYTHONPATH="$PWD/tests:$PYTHONPATH" python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
         --fp8-backend=mutants.moe:RegionalCompileDropsGroupedScales --fp8-device=cuda --hypothesis-profile=fp8conf-mutants \
         -k test_MOE_008_ conformance/properties/test_moe.py 2>&1 | tee "$OUT/moe-mutant-cuda.log" | tail -n 8
+    # A defect in experts on the second grouped API only: MOE-006 must fail where it runs them.
+    PYTHONPATH="$PWD/tests:$PYTHONPATH" python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
+        --fp8-backend=mutants.moe:V2SharedGroupScales --fp8-device=cuda --hypothesis-profile=fp8conf-mutants \
+        -k test_MOE_006_ conformance/properties/test_moe.py 2>&1 | tee "$OUT/moe-v2-mutant-cuda.log" | tail -n 8
     python3 benchmarks/bench_moe.py --jsonl "$OUT/moe.jsonl" 2>&1 | tee "$OUT/bench-moe.log" | tail -n 24
 }
 

@@ -136,6 +136,21 @@ class RegionalCompileDropsGroupedScales(ReferenceBackend):
         return Compiled(compiled, compiled.compiled_nodes, compiled.eager_nodes)
 
 
+class V2SharedGroupScales(ReferenceBackend):
+    """``SharedGroupScales`` only in experts on ``F.scaled_grouped_mm``: a port of the second API
+    that took the dense rowwise scale choice with it. Experts on the first API, and emulated ones
+    (what MOE-006 runs where the device runs no FP8 grouped GEMM), are right."""
+
+    name = "mutant-v2-shared-group-scales"
+    KILLED_BY = "MOE-006"
+
+    def trace_joint(self, model, args):
+        if not any(isinstance(m, grouped.Float8GroupedExperts) and m.v2 for m in model.modules()):
+            return super().trace_joint(model, args)
+        with _replaced(grouped, "to_float8_per_group", _shared_column_scales):
+            return super().trace_joint(model, args)
+
+
 MUTANTS = [
     GroupedLabelledAsLinear,
     GroupedGradWeightAssumedHighPrecision,
@@ -145,5 +160,6 @@ MUTANTS = [
     SharedGroupScales,
     NoAmaxFloor,
 ]
-#: Caught only where MOE-008 runs: an sm90 GPU.
-GPU_MUTANTS = [RegionalCompileDropsGroupedScales]
+#: Caught only on an sm90 GPU: where MOE-008 runs, and where MOE-006 runs experts on the second
+#: grouped API.
+GPU_MUTANTS = [RegionalCompileDropsGroupedScales, V2SharedGroupScales]
