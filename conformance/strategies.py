@@ -73,6 +73,22 @@ FLOAT8_AND_MX = (FLOAT8_KIND, MX_KIND)
 MX_WIDTHS = (32, 64)
 
 
+# What a call of torch's first scaled-matmul API raises where the device has no kernel; the second
+# API also raises TypeError or ValueError for a scaling the build does not know.
+_KERNEL_ERRORS = (RuntimeError, NotImplementedError)
+_V2_ERRORS = (*_KERNEL_ERRORS, TypeError, ValueError)
+
+
+def _runs(call, errors=_KERNEL_ERRORS) -> bool:
+    """Whether ``call`` (a small FP8 matmul on a device) runs here: ``False`` when it raises one of
+    ``errors``, the way torch says it has no kernel for that device or scaling."""
+    try:
+        call()
+    except errors:
+        return False
+    return True
+
+
 def runnable_recipes(device: str = "cpu") -> tuple[str, ...]:
     """The recipes whose real FP8 matmuls this torch can execute on ``device``.
 
@@ -84,11 +100,10 @@ def runnable_recipes(device: str = "cpu") -> tuple[str, ...]:
 
     a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
     b = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn).t()
-    try:
-        torch._scaled_mm(a, b, torch.ones(16, 1, device=device), torch.ones(1, 16, device=device), out_dtype=torch.float32)
-    except (RuntimeError, NotImplementedError):
-        return ("tensorwise",)
-    return FLOAT8_RECIPES
+    if _runs(lambda: torch._scaled_mm(a, b, torch.ones(16, 1, device=device), torch.ones(1, 16, device=device),
+                                      out_dtype=torch.float32)):
+        return FLOAT8_RECIPES
+    return ("tensorwise",)
 
 
 @functools.cache
@@ -105,11 +120,9 @@ def runnable_kinds(device: str = "cpu") -> tuple[str, ...]:
         a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
         b = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn).t()
         one = torch.ones((), device=device)
-        try:
-            F.scaled_mm(a, b, one, F.ScalingType.TensorWise, one, F.ScalingType.TensorWise, output_dtype=torch.float32)
+        tensorwise = F.ScalingType.TensorWise
+        if _runs(lambda: F.scaled_mm(a, b, one, tensorwise, one, tensorwise, output_dtype=torch.float32), _V2_ERRORS):
             kinds.append(SCALED_MM_KIND)
-        except (RuntimeError, NotImplementedError, TypeError, ValueError):
-            pass
     return tuple(kinds)
 
 
@@ -466,12 +479,8 @@ def grouped_fp8_runs(device: str = "cpu") -> bool:
     a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
     b = torch.zeros(1, 16, 16, device=device).to(torch.float8_e4m3fn).transpose(-2, -1)
     offs = torch.tensor([16], dtype=torch.int32, device=device)
-    try:
-        torch._scaled_grouped_mm(a, b, torch.ones(16, device=device), torch.ones(1, 16, device=device), offs,
-                                 out_dtype=torch.bfloat16)
-    except (RuntimeError, NotImplementedError):
-        return False
-    return True
+    return _runs(lambda: torch._scaled_grouped_mm(a, b, torch.ones(16, device=device), torch.ones(1, 16, device=device),
+                                                  offs, out_dtype=torch.bfloat16))
 
 
 @functools.cache
@@ -487,12 +496,8 @@ def grouped_v2_runs(device: str = "cpu") -> bool:
     b = torch.zeros(1, 16, 16, device=device).to(torch.float8_e4m3fn).transpose(-2, -1)
     offs = torch.tensor([16], dtype=torch.int32, device=device)
     rowwise = F.ScalingType.RowWise
-    try:
-        F.scaled_grouped_mm(a, b, torch.ones(16, device=device), rowwise, torch.ones(1, 16, device=device), rowwise,
-                            offs=offs, output_dtype=torch.bfloat16)
-    except (RuntimeError, NotImplementedError, TypeError, ValueError):
-        return False
-    return True
+    return _runs(lambda: F.scaled_grouped_mm(a, b, torch.ones(16, device=device), rowwise, torch.ones(1, 16, device=device),
+                                             rowwise, offs=offs, output_dtype=torch.bfloat16), _V2_ERRORS)
 
 
 #: MoE models in the shared corpus of a derandomized run (a property's own settings, active while
