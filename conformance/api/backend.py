@@ -315,7 +315,9 @@ class Backend(abc.ABC):
         ``2**(s - 127)``, 0 is ``2**-127``, 255 is NaN). Returns ``dequant(a) @ dequant(b)`` as an
         (M, N) tensor of ``out_dtype`` (float32, bfloat16 or float16). Must run under
         ``torch.compile(fullgraph=True)`` as one call of :meth:`e8m0_op` that no e8m0 dtype crosses;
-        a bad argument raises an exception whose message names it (`a`, `b`, `a_scale`, `b_scale`)."""
+        a bad argument raises an exception whose message names it (`a`, `b`, `a_scale`, `b_scale`).
+        Scales given as ``torch.float8_e8m0fnu`` may be refused the same way, or read as the same
+        bytes as their ``uint8`` view, never by value (E8M0-006)."""
         raise NotImplementedError(f"backend {self.name!r} does not implement scaled_mm_e8m0()")
 
     def e8m0_op(self):
