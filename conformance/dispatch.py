@@ -32,6 +32,8 @@ import functools
 import torch
 import torch.fx
 
+from conformance.graphs import is_fp8_dtype
+
 __all__ = ["DispatchCounter", "observed", "dispatches_per_node", "equal_computations", "always_generated", "BlockScaledCalls"]
 
 _CASTS = ("aten._to_copy.default", "prims.convert_element_type.default")
@@ -79,7 +81,7 @@ class DispatchCounter(_Watcher):
 
     def seen(self, func, args, kwargs, out) -> None:
         self.counts[func] += 1
-        if str(func) in _CASTS and _is_fp8(getattr(out, "dtype", None)):
+        if str(func) in _CASTS and is_fp8_dtype(getattr(out, "dtype", None)):
             self.fp8_casts += 1
 
 
@@ -191,7 +193,7 @@ class BlockScaledCalls(_Watcher):
     def seen(self, func, args, kwargs, out) -> None:
         tensors = list(_tensors_in((*args, *kwargs.values())))
         scales = [t for t in tensors if str(t.dtype) in _SCALE_DTYPES]
-        if scales and any(_is_fp8(t.dtype) for t in tensors):
+        if scales and any(is_fp8_dtype(t.dtype) for t in tensors):
             self.calls.append((str(func), tuple(_bytes_of(t) for t in scales)))
 
 
@@ -208,6 +210,3 @@ def _bytes_of(t: torch.Tensor) -> tuple:
     return tuple(t.shape), bytes(flat.tolist())
 
 
-def _is_fp8(dtype) -> bool:
-    # As conformance.graphs judges a cast to FP8: an e8m0 scale is not an FP8 value.
-    return "float8" in str(dtype) and "e8m0" not in str(dtype)

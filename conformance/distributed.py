@@ -28,7 +28,7 @@ import tempfile
 import torch
 import torch.fx
 
-from conformance.graphs import Fp8Ops, is_fp8_compute
+from conformance.graphs import Fp8Ops, is_fp8_compute, is_fp8_dtype
 
 __all__ = [
     "WORLD_SIZE",
@@ -108,10 +108,6 @@ def is_all_gather(node: torch.fx.Node) -> bool:
 
 def _dtype(node) -> torch.dtype | None:
     return getattr(node.meta.get("val") if isinstance(node, torch.fx.Node) else None, "dtype", None)
-
-
-def _is_fp8_dtype(dtype) -> bool:
-    return dtype is not None and "float8" in str(dtype) and "e8m0" not in str(dtype)
 
 
 def _keeps_bytes(node: torch.fx.Node) -> bool:
@@ -216,7 +212,7 @@ def moves_fp8_bytes(gather: torch.fx.Node) -> bool:
     """The gather moves FP8: its wire dtype is FP8, or it moves one-byte integers viewed from an
     FP8 value before the gather or viewed as one after it (through byte-keeping ops only)."""
     wire = _wire_dtype(gather)
-    if _is_fp8_dtype(wire) or _is_fp8_dtype(_dtype(gather)):
+    if is_fp8_dtype(wire) or is_fp8_dtype(_dtype(gather)):
         return True
     if not isinstance(wire, torch.dtype) or wire.itemsize != 1:
         return False
@@ -233,7 +229,7 @@ def _reaches_fp8(start, step) -> bool:
         if node in seen:
             continue
         seen.add(node)
-        if _is_fp8_dtype(_dtype(node)):
+        if is_fp8_dtype(_dtype(node)):
             return True
         if _keeps_bytes(node):
             stack.extend(step(node))

@@ -31,6 +31,7 @@ import torch.fx.traceback as fx_traceback
 
 __all__ = [
     "Fp8Ops",
+    "is_fp8_dtype",
     "is_fp8_compute",
     "Oracle",
     "trace_with_oracle",
@@ -84,9 +85,14 @@ class Fp8Ops:
         return str(target).startswith(self.prefixes)
 
 
-def _is_fp8(value) -> bool:
-    dtype = getattr(value.meta.get("val") if isinstance(value, torch.fx.Node) else value, "dtype", None)
+def is_fp8_dtype(dtype) -> bool:
+    """Whether ``dtype`` holds FP8 values (e4m3, e5m2 and their variants). ``float8_e8m0fnu``
+    does not: it is the dtype of MX scales, powers of two, never FP8 data."""
     return dtype is not None and "float8" in str(dtype) and "e8m0" not in str(dtype)
+
+
+def _is_fp8(value) -> bool:
+    return is_fp8_dtype(getattr(value.meta.get("val") if isinstance(value, torch.fx.Node) else value, "dtype", None))
 
 
 def is_fp8_compute(node: torch.fx.Node, ops: Fp8Ops) -> bool:

@@ -25,7 +25,9 @@ from hypothesis import example, given, settings
 
 from conformance import rewrites
 from conformance.api.types import Compiled, Region, StageSplit
-from conformance.graphs import fp8_compute_nodes, grouped_offsets, incompleteness, is_fp8_cast, tagged_groups, trace_with_oracle
+from conformance.graphs import (
+    fp8_compute_nodes, grouped_offsets, incompleteness, is_fp8_cast, is_fp8_dtype, tagged_groups, trace_with_oracle,
+)
 from conformance.harness import (
     call_backend, check, compute_counts_that_run, device, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error,
 )
@@ -187,7 +189,7 @@ def _fp8_producers(node) -> set:
         if is_fp8_cast(value):
             found.add(value)
         else:
-            stack.extend(i for i in value.all_input_nodes if "float8" in str(getattr(i.meta.get("val"), "dtype", "")))
+            stack.extend(i for i in value.all_input_nodes if is_fp8_dtype(getattr(i.meta.get("val"), "dtype", None)))
     return found
 
 

@@ -190,6 +190,7 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     partitions = [dict.fromkeys(sorted(group, key=order.__getitem__)) for group in groups]
     fuse_by_partitions(gm, partitions, prefix=prefix, always_return_tuple=True)
+    _inputs_in_order_of_use(gm, prefix)
     keys = _share_outputs(gm, prefix)
     calls = []
     with tracing_fake_mode(gm):
@@ -207,6 +208,40 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
                     raise error(index, exc) from exc
             calls.append((node, key, fake_inputs))
     return CutUnits(gm, calls, cache, compiler, names)
+
+
+def _inputs_in_order_of_use(gm, prefix: str) -> None:
+    """Order each submodule's inputs by where its own nodes first use them, and its call's
+    arguments to match. ``fuse_by_partitions`` orders them by where their producers sit in the
+    whole graph, and torch 2.14 puts the stage input (the first block's input) before the
+    parameters there, so the first of equal blocks would differ from the others only in its
+    argument order and be compiled once more."""
+    for call in gm.graph.find_nodes(op="call_module"):
+        if not call.target.startswith(prefix):
+            continue
+        submodule = getattr(gm, call.target)
+        graph = submodule.graph
+        placeholders = list(graph.find_nodes(op="placeholder"))
+        if len(placeholders) != len(call.args) or call.kwargs:
+            continue  # not the calling convention fuse_by_partitions makes; leave it as it is
+        position = {node: i for i, node in enumerate(graph.nodes)}
+
+        def first_use(i):
+            # The first node that reads the input, then where among that node's arguments it sits.
+            users = sorted(placeholders[i].users, key=position.__getitem__)
+            if not users:
+                return (len(position), 0, i)
+            leaves = pytree.tree_leaves((users[0].args, users[0].kwargs))
+            return (position[users[0]], next(j for j, leaf in enumerate(leaves) if leaf is placeholders[i]), i)
+
+        order = sorted(range(len(placeholders)), key=first_use)
+        if order == list(range(len(placeholders))):
+            continue
+        body = next(n for n in graph.nodes if n.op != "placeholder")
+        for i in order:
+            body.prepend(placeholders[i])
+        submodule.recompile()
+        call.args = tuple(call.args[i] for i in order)
 
 
 def _share_outputs(gm, prefix: str) -> dict[torch.fx.Node, tuple]:
