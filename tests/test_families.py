@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import importlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,11 @@ def test_the_families_run_first_on_one_property_per_area(pytester, monkeypatch):
     settings.register_profile("fp8conf-families-only", database=None, deadline=None, derandomize=True, phases=(Phase.explicit,))
     chosen = {"PROV-004", "VAL-001", "EMU-002", "REG-007", "BND-002", "NUM-002"}
     tests = {pid: test for pid, test in _property_tests().items() if pid in chosen}
+    # This worker may have imported project tests whose basenames the suite's property modules
+    # share (tests/test_graphpp.py, tests/test_fingerprint.py) as top-level modules; where the
+    # suite is installed rather than editable, pytest would collect those in their place.
+    for path in PROPERTIES.glob("test_*.py"):
+        monkeypatch.delitem(sys.modules, path.stem, raising=False)
     result = pytester.runpytest(
         # importlib: the worker may have imported tests/test_fingerprint.py, whose basename the
         # suite's own test_fingerprint.py shares.
