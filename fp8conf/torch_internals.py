@@ -21,7 +21,7 @@ import threading
 from fp8conf.log import logger
 
 __all__ = ["INTERNALS", "NEWER_INTERNALS", "TESTED_TORCH", "Probe", "probe", "failed_probes", "FastPath",
-           "fast_paths", "async_compile_wait_patched", "inductor_lowers_e8m0"]
+           "fast_paths", "async_compile_wait_patched", "inductor_lowers_e8m0", "v_schedules_start_on_gloo"]
 
 #: The range of torch versions this release was tested with (also ``[tool.fp8conf]`` in pyproject.toml).
 TESTED_TORCH = ">=2.11,<2.15"
@@ -116,6 +116,8 @@ INTERNALS: tuple[str, ...] = (
 NEWER_INTERNALS: tuple[str, ...] = (
     # Inductor's own lowering of e8m0 -> float (torch 2.14): MX scales may travel as float8_e8m0fnu.
     "torch._inductor.lowering._float8_e8m0fnu_to_dtype",
+    # Pipelining's warm-up by a vote between stages (torch 2.13): V-shaped schedules start on gloo.
+    "torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p",
 )
 
 
@@ -242,3 +244,17 @@ def inductor_lowers_e8m0() -> Probe:
     if torch.float8_e8m0fnu not in DTYPE_TO_CPP:
         return Probe("inductor lowers e8m0", False, "CPU Inductor's DTYPE_TO_CPP has no float8_e8m0fnu")
     return Probe("inductor lowers e8m0", True)
+
+
+def v_schedules_start_on_gloo() -> Probe:
+    """Whether torch's V-shaped pipeline schedules (``ZBVZeroBubble``, ``DualPipeV``) can start
+    over gloo. Older releases (torch 2.11) warm up the point-to-point links by each stage sending
+    to its neighbours, so the rank that holds two adjacent stages sends to itself, which gloo
+    refuses ("Pair is not connected"); newer ones warm up by a vote between the stages."""
+    name = "torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p"
+    warmup = probe(name)
+    if warmup.found:
+        return Probe("V-shaped schedules start on gloo", True)
+    return Probe("V-shaped schedules start on gloo", False,
+                 f"{warmup.reason}: this torch warms up pipeline stages by point-to-point sends, and the rank holding two "
+                 "adjacent stages of a V-shaped schedule would send to itself, which gloo refuses")

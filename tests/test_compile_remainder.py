@@ -250,6 +250,37 @@ def test_units_that_differ_only_in_the_values_leaving_them_compile_once(inductor
         torch.testing.assert_close(g, e)
 
 
+def test_equal_units_whose_independent_nodes_the_graph_orders_otherwise_compile_once(inductor_calls):
+    """Two equal blocks, the second's independent branches traced the other way round (as torch
+    2.11's joint graph orders a SwiGLU backward's two products in some blocks): one compile,
+    and each call gets its own block's values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fp8conf.compile.region_compile import cut_pieces
+
+    def step(x, a1, b1, a2, b2):
+        u1 = torch.sin(x * a1)  # first block: the product's branch first
+        v1 = torch.cos(x + b1)
+        h = u1 * v1 - b1
+        v2 = torch.cos(h + b2)  # second block: the sum's branch first
+        u2 = torch.sin(h * a2)
+        return (u2 * v2 - b2,)
+
+    args = [torch.randn(8, 16) for _ in range(5)]
+    gm = make_fx(step, tracing_mode="fake")(*args)
+    body = [n for n in gm.graph.nodes if n.op == "call_function"]
+    units = [body[:6], body[6:]]
+    assert [str(n.target) for n in units[0]] != [str(n.target) for n in units[1]]  # traced in other orders
+    expected = step(*args)
+
+    def error(piece, exc):
+        raise AssertionError(f"unit {piece} failed to compile") from exc
+
+    fn = cut_pieces(gm, units, {}, error).bind()
+    assert len(inductor_calls) == 1, f"{len(inductor_calls)} compiles for two equal blocks"
+    torch.testing.assert_close(fn(*args)[0], expected[0])
+
+
 class _RMSNorm(torch.nn.Module):
     def __init__(self, dim):
         super().__init__()

@@ -54,6 +54,28 @@ def test_newer_internals_are_found_on_newer_torch():
         assert torch_internals.inductor_lowers_e8m0().found
     else:
         assert not torch_internals.inductor_lowers_e8m0().found
+    # Pipelining's warm-up by vote: torch 2.13 has it, torch 2.11 not (2.12 was not tested).
+    if release >= (2, 13) or release <= (2, 11):
+        assert torch_internals.v_schedules_start_on_gloo().found == (release >= (2, 13))
+
+
+def test_a_v_shaped_schedule_the_torch_cannot_start_over_gloo_is_refused_before_any_process(monkeypatch, capsys):
+    from fp8conf.errors import FP8ConfigError
+    from fp8conf.tools.cli import main
+    from fp8conf.tools import pipeline_check
+
+    failed = torch_internals.Probe("torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p", False,
+                                   "probe forced to fail")
+    monkeypatch.setattr(torch_internals, "probe", lambda name: failed if name == failed.name else torch_internals.Probe(name, True))
+
+    def spawned(*args, **kwargs):
+        raise AssertionError("processes started")
+
+    monkeypatch.setattr("torch.multiprocessing.start_processes", spawned)
+    with pytest.raises(FP8ConfigError, match=r"DualPipeV cannot start over gloo .*probe forced to fail.*--backend nccl"):
+        pipeline_check.launch(schedule="DualPipeV", ranks=2)
+    main(["doctor"])
+    assert "V-shaped pipeline schedules are refused over gloo: probe forced to fail" in capsys.readouterr().out
 
 
 def test_each_fast_path_is_on():

@@ -36,6 +36,7 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call
 
 __all__ = [
@@ -187,8 +188,7 @@ def trace_train_step(model: torch.nn.Module, args: tuple, config: TrainerConfig 
     modules = quantized_modules(model)
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
     device_type = next(iter(params.values())).device.type if params else "cpu"
-    with torch.no_grad(), _autocast(config, device_type):
-        tangents = tuple(torch.zeros_like(o) for o in pytree.tree_leaves(model(*args)))
+    tangents = _zero_tangents(model, args, config, device_type)
     calls: list[tuple[str, bool, bool]] = []
 
     def step(params, buffers, args, tangents):
@@ -217,6 +217,14 @@ def trace_train_step(model: torch.nn.Module, args: tuple, config: TrainerConfig 
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{config.job_name}_step.py").write_text(gm.code)
     return gm
+
+
+def _zero_tangents(model, args, config, device_type) -> tuple[torch.Tensor, ...]:
+    """Zeros shaped like the step's outputs, their shapes found by a forward on fake tensors:
+    the trainer never runs a matmul to trace (on some devices a recipe has no kernel)."""
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True), _autocast(config, device_type):
+        outputs = pytree.tree_leaves(model(*args))
+    return tuple(torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=o.device).zero_() for o in outputs)
 
 
 def _eliminate_dead_code(gm) -> None:

@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import heapq
 import inspect
 import operator
 from collections.abc import Callable
@@ -190,7 +191,7 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     partitions = [dict.fromkeys(sorted(group, key=order.__getitem__)) for group in groups]
     fuse_by_partitions(gm, partitions, prefix=prefix, always_return_tuple=True)
-    _inputs_in_order_of_use(gm, prefix)
+    _in_canonical_order(gm, prefix)
     keys = _share_outputs(gm, prefix)
     calls = []
     with tracing_fake_mode(gm):
@@ -210,12 +211,13 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
     return CutUnits(gm, calls, cache, compiler, names)
 
 
-def _inputs_in_order_of_use(gm, prefix: str) -> None:
-    """Order each submodule's inputs by where its own nodes first use them, and its call's
-    arguments to match. ``fuse_by_partitions`` orders them by where their producers sit in the
-    whole graph, and torch 2.14 puts the stage input (the first block's input) before the
-    parameters there, so the first of equal blocks would differ from the others only in its
-    argument order and be compiled once more."""
+def _in_canonical_order(gm, prefix: str) -> None:
+    """Put each submodule's nodes in an order of their own structure, its inputs in the order its
+    nodes first use them, and its call's arguments to match, so that equal blocks cut out of one
+    graph get equal keys. The joint graph may order independent nodes of one block otherwise than
+    those of the next (torch 2.11 puts the two products of a SwiGLU's backward either way round),
+    and ``fuse_by_partitions`` orders inputs by where their producers sit in the whole graph (torch
+    2.14 puts the stage input before the parameters): either would compile the block once more."""
     for call in gm.graph.find_nodes(op="call_module"):
         if not call.target.startswith(prefix):
             continue
@@ -224,6 +226,7 @@ def _inputs_in_order_of_use(gm, prefix: str) -> None:
         placeholders = list(graph.find_nodes(op="placeholder"))
         if len(placeholders) != len(call.args) or call.kwargs:
             continue  # not the calling convention fuse_by_partitions makes; leave it as it is
+        changed = _sort_body(graph)
         position = {node: i for i, node in enumerate(graph.nodes)}
 
         def first_use(i):
@@ -235,13 +238,79 @@ def _inputs_in_order_of_use(gm, prefix: str) -> None:
             return (position[users[0]], next(j for j, leaf in enumerate(leaves) if leaf is placeholders[i]), i)
 
         order = sorted(range(len(placeholders)), key=first_use)
-        if order == list(range(len(placeholders))):
-            continue
-        body = next(n for n in graph.nodes if n.op != "placeholder")
-        for i in order:
-            body.prepend(placeholders[i])
-        submodule.recompile()
-        call.args = tuple(call.args[i] for i in order)
+        # fuse_by_partitions adds an input where its first user sits: gather them in front.
+        if order != list(range(len(placeholders))) or list(graph.nodes)[: len(placeholders)] != placeholders:
+            for i in reversed(order):
+                first = next(iter(graph.nodes))
+                if first is not placeholders[i]:
+                    first.prepend(placeholders[i])
+            call.args = tuple(call.args[i] for i in order)
+            changed = True
+        if changed:
+            submodule.recompile()
+
+
+def _sort_body(graph: torch.fx.Graph) -> bool:
+    """Reorder the nodes between the placeholders and the output topologically, choosing among
+    the nodes that are ready the one first by a label of its structure, never its name or place:
+    what it computes, refined round by round with the labels of its arguments and of its users
+    (and where it sits among their arguments) until the labels tell no more nodes apart. Graphs
+    that mutate or draw random numbers keep their order (their nodes' order is part of what they
+    compute). Returns whether the order changed."""
+    nodes = list(graph.nodes)
+    body = [n for n in nodes if n.op not in ("placeholder", "output")]
+    if any(_order_matters(n) for n in body):
+        return False
+    arguments, uses = {}, {n: [] for n in nodes}
+    for node in nodes:
+        leaves = pytree.tree_leaves((node.args, node.kwargs))
+        arguments[node] = [leaf for leaf in leaves if isinstance(leaf, torch.fx.Node)]
+        if node.op != "output":  # where among the outputs follows the original order: left out
+            for j, leaf in enumerate(leaves):
+                if isinstance(leaf, torch.fx.Node):
+                    uses[leaf].append((node, j))
+    label = {}
+    for node in nodes:
+        constants = pytree.tree_map_only(torch.fx.Node, lambda _: None, (node.args, node.kwargs))
+        target = node.op if node.op in ("placeholder", "get_attr", "output") else node.target
+        label[node] = hash((node.op, str(target), repr(constants), _describe(node.meta.get("val"))))
+    kinds = len(set(label.values()))
+    for _ in range(len(nodes)):
+        label = {n: hash((label[n], tuple(label[a] for a in arguments[n]), tuple(sorted((label[u], j) for u, j in uses[n]))))
+                 for n in nodes}
+        refined = len(set(label.values()))
+        if refined == kinds:
+            break
+        kinds = refined
+    position = {node: i for i, node in enumerate(nodes)}
+    inside = set(body)
+    waiting = {n: sum(1 for i in n.all_input_nodes if i in inside) for n in body}
+    ready = [(label[n], position[n], n) for n in body if waiting[n] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        *_, node = heapq.heappop(ready)
+        order.append(node)
+        for user in node.users:
+            if user in inside:
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    heapq.heappush(ready, (label[user], position[user], user))
+    if order == body:
+        return False
+    output = nodes[-1]
+    for node in order:
+        output.prepend(node)
+    return True
+
+
+def _order_matters(node: torch.fx.Node) -> bool:
+    if node.op in ("call_module", "call_method"):
+        return True
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
+    return node.op == "call_function" and target is not operator.getitem
 
 
 def _share_outputs(gm, prefix: str) -> dict[torch.fx.Node, tuple]:

@@ -88,8 +88,9 @@ def diagnose() -> dict:
     native = torch_internals.inductor_lowers_e8m0()
     mx_scales = ("float8_e8m0fnu (Inductor compiles e8m0)" if native.found
                  else f"uint8 bytes (Inductor does not compile e8m0: {native.reason})")
+    v_gloo = torch_internals.v_schedules_start_on_gloo()
     return {"versions": versions, "device": device, "untested": untested, "paths": paths, "failed_internals": failed,
-            "mx_scales": mx_scales}
+            "mx_scales": mx_scales, "v_schedules_on_gloo": None if v_gloo.found else v_gloo.reason}
 
 
 def run(args=None) -> int:
@@ -99,6 +100,8 @@ def run(args=None) -> int:
     print(f"device   {found['device']}")
     # Not a fast path: either dtype carries the same bytes at the same speed.
     print(f"MX scales travel as {found['mx_scales']}")
+    if found["v_schedules_on_gloo"] is not None:  # not a fast path either: a schedule refused up front
+        print(f"V-shaped pipeline schedules are refused over gloo: {found['v_schedules_on_gloo']}")
     for item in found["untested"]:
         if "outside the tested range" in item:
             print(f"warning: {item}; fast paths may fall back (below)", file=sys.stderr)

@@ -358,6 +358,13 @@ def launch(*, schedule: str = "ZBVZeroBubble", ranks: int = 2, stages_per_rank: 
     if stages_per_rank is None:
         stages_per_rank = 2 if schedule in _V_SHAPED else 1
     stage_indices(schedule, 0, ranks, stages_per_rank)  # a usage mistake fails here, not in every process
+    if schedule in _V_SHAPED and backend == "gloo":
+        from fp8conf.torch_internals import v_schedules_start_on_gloo
+
+        starts = v_schedules_start_on_gloo()
+        if not starts.found:
+            raise FP8ConfigError(f"{schedule} cannot start over gloo with torch {torch.__version__} ({starts.reason}); "
+                                 "run it with --backend nccl or a looped schedule (Interleaved1F1B), or on a newer torch (2.13 warms up by a vote)")
     options = dict(schedule=schedule, ranks=ranks, stages_per_rank=stages_per_rank, microbatches=microbatches, backend=backend,
                    dim=dim, blocks=blocks or ranks * stages_per_rank, tokens=tokens, recipe=recipe, compile=compile, repeats=repeats,
                    problem=problem)
