@@ -281,6 +281,43 @@ def test_equal_units_whose_independent_nodes_the_graph_orders_otherwise_compile_
     torch.testing.assert_close(fn(*args)[0], expected[0])
 
 
+_ORDER_IN_A_PROCESS = """
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from fp8conf.compile.region_compile import cut_pieces
+
+class Recorded:
+    def submit(self, submodule, fake_inputs):
+        print(submodule.code)
+    def result(self, compiled):
+        return compiled
+    def close(self):
+        pass
+
+def block(x, a, b):
+    return torch.sin(x * a) * torch.cos(x + b) - torch.tanh(b * 2) + torch.exp(a) - torch.relu(x)
+
+gm = make_fx(block, tracing_mode="fake")(*[torch.randn(4, 8) for _ in range(3)])
+cut_pieces(gm, [[n for n in gm.graph.nodes if n.op == "call_function"]], {}, lambda i, e: e, Recorded())
+"""
+
+
+def test_a_unit_is_put_in_the_same_order_in_every_process():
+    """Each rank of a sharded step and each compile worker cuts its own units: their order may
+    not depend on the process (string hashes differ from one to the next)."""
+    import os
+    import subprocess
+    import sys
+
+    codes = set()
+    for seed in ("1", "2", "3"):
+        done = subprocess.run([sys.executable, "-c", _ORDER_IN_A_PROCESS], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr[-2000:]
+        codes.add(done.stdout)
+    assert len(codes) == 1, "\n----\n".join(codes)
+
+
 class _RMSNorm(torch.nn.Module):
     def __init__(self, dim):
         super().__init__()

@@ -26,6 +26,7 @@ import functools
 import heapq
 import inspect
 import operator
+import re
 from collections.abc import Callable
 
 import torch
@@ -255,8 +256,8 @@ def _sort_body(graph: torch.fx.Graph) -> bool:
     the nodes that are ready the one first by a label of its structure, never its name or place:
     what it computes, refined round by round with the labels of its arguments and of its users
     (and where it sits among their arguments) until the labels tell no more nodes apart. Graphs
-    that mutate or draw random numbers keep their order (their nodes' order is part of what they
-    compute). Returns whether the order changed."""
+    that mutate, draw random numbers or communicate keep their order (their nodes' order is part
+    of what they compute). Returns whether the order changed."""
     nodes = list(graph.nodes)
     body = [n for n in nodes if n.op not in ("placeholder", "output")]
     if any(_order_matters(n) for n in body):
@@ -269,15 +270,18 @@ def _sort_body(graph: torch.fx.Graph) -> bool:
             for j, leaf in enumerate(leaves):
                 if isinstance(leaf, torch.fx.Node):
                     uses[leaf].append((node, j))
-    label = {}
+    # Labels are ranks among the sorted descriptions, never hash(): every process (each rank of a
+    # sharded step, each compile worker) must put a unit in the same order.
+    first = {}
     for node in nodes:
         constants = pytree.tree_map_only(torch.fx.Node, lambda _: None, (node.args, node.kwargs))
         target = node.op if node.op in ("placeholder", "get_attr", "output") else node.target
-        label[node] = hash((node.op, str(target), repr(constants), _describe(node.meta.get("val"))))
+        first[node] = _ADDRESS.sub("", repr((node.op, str(target), repr(constants), _describe(node.meta.get("val")))))
+    label = _ranks(first)
     kinds = len(set(label.values()))
     for _ in range(len(nodes)):
-        label = {n: hash((label[n], tuple(label[a] for a in arguments[n]), tuple(sorted((label[u], j) for u, j in uses[n]))))
-                 for n in nodes}
+        label = _ranks({n: (label[n], tuple(label[a] for a in arguments[n]), tuple(sorted((label[u], j) for u, j in uses[n])))
+                        for n in nodes})
         refined = len(set(label.values()))
         if refined == kinds:
             break
@@ -304,12 +308,26 @@ def _sort_body(graph: torch.fx.Graph) -> bool:
     return True
 
 
+#: An object's address in its repr, which differs from process to process.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _ranks(descriptions: dict) -> dict:
+    """Each key's rank among the distinct sorted values."""
+    order = {d: i for i, d in enumerate(sorted(set(descriptions.values())))}
+    return {n: order[d] for n, d in descriptions.items()}
+
+
 def _order_matters(node: torch.fx.Node) -> bool:
+    """Whether the node's place among the others is part of what the graph computes: it mutates,
+    draws random numbers or communicates (collectives are issued in the graph's order on every
+    rank), or it is not an ATen op whose schema says."""
     if node.op in ("call_module", "call_method"):
         return True
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
-        return target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
+        return (target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
+                or target.namespace in ("c10d", "_c10d_functional", "_c10d_functional_autograd"))
     return node.op == "call_function" and target is not operator.getitem
 
 
