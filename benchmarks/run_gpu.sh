@@ -43,7 +43,9 @@ pipeline() {
                 python3 -m fp8conf.pipeline --backend nccl --ranks 2 $schedule $mode 2>&1 | tee -a "$OUT/pipeline-nccl.log" | grep "pipeline over"
             done
         done
-        python3 -m fp8conf.pipeline --backend gloo --ranks 2 --schedule ZBVZeroBubble 2>&1 | tee -a "$OUT/pipeline-nccl.log" | grep "pipeline over"
+        # (V-shaped schedules cannot start over gloo on torch 2.11, which fp8conf refuses up front.)
+        python3 -m fp8conf.pipeline --backend gloo --ranks 2 --schedule ZBVZeroBubble 2>&1 | tee -a "$OUT/pipeline-nccl.log" \
+            | grep -E "pipeline over|cannot start over gloo"
         # Every checked schedule over NCCL, eager and regionally compiled, 4 microbatches, for the FP8
         # block stack and the Llama-shaped model, tensorwise and rowwise: gradients against the
         # unsplit step, step times and each rank's idle share (torch.profiler). One table per model.
