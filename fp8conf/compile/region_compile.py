@@ -19,6 +19,7 @@ and sharing their cache.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -192,8 +193,7 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     partitions = [dict.fromkeys(sorted(group, key=order.__getitem__)) for group in groups]
     fuse_by_partitions(gm, partitions, prefix=prefix, always_return_tuple=True)
-    _in_canonical_order(gm, prefix)
-    keys = _share_outputs(gm, prefix)
+    keys = _share_outputs(gm, prefix, _in_canonical_order(gm, prefix))
     calls = []
     with tracing_fake_mode(gm):
         for node in list(gm.graph.find_nodes(op="call_module")):
@@ -212,43 +212,75 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
     return CutUnits(gm, calls, cache, compiler, names)
 
 
-def _in_canonical_order(gm, prefix: str) -> None:
-    """Put each submodule's nodes in an order of their own structure, its inputs in the order its
-    nodes first use them, and its call's arguments to match, so that equal blocks cut out of one
-    graph get equal keys. The joint graph may order independent nodes of one block otherwise than
-    those of the next (torch 2.11 puts the two products of a SwiGLU's backward either way round),
-    and ``fuse_by_partitions`` orders inputs by where their producers sit in the whole graph (torch
-    2.14 puts the stage input before the parameters): either would compile the block once more."""
+def _in_canonical_order(gm, prefix: str) -> dict[torch.fx.Node, tuple]:
+    """Give each submodule its inputs in the order its nodes first use them (its call's arguments
+    to match) and, where submodules made of the same nodes still get different keys, put their
+    nodes in an order of their own structure too, so that equal blocks cut out of one graph get
+    equal keys. ``fuse_by_partitions`` orders inputs by where their producers sit in the whole
+    graph (torch 2.14 puts the stage input before the parameters), and the joint graph may order
+    independent nodes of one block otherwise than those of the next (torch 2.11 puts the two
+    products of a SwiGLU's backward either way round): either would compile the block once more.
+    Returns the :func:`structural_key` of the calls whose units it computed one for."""
+    units = []
     for call in gm.graph.find_nodes(op="call_module"):
         if not call.target.startswith(prefix):
             continue
         submodule = getattr(gm, call.target)
-        graph = submodule.graph
-        placeholders = list(graph.find_nodes(op="placeholder"))
-        if len(placeholders) != len(call.args) or call.kwargs:
+        if len(list(submodule.graph.find_nodes(op="placeholder"))) != len(call.args) or call.kwargs:
             continue  # not the calling convention fuse_by_partitions makes; leave it as it is
-        changed = _sort_body(graph)
-        position = {node: i for i, node in enumerate(graph.nodes)}
-
-        def first_use(i):
-            # The first node that reads the input, then where among that node's arguments it sits.
-            users = sorted(placeholders[i].users, key=position.__getitem__)
-            if not users:
-                return (len(position), 0, i)
-            leaves = pytree.tree_leaves((users[0].args, users[0].kwargs))
-            return (position[users[0]], next(j for j, leaf in enumerate(leaves) if leaf is placeholders[i]), i)
-
-        order = sorted(range(len(placeholders)), key=first_use)
-        # fuse_by_partitions adds an input where its first user sits: gather them in front.
-        if order != list(range(len(placeholders))) or list(graph.nodes)[: len(placeholders)] != placeholders:
-            for i in reversed(order):
-                first = next(iter(graph.nodes))
-                if first is not placeholders[i]:
-                    first.prepend(placeholders[i])
-            call.args = tuple(call.args[i] for i in order)
-            changed = True
-        if changed:
+        if _inputs_in_order_of_use(call, submodule):
             submodule.recompile()
+        units.append((call, submodule))
+    alike = collections.defaultdict(list)  # same nodes, in any order
+    for call, submodule in units:
+        alike[_node_bag(submodule.graph)].append((call, submodule))
+    keys = {}
+    for group in alike.values():
+        if len(group) > 1:
+            keys.update((call, structural_key(submodule)) for call, submodule in group)
+        if len({keys[call][:-1] for call, _ in group if call in keys}) < 2:
+            continue  # equal already (or alone): the order is left as the graph had it
+        for call, submodule in group:
+            if _sort_body(submodule.graph):
+                _inputs_in_order_of_use(call, submodule)
+                submodule.recompile()
+                keys[call] = structural_key(submodule)
+    return keys
+
+
+def _inputs_in_order_of_use(call: torch.fx.Node, submodule: torch.fx.GraphModule) -> bool:
+    """Put the submodule's inputs in front, in the order its nodes first use them, and the call's
+    arguments to match; returns whether their order changed (its code is then out of date)."""
+    graph = submodule.graph
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    position = {node: i for i, node in enumerate(graph.nodes)}
+
+    def first_use(i):
+        # The first node that reads the input, then where among that node's arguments it sits.
+        users = sorted(placeholders[i].users, key=position.__getitem__)
+        if not users:
+            return (len(position), 0, i)
+        leaves = pytree.tree_leaves((users[0].args, users[0].kwargs))
+        return (position[users[0]], next(j for j, leaf in enumerate(leaves) if leaf is placeholders[i]), i)
+
+    order = sorted(range(len(placeholders)), key=first_use)
+    # fuse_by_partitions adds an input where its first user sits: gather them in front (the code
+    # stays as it is while their order does).
+    if list(graph.nodes)[: len(placeholders)] != [placeholders[i] for i in order]:
+        for i in reversed(order):
+            first = next(iter(graph.nodes))
+            if first is not placeholders[i]:
+                first.prepend(placeholders[i])
+    if order == list(range(len(placeholders))):
+        return False
+    call.args = tuple(call.args[i] for i in order)
+    return True
+
+
+def _node_bag(graph: torch.fx.Graph) -> tuple:
+    """What a graph's nodes compute, each alone, sorted: equal for graphs of the same nodes in any order."""
+    return tuple(sorted(_ADDRESS.sub("", repr((n.op, str(n.target) if n.op == "call_function" else n.op,
+                                               _describe(n.meta.get("val"))))) for n in graph.nodes))
 
 
 def _sort_body(graph: torch.fx.Graph) -> bool:
@@ -331,14 +363,14 @@ def _order_matters(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and target is not operator.getitem
 
 
-def _share_outputs(gm, prefix: str) -> dict[torch.fx.Node, tuple]:
+def _share_outputs(gm, prefix: str, known: dict[torch.fx.Node, tuple]) -> dict[torch.fx.Node, tuple]:
     """Give the submodules that compute the same nodes, and differ only in which of them leave,
     the same outputs: those any of them returns. The partitioner may keep other values of one
     block for the backward than of the others (the first block's residual sum recomputed, say,
     from the attention output it saved): without this such a block's unit would be compiled once
     more for a different output list. Each call's users (``getitem``) are renumbered to match;
     outputs a call site does not use are dropped as soon as the call returns. Returns each call's
-    :func:`structural_key`."""
+    :func:`structural_key` (those in ``known`` taken from there)."""
     calls = [n for n in gm.graph.find_nodes(op="call_module") if n.target.startswith(prefix)]
     bodies: dict[tuple, list] = {}
     keys = {}
@@ -348,7 +380,7 @@ def _share_outputs(gm, prefix: str) -> dict[torch.fx.Node, tuple]:
         output = nodes[-1]
         position = {n: i for i, n in enumerate(nodes)}
         returned = tuple(position[v] for v in output.args[0])
-        keys[node] = structural_key(submodule)
+        keys[node] = known[node] if node in known else structural_key(submodule)
         bodies.setdefault(keys[node][:-1], []).append((node, submodule, nodes, returned))
     for group in bodies.values():
         union = sorted({p for *_, returned in group for p in returned})
