@@ -55,6 +55,24 @@ def test_units_compiled_in_workers_are_the_units_compiled_here_and_give_the_same
         assert torch.equal(grads_workers[name], value), f"grad of {name} differs between in-process and worker compiles"
 
 
+def test_a_unit_torch_cannot_send_to_a_helper_is_compiled_here_and_said(monkeypatch, caplog, units_compiled_here):
+    import logging
+
+    from torch.fx._graph_pickler import GraphPickler
+
+    _, _, gm = traced(1)
+
+    def refuse(*args, **kwargs):
+        raise TypeError("graph refused by the test")
+
+    monkeypatch.setattr(GraphPickler, "dumps", refuse)
+    with caplog.at_level(logging.WARNING, logger="fp8conf"):
+        compiled = fp8conf.compile_joint(gm, mode="regional", workers=1)
+    assert len(units_compiled_here) == compiled.inductor_compiles > 0  # every unit, here
+    said = [r.getMessage() for r in caplog.records if "graph refused by the test" in r.getMessage()]
+    assert len(said) == 1 and "compiled in this process" in said[0], said
+
+
 def test_a_worker_that_cannot_compile_is_a_region_compile_error_naming_the_region(monkeypatch):
     _, _, gm = traced(1)
     # Workers started with a program that exits at once instead of serving.

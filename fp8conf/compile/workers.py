@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 
 from fp8conf.compile import region_compile
-from fp8conf.log import logger
+from fp8conf.log import fell_back, logger
 
 __all__ = ["InProcessCompiler", "WorkerPool", "unit_compiler"]
 
@@ -99,8 +99,10 @@ class WorkerPool:
             if place < len(self._helpers):
                 try:
                     data = GraphPickler.dumps(unit.submodule, Options(ops_filter=None))
-                except Exception:
-                    place = len(self._helpers)  # something in the graph torch cannot pickle
+                except Exception as exc:  # something in the graph torch cannot pickle: compiled here
+                    fell_back("compile workers", f"a unit's graph cannot be sent to a helper ({type(exc).__name__}: {exc})",
+                              "that unit is compiled in this process")
+                    place = len(self._helpers)
                 else:
                     unit.future = self._threads.submit(self._helpers[place].compile, data, [_describe(v) for v in unit.fake_inputs])
             if place == len(self._helpers):
