@@ -187,14 +187,16 @@ def test_diff_is_field_by_field():
 
 
 class _FakeMX(torch.nn.Linear):
-    """Stands in for fp8conf.quantized.mx.MXLinear: the attributes the signature reads."""
-
-    quant_kind = "mxfp8_linear"
-    block_size = 32
+    """An MX module of someone else's, declared through the quantized-module protocol (a mapping:
+    no import of fp8conf), with the settings the signature keys on."""
 
     def __init__(self, scale_rounding="floor", recipe="mxfp8"):
         super().__init__(32, 32)
         self.recipe, self.emulate, self.scale_rounding = recipe, recipe == "mxfp8_emulated", scale_rounding
+
+    def fp8_quantization(self):
+        return {"kind": "mxfp8_linear", "recipe": self.recipe, "emulate": self.emulate,
+                "settings": {"block_size": 32, "scale_rounding": self.scale_rounding}}
 
 
 def test_mx_modules_sign_block_size_and_scale_rounding():

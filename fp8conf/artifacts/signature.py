@@ -53,9 +53,6 @@ __all__ = [
 #: Identifies the layout of the JSON; bumped when fields are added or renamed.
 SIGNATURE_SCHEMA = "fp8conf.quantization-signature/1"
 
-# Attributes an MX-style module (kind "mxfp8_linear") may carry that change its numerics.
-_MX_ATTRIBUTES = ("block_size", "scale_rounding", "elem_dtype")
-
 
 class _Absent:
     """The value of a field one of two diffed signatures does not have."""
@@ -145,37 +142,15 @@ class ModuleSignature:
         return {"kind": self.kind, "recipe": self.recipe, "emulate": self.emulate, "config": self.config_dict()}
 
 
-def _float8_config_fields(module) -> dict:
-    """Every field of a ``Float8LinearConfig`` except ``emulate`` (a field of its own)."""
-    config = module.config
-    return {
-        f.name: _json_value(getattr(config, f.name), f"config.{f.name}")
-        for f in dataclasses.fields(config)
-        if f.name != "emulate"
-    }
-
-
-def _mx_config_fields(module) -> dict:
-    return {name: _json_value(getattr(module, name), name) for name in _MX_ATTRIBUTES if hasattr(module, name)}
-
-
 def module_signature(fqn: str, module) -> ModuleSignature | None:
-    """The signature of one module, or None when it is not quantized."""
-    from fp8conf.quantized.float8 import quantization_config_of
+    """The signature of one module, or None when it declares no quantization: its kind, recipe,
+    ``emulate`` flag and every setting its :class:`~fp8conf.QuantizationConfig` names."""
+    from fp8conf.quantized.protocol import quantization_config_of
 
     config = quantization_config_of(module)
     if config is None:
         return None
-    if config.kind == "float8_linear":
-        fields = _float8_config_fields(module)
-    elif config.kind == "mxfp8_linear":
-        fields = _mx_config_fields(module)
-    elif config.kind == "float8_grouped_experts" and getattr(module, "v2", False):
-        # The grouped GEMMs' API (the compiled code calls one or the other); absent for v1, so
-        # the signatures of experts on torch._scaled_grouped_mm are what they were.
-        fields = {"v2": True}
-    else:  # a kind this version does not know: its recipe and emulate flag still count
-        fields = {}
+    fields = {name: _json_value(value, f"config.{name}") for name, value in config.settings}
     return ModuleSignature(fqn, config.kind, str(config.recipe), bool(config.emulate), _freeze(fields))
 
 

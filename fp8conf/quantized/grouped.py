@@ -40,6 +40,7 @@ from torch import nn
 
 from fp8conf.arguments import require
 from fp8conf.errors import GroupedExpertsError
+from fp8conf.quantized.protocol import QuantizationConfig
 
 __all__ = [
     "GROUPED_KIND",
@@ -282,6 +283,12 @@ class Float8GroupedExperts(nn.Module):
                 f"got {offs.dtype} {tuple(offs.shape)}"
             )
         return float8_grouped_mm(x, self.weight, offs, emulate=self.emulate, v2=self.v2)
+
+    def fp8_quantization(self) -> QuantizationConfig:
+        """The quantized-module protocol; ``v2`` is a setting for experts on ``F.scaled_grouped_mm``
+        only (the compiled code calls one API or the other), so the signatures of experts on the
+        first API are what they were."""
+        return QuantizationConfig(kind=self.quant_kind, recipe=self.recipe, emulate=self.emulate, settings={"v2": True} if self.v2 else {})
 
     def extra_repr(self) -> str:
         experts, out_features, in_features = self.weight.shape

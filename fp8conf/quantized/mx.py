@@ -26,6 +26,7 @@ from fp8conf.arguments import require
 from fp8conf.errors import MXArgumentError, MXConversionError
 from fp8conf.log import logger
 from fp8conf.quantized.ops.e8m0 import MX_BLOCK_SIZE, SCALE_DTYPES, apply_e8m0_scale, scaled_mm_e8m0
+from fp8conf.quantized.protocol import QuantizationConfig
 
 __all__ = [
     "E4M3_MAX",
@@ -294,6 +295,14 @@ class MXLinear(nn.Linear):
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out
+
+    def fp8_quantization(self) -> QuantizationConfig:
+        """The quantized-module protocol: kind, recipe, emulate, and the MX settings that change
+        the numerics (block size, scale rounding) for the signature."""
+        return QuantizationConfig(
+            kind=self.quant_kind, recipe=self.recipe, emulate=self.emulate,
+            settings={"block_size": self.block_size, "scale_rounding": self.scale_rounding},
+        )
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, recipe={self.recipe}, scale_rounding={self.scale_rounding}, "

@@ -30,6 +30,7 @@ from torch import nn
 from fp8conf.arguments import require
 from fp8conf.errors import ScaledMMConversionError
 from fp8conf.quantized.grouped import to_float8_rowwise
+from fp8conf.quantized.protocol import QuantizationConfig
 
 __all__ = [
     "SCALED_MM_KIND",
@@ -163,6 +164,10 @@ class ScaledMMLinear(nn.Linear):
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out
+
+    def fp8_quantization(self) -> QuantizationConfig:
+        """The quantized-module protocol: kind ``float8_scaled_mm_linear``, its recipe."""
+        return QuantizationConfig(kind=self.quant_kind, recipe=self.recipe, emulate=self.emulate)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe}"
