@@ -262,8 +262,7 @@ def propagate_provenance(gm: torch.fx.GraphModule, modules: dict[str, Quantizati
     Returns ``gm`` itself; only ``node.meta`` changes.
     """
     passes = node_passes(gm.graph)
-    by_seq_nr: dict[int, set] = {}
-    blocks_by_seq_nr: dict[int, set] = {}
+    owner_by_seq_nr: dict[int, tuple[Provenance | None, str]] = {}
     for node in gm.graph.nodes:
         block = _take_block(node)
         provenance = _take_annotation(node, modules)
@@ -272,25 +271,21 @@ def propagate_provenance(gm: torch.fx.GraphModule, modules: dict[str, Quantizati
         _set(node, provenance)
         node.meta[BLOCK_META_KEY] = block
         seq_nr = node.meta.get("seq_nr")
-        if seq_nr is not None:
-            by_seq_nr.setdefault(seq_nr, set()).add(provenance)
-            blocks_by_seq_nr.setdefault(seq_nr, set()).add(block)
+        # The first forward op with a sequence number is the one whose autograd node took it:
+        # an op that records no autograd node (under no_grad, as a weight cast made outside the
+        # module's autograd function) carries the number of whatever ran before it, perhaps
+        # another module's op or the previous call of the same module. Backward ops pair with
+        # the op that took the number (torch's own copy of forward meta pairs the same way).
+        if seq_nr is not None and seq_nr not in owner_by_seq_nr:
+            owner_by_seq_nr[seq_nr] = (provenance, block)
     for node in gm.graph.nodes:
         if passes[node] == "backward" and node.op == "call_function":
-            seq_nr = node.meta.get("seq_nr")
-            _set(node, _differentiated(by_seq_nr.get(seq_nr, ())))
-            blocks = blocks_by_seq_nr.get(seq_nr, ())
+            provenance, block = owner_by_seq_nr.get(node.meta.get("seq_nr"), (None, None))
+            _set(node, provenance)
             node.meta.pop(BLOCK_META_KEY, None)
-            if len(blocks) == 1:
-                node.meta[BLOCK_META_KEY] = next(iter(blocks))
+            if block is not None:
+                node.meta[BLOCK_META_KEY] = block
     return gm
-
-
-def _differentiated(candidates) -> Provenance | None:
-    # A sequence number shared by ops of two modules would make the pairing a guess: no
-    # provenance is safer than a wrong one (validation then reports the gap).
-    issued = {c for c in candidates if c is not None}
-    return next(iter(issued)) if len(issued) == 1 else None
 
 
 def _take_block(node: torch.fx.Node) -> str:
