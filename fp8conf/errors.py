@@ -12,6 +12,7 @@ The branches are siblings, so catching one never swallows another stage's failur
     |-- FP8TraceError             the model or its inputs cannot be traced (also a TypeError)
     |-- FP8ValidationError        a graph breaks an FP8 rule (conformance ValidationFailure)
     |   |-- MissingProvenanceError, UnsupportedLoweringError, ComputeCountError,
+    |   |   `-- UndeclaredFP8ModuleError  FP8 compute in a module that declares no quantization
     |   |-- NoQuantizedModulesError
     |   `-- WeightAllGatherError  a sharded weight gathered in another precision than the setting
     |-- FP8RegionError            an FP8 region that cannot be compiled as asked
@@ -40,6 +41,7 @@ __all__ = [
     "FP8TraceError",
     "FP8ValidationError",
     "MissingProvenanceError",
+    "UndeclaredFP8ModuleError",
     "UnsupportedLoweringError",
     "ComputeCountError",
     "NoQuantizedModulesError",
@@ -123,6 +125,13 @@ class MissingProvenanceError(FP8ValidationError):
     """FP8 compute that no quantized module claims (its metadata was dropped by a rewrite)."""
 
     property_id = "VAL-003"
+
+
+class UndeclaredFP8ModuleError(MissingProvenanceError):
+    """FP8 compute issued by a module that declares no quantization (``module_fqn`` names it):
+    nothing was lost, fp8conf only does not know the module. Declare it through the
+    quantized-module protocol (a ``fp8_quantization()`` method, or
+    ``fp8conf.register_quantized_module``)."""
 
 
 class UnsupportedLoweringError(FP8ValidationError):

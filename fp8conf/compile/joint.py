@@ -51,7 +51,8 @@ from fp8conf.compile.workers import unit_compiler
 from fp8conf.compile.region_compile import compile_regions, cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
 from fp8conf.graph.regions import Region, check_attributed, identify_fp8_regions, tag_fp8_regions
 from fp8conf.compile.remainder import blocks_from_regions, remainder_pieces
-from fp8conf.graph.trace import flat_graph_module, joint_signature, with_collector_paused
+from fp8conf.graph.trace import flat_graph_module, joint_signature, trace_info, with_collector_paused
+from fp8conf.graph.validate import validate_fp8_graph
 from fp8conf.log import fell_back, library_notices_quieted
 
 __all__ = ["MODES", "REMAINDERS", "CompileConfig", "CompiledJoint", "compile_joint"]
@@ -106,9 +107,11 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     ``strict=True``, ``cudagraph=False``, ``partition=True``, ``remainder="inductor"``,
     ``workers=0``); not both.
 
-    ``mode="full"`` compiles every node, ``"regional"`` only the complete FP8 regions (strictly:
-    an incomplete region is an :class:`~fp8conf.errors.IncompleteRegionError`, a tagged region
-    left eager a :class:`~fp8conf.errors.RegionCompileError`). ``example_inputs`` (flat, in
+    ``mode="full"`` compiles every node, ``"regional"`` only the complete FP8 regions. Strict
+    compilation of either mode first validates a graph fp8conf traced (:func:`~fp8conf.validate_fp8_graph`,
+    raising its errors: a graph strict validation refuses is never compiled); regionally, an
+    incomplete region is an :class:`~fp8conf.errors.IncompleteRegionError` and a tagged region
+    left eager a :class:`~fp8conf.errors.RegionCompileError`. ``example_inputs`` (flat, in
     placeholder order) are what ``full`` specializes to; by default, tensors like the traced ones.
     With ``partition`` (the default), a joint graph is first cut into forward and backward by the
     min-cut partitioner, as ``torch.compile`` does (:mod:`fp8conf.compile.partition`); graphs
@@ -143,6 +146,8 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
         config.mode, config.strict, config.cudagraph, config.partition, config.remainder, config.workers)
     if cudagraph and not torch.cuda.is_available():
         raise errors.FP8ConfigError("compile_joint(cudagraph=True) needs a CUDA device; this torch sees none")
+    if strict:
+        _validate_first(gm)
     _warm_compile_pool()
     # Read once and handed on: the cut, the compiled halves and the input check all need it.
     signature = joint_signature(gm)
@@ -184,6 +189,19 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
         fn = _cuda_graphed(fn, _static_inputs(gm, signature))
     check = input_check(gm, "compile_joint's callable", example_inputs if mode == "full" else None, signature)
     return dataclasses.replace(compiled, fn=_with_convention(gm, fn, check))
+
+
+def _validate_first(gm: torch.fx.GraphModule) -> None:
+    """Strict compilation compiles only what strict validation accepts. A graph without fp8conf's
+    trace information (built or cut by someone else) cannot be validated; its FP8 compute is still
+    checked for attribution (regions) and the skipped validation is said."""
+    if trace_info(gm) is not None:
+        validate_fp8_graph(gm, strict=True)
+    else:
+        from fp8conf.log import logger
+
+        logger.info("fp8conf: compile_joint(strict=True) of a graph without fp8conf trace information (gm.meta['fp8conf_trace']): "
+                    "validation skipped; only the attribution of its FP8 compute is checked")
 
 
 def _warm_compile_pool() -> None:

@@ -14,6 +14,12 @@ Rules:
 * gradient accumulation across uses of a tensor has a sequence number of its own, issued by no
   forward op, so it carries no provenance.
 
+Every node also records its **owner**, in ``node.meta["fp8conf_owner"]``: the FQN and class of
+the innermost module whose call issued it, and whether that module is a quantized one (paired
+to backward nodes alike). Low-precision compute without provenance whose owner is not a
+quantized module was issued by a module that declares no quantization, and every pass names that
+module (:func:`unattributed_fp8_compute`) rather than blaming a rewrite.
+
 Every node also records which **repeated block** issued it, in ``node.meta["fp8conf_block"]``:
 the FQN of the outermost module held at an index of a container (``layers.3``), ``""`` for an
 op of the model outside every block (embedding, head), paired to backward nodes alike; a
@@ -34,16 +40,18 @@ import torch.fx.traceback as fx_traceback
 from conformance.api import types as contract
 
 from fp8conf.arguments import require
-from fp8conf.graph.roles import is_fp8_compute, is_unjudged_scaled_mm
-from fp8conf.quantized.float8 import QuantizationConfig
+from fp8conf.graph.roles import compute_format, is_fp8_compute, is_unjudged_scaled_mm, matrix_operands
+from fp8conf.quantized.protocol import QuantizationConfig, class_name, undeclared_fp8_message
 
 __all__ = [
     "PROVENANCE_META_KEY",
     "BLOCK_META_KEY",
+    "OWNER_META_KEY",
     "Provenance",
     "CallRecord",
     "get_provenance",
     "get_block",
+    "get_owner",
     "repeated_block",
     "repeated_blocks",
     "record_forward_provenance",
@@ -54,10 +62,12 @@ __all__ = [
 
 PROVENANCE_META_KEY = "fp8conf_provenance"
 BLOCK_META_KEY = "fp8conf_block"
+OWNER_META_KEY = "fp8conf_owner"
 # Keys fp8conf writes into node.meta["custom"] while tracing; removed again by propagation.
 _MODULE_KEY = "fp8conf.module"
 _CALL_KEY = "fp8conf.call"
 _BLOCK_KEY = "fp8conf.block"
+_OWNER_KEY = "fp8conf.owner"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +99,12 @@ def get_block(node: torch.fx.Node) -> str | None:
     return node.meta.get(BLOCK_META_KEY)
 
 
+def get_owner(node: torch.fx.Node) -> tuple[str, str, bool] | None:
+    """``(module FQN, class name, quantized)`` of the innermost module whose call issued
+    ``node``, ``None`` where unknown (a graph not traced by fp8conf, gradient accumulation)."""
+    return node.meta.get(OWNER_META_KEY)
+
+
 def repeated_blocks(model: torch.nn.Module) -> list[str]:
     """FQNs of the outermost modules held at an index of a container (``layers.3``)."""
     return [fqn for fqn, _ in model.named_modules() if fqn and fqn.split(".")[-1].isdigit() and repeated_block(fqn) == fqn]
@@ -113,6 +129,12 @@ def record_forward_provenance(
     """
     patched, hooks = [], []
     counters = dict.fromkeys(modules, 0)
+    for fqn, module in model.named_modules():
+        owner = {_OWNER_KEY: (fqn, class_name(type(module)), fqn in modules)}
+        if fqn in modules:
+            hooks.extend(_annotating_hooks(module, lambda fqn=fqn, owner=owner: {**owner, _MODULE_KEY: fqn, _CALL_KEY: counters[fqn]}))
+        else:
+            hooks.extend(_annotating_hooks(module, lambda owner=owner: owner))
     for fqn in repeated_blocks(model):
         module = model.get_submodule(fqn)
         patched.append((module, module.__dict__.get("forward")))
@@ -121,7 +143,6 @@ def record_forward_provenance(
         module = model.get_submodule(fqn)
         patched.append((module, module.__dict__.get("forward")))
         module.forward = _annotated_forward(module, fqn, counters, calls)
-        hooks.extend(_annotated_hooks(module, fqn, counters))
     # The tracer may run the model more than once (metadata collection, then the real trace):
     # each top-level call starts the record afresh, so only the traced run remains.
     if "" not in modules:
@@ -156,15 +177,17 @@ def _restarting_forward(inner, counters, calls):
     return forward
 
 
-def _annotated_hooks(module, fqn, counters):
-    """Annotate what a quantized module's forward hooks issue as its own: tensor parallelism's
-    input and output hooks (TorchAO's ``Float8ColwiseParallel`` casts the input to FP8 in one)
-    run outside ``forward``, yet belong to the module's call. A pre-hook placed first opens the
-    annotation and a hook placed last (run even when the call raises) closes it."""
+def _annotating_hooks(module, payload):
+    """Annotate what ``module`` issues from its hooks and its forward with ``payload()``, a pre-hook
+    placed first opening the annotation and a hook placed last (run even when the call raises)
+    closing it: hooks, not a patched forward, so they hold whoever calls the module, and they
+    cover its forward hooks (tensor parallelism's input and output hooks: TorchAO's
+    ``Float8ColwiseParallel`` casts the input to FP8 in one), which run outside ``forward`` yet
+    belong to the module's call. A module called inside it annotates its own ops over it."""
     open_annotations = []
 
     def enter(_module, _args):
-        annotation = fx_traceback.annotate({_MODULE_KEY: fqn, _CALL_KEY: counters[fqn]})
+        annotation = fx_traceback.annotate(payload())
         annotation.__enter__()
         open_annotations.append(annotation)
 
@@ -199,15 +222,18 @@ def _annotated_forward(module, fqn, counters, calls):
 
 def unattributed_fp8_compute(graph: torch.fx.Graph, passes: dict | None = None, provenance_of=None) -> list[contract.Finding]:
     """One ``VAL-003`` finding per scaled matmul of ``graph`` that no quantized module can be
-    held to: FP8 compute without provenance, and a scaled matmul whose operands record no
-    ``node.meta["val"]`` (whether it computes in FP8 cannot be told, so neither validation nor
-    region tagging can account for it). Strict passes refuse such a graph; others warn."""
+    held to: low-precision compute without provenance, and a scaled matmul whose operands record
+    no ``node.meta["val"]`` (whether it computes in low precision cannot be told, so neither
+    validation nor region tagging can account for it). Compute issued by a module that declares
+    no quantization names that module (its owner) and how to declare it; compute with neither
+    provenance nor owner was made by a rewrite that dropped ``node.meta``. Strict passes refuse
+    such a graph; others warn."""
     provenance_of = provenance_of or get_provenance
     passes = node_passes(graph) if passes is None else passes
     found = []
     for node in graph.nodes:
         if is_unjudged_scaled_mm(node):
-            missing = [a.name for a in node.args[:2] if isinstance(a, torch.fx.Node) and "val" not in a.meta]
+            missing = [a.name for a in matrix_operands(node) if isinstance(a, torch.fx.Node) and "val" not in a.meta]
             found.append(contract.Finding(
                 "VAL-003",
                 f"scaled matmul '{node.name}' ({node.target}) in the {passes[node]} pass: its operand(s) {missing} record no "
@@ -217,15 +243,25 @@ def unattributed_fp8_compute(graph: torch.fx.Graph, passes: dict | None = None, 
                 node_name=node.name,
             ))
         elif is_fp8_compute(node) and provenance_of(node) is None:
-            found.append(contract.Finding(
-                "VAL-003",
-                f"FP8 compute node '{node.name}' ({node.target}) in the {passes[node]} pass carries no provenance: no "
-                "quantized module claims it, so it would be compiled and validated as unknown code. A rewrite "
-                "probably replaced the node without copying node.meta; copy node.meta['fp8conf_provenance'] onto new nodes",
-                pass_name=passes[node],
-                node_name=node.name,
-            ))
+            found.append(_unattributed(node, passes[node]))
     return found
+
+
+def _unattributed(node: torch.fx.Node, pass_name: str) -> contract.Finding:
+    owner = get_owner(node)
+    seen = f"{compute_format(node)} operands into '{node.name}' ({node.target}), {pass_name} pass"
+    if owner is not None and not owner[2]:
+        return contract.Finding("VAL-003", undeclared_fp8_message(owner[0], owner[1], seen), module_fqn=owner[0],
+                                pass_name=pass_name, node_name=node.name)
+    return contract.Finding(
+        "VAL-003",
+        f"FP8 compute node '{node.name}' ({node.target}) in the {pass_name} pass carries no provenance: no "
+        "quantized module claims it, so it would be compiled and validated as unknown code. A rewrite "
+        "probably replaced the node without copying node.meta; copy node.meta['fp8conf_provenance'] onto new nodes"
+        + (f" (the trace saw it issued by quantized module '{owner[0]}')" if owner is not None else ""),
+        pass_name=pass_name,
+        node_name=node.name,
+    )
 
 
 def node_passes(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
@@ -262,26 +298,29 @@ def propagate_provenance(gm: torch.fx.GraphModule, modules: dict[str, Quantizati
     Returns ``gm`` itself; only ``node.meta`` changes.
     """
     passes = node_passes(gm.graph)
-    owner_by_seq_nr: dict[int, tuple[Provenance | None, str]] = {}
+    first_by_seq_nr: dict[int, tuple[Provenance | None, str, tuple[str, str, bool] | None]] = {}
     for node in gm.graph.nodes:
         block = _take_block(node)
+        owner = _take_custom(node, _OWNER_KEY).get(_OWNER_KEY)
         provenance = _take_annotation(node, modules)
         if passes[node] != "forward" or node.op != "call_function":
             continue
         _set(node, provenance)
         node.meta[BLOCK_META_KEY] = block
+        _set_owner(node, owner)
         seq_nr = node.meta.get("seq_nr")
         # The first forward op with a sequence number is the one whose autograd node took it:
         # an op that records no autograd node (under no_grad, as a weight cast made outside the
         # module's autograd function) carries the number of whatever ran before it, perhaps
         # another module's op or the previous call of the same module. Backward ops pair with
         # the op that took the number (torch's own copy of forward meta pairs the same way).
-        if seq_nr is not None and seq_nr not in owner_by_seq_nr:
-            owner_by_seq_nr[seq_nr] = (provenance, block)
+        if seq_nr is not None and seq_nr not in first_by_seq_nr:
+            first_by_seq_nr[seq_nr] = (provenance, block, owner)
     for node in gm.graph.nodes:
         if passes[node] == "backward" and node.op == "call_function":
-            provenance, block = owner_by_seq_nr.get(node.meta.get("seq_nr"), (None, None))
+            provenance, block, owner = first_by_seq_nr.get(node.meta.get("seq_nr"), (None, None, None))
             _set(node, provenance)
+            _set_owner(node, owner)
             node.meta.pop(BLOCK_META_KEY, None)
             if block is not None:
                 node.meta[BLOCK_META_KEY] = block
@@ -314,6 +353,13 @@ def _take_custom(node: torch.fx.Node, *keys: str) -> dict:
     else:
         del node.meta["custom"]
     return {k: custom[k] for k in keys if k in custom}
+
+
+def _set_owner(node: torch.fx.Node, owner: tuple[str, str, bool] | None) -> None:
+    if owner is None:
+        node.meta.pop(OWNER_META_KEY, None)
+    else:
+        node.meta[OWNER_META_KEY] = owner
 
 
 def _set(node: torch.fx.Node, provenance: Provenance | None) -> None:

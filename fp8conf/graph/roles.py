@@ -3,9 +3,12 @@
 A role is decided by the node's target *and* the dtypes of its operands, never by its name:
 
 * ``compute``: a scaled matmul (``aten._scaled_mm``, ``_scaled_mm_v2``, ``_scaled_grouped_mm``,
-  ``fp8conf.scaled_mm_e8m0``) whose two matrix operands both have an FP8 dtype. A scaled op
-  fed a high-precision operand, or merely carrying an FP8 scale, is not FP8 compute;
-* ``cast``: a node that makes an FP8 tensor from non-FP8 tensors (a dtype view, ``view(dtype)``,
+  ``_scaled_grouped_mm_v2``, the weight-gradient accumulation ``_scaled_addmm_`` where torch has
+  it, ``fp8conf.scaled_mm_e8m0``) whose two matrix operands both have a low-precision dtype: FP8
+  (e4m3, e5m2) or packed FP4 (``float4_e2m1fn_x2``, NVFP4 with e4m3 block scales);
+  :func:`compute_format` says which. A scaled op fed a high-precision operand, or merely
+  carrying an FP8 scale, is not low-precision compute;
+* ``cast``: a node that makes an FP8 (or FP4) tensor from high-precision tensors (a dtype view, ``view(dtype)``,
   is not one: it reinterprets bytes that are FP8 already, as after a float8 all-gather);
 * ``amax``: an absolute value or max reduction feeding a scale;
 * ``scale``: arithmetic between an ``amax`` and the scale operand of a compute node or the
@@ -24,7 +27,10 @@ import torch.fx
 
 from fp8conf.arguments import require
 
-__all__ = ["OpRole", "FP8_DTYPES", "SCALED_MM_TARGETS", "is_fp8_dtype", "is_fp8_compute", "scale_operands", "classify_node", "op_roles"]
+__all__ = [
+    "OpRole", "FP8_DTYPES", "FP4_DTYPES", "SCALED_MM_TARGETS", "is_fp8_dtype", "is_low_precision_dtype", "is_fp8_compute",
+    "compute_format", "matrix_operands", "scale_operands", "classify_node", "op_roles",
+]
 
 
 class OpRole(str, enum.Enum):
@@ -42,16 +48,31 @@ FP8_DTYPES = frozenset(
     if hasattr(torch, name)
 )
 
-#: Targets (as ``str(node.target)``) of the scaled matmuls that can be FP8 compute.
-SCALED_MM_TARGETS = frozenset(
-    {
-        "aten._scaled_mm.default",
-        "aten._scaled_mm_v2.default",
-        "aten._scaled_grouped_mm.default",
-        "aten._scaled_grouped_mm_v2.default",
-        "fp8conf.scaled_mm_e8m0.default",
-    }
-)
+#: Packed FP4 dtypes (two e2m1 values a byte: NVFP4's and MXFP4's element type), where torch has them.
+FP4_DTYPES = frozenset(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if hasattr(torch, name))
+
+# Per scaled matmul (as ``str(node.target)``): the positions of its two matrix operands, and of
+# its scales as (position, keyword) pairs. The second API (``_v2``, what ``F.scaled_mm`` and
+# ``F.scaled_grouped_mm`` lower to) takes lists of scales, ``(a, b, scale_a[], recipe_a[],
+# swizzle_a[], scale_b[], ...)``; the in-place accumulation ``_scaled_addmm_(acc, a, b, scale_a,
+# scale_b, ...)`` (a weight gradient fused into its accumulator) reads its operands after the
+# accumulator.
+_FIRST_API = ((0, 1), ((2, "scale_a"), (3, "scale_b")))
+_SECOND_API = ((0, 1), ((2, "scale_a"), (5, "scale_b")))
+_OPERANDS = {
+    "aten._scaled_mm.default": _FIRST_API,
+    "aten._scaled_mm.out": _FIRST_API,
+    "aten._scaled_grouped_mm.default": _FIRST_API,
+    "fp8conf.scaled_mm_e8m0.default": _FIRST_API,
+    "aten._scaled_mm_v2.default": _SECOND_API,
+    "aten._scaled_mm_v2.out": _SECOND_API,
+    "aten._scaled_grouped_mm_v2.default": _SECOND_API,
+    "aten._scaled_addmm_.default": ((1, 2), ((3, "scale_a"), (4, "scale_b"))),
+    "aten._scaled_addmm.default": ((1, 2), ((3, "scale_a"), (4, "scale_b"))),
+}
+
+#: Targets (as ``str(node.target)``) of the scaled matmuls that can be low-precision compute.
+SCALED_MM_TARGETS = frozenset(_OPERANDS)
 
 _AMAX_TARGETS = frozenset({"aten.abs.default", "aten.amax.default", "aten.max.default", "aten.max.dim"})
 
@@ -66,20 +87,35 @@ def is_fp8_dtype(dtype) -> bool:
     return dtype in FP8_DTYPES
 
 
+def is_low_precision_dtype(dtype) -> bool:
+    """An FP8 or packed FP4 dtype: an operand dtype of low-precision compute."""
+    return dtype in FP8_DTYPES or dtype in FP4_DTYPES
+
+
 def is_scaled_mm(node: torch.fx.Node) -> bool:
     """A call of one of the scaled matmuls, whatever its operands."""
     return node.op == "call_function" and str(node.target) in SCALED_MM_TARGETS
 
 
+def matrix_operands(node: torch.fx.Node) -> tuple:
+    """The two matrix operands of a scaled matmul (nodes or whatever the call holds there),
+    ``()`` for any other node or a call too short to have them."""
+    if not is_scaled_mm(node):
+        return ()
+    first, second = _OPERANDS[str(node.target)][0]
+    if len(node.args) <= second:
+        return ()
+    return node.args[first], node.args[second]
+
+
 def scale_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The scales a scaled matmul reads: ``scale_a`` and ``scale_b``, two tensors for the first
-    API (``_scaled_mm``, ``_scaled_grouped_mm``, fp8conf's e8m0 op), two lists of tensors for the
-    second (``_scaled_mm_v2``, ``_scaled_grouped_mm_v2``: what ``F.scaled_mm`` and
-    ``F.scaled_grouped_mm`` lower to, ``(a, b, scale_a[], recipe_a[], swizzle_a[], scale_b[], ...)``)."""
-    if str(node.target).endswith("_v2.default"):
-        values = [*_as_list(_argument(node, 2, "scale_a")), *_as_list(_argument(node, 5, "scale_b"))]
-    else:
-        values = [_argument(node, 2, "scale_a"), _argument(node, 3, "scale_b")]
+    API, two lists of tensors for the second (see ``_OPERANDS``)."""
+    if not is_scaled_mm(node):
+        return []
+    values = []
+    for position, name in _OPERANDS[str(node.target)][1]:
+        values.extend(_as_list(_argument(node, position, name)))
     return [v for v in values if isinstance(v, torch.fx.Node)]
 
 
@@ -93,28 +129,41 @@ def _as_list(value) -> list:
 
 def is_unjudged_scaled_mm(node: torch.fx.Node) -> bool:
     """A scaled matmul whose matrix operands record no dtype (no ``node.meta["val"]``): whether
-    it computes in FP8 cannot be told from the graph."""
-    return is_scaled_mm(node) and len(node.args) >= 2 and (_dtype(node.args[0]) is None or _dtype(node.args[1]) is None)
+    it computes in low precision cannot be told from the graph."""
+    operands = matrix_operands(node)
+    return bool(operands) and any(_dtype(a) is None for a in operands)
+
+
+def compute_format(node: torch.fx.Node) -> str | None:
+    """``"float8"`` or ``"float4"`` for a scaled matmul whose two matrix operands are both of
+    that family (an FP8 and an FP4 operand together: ``"float4"``), ``None`` for anything else."""
+    dtypes = [_dtype(a) for a in matrix_operands(node)]
+    if len(dtypes) != 2 or not all(is_low_precision_dtype(d) for d in dtypes):
+        return None
+    return "float4" if any(d in FP4_DTYPES for d in dtypes) else "float8"
 
 
 def is_fp8_compute(node: torch.fx.Node) -> bool:
-    """A scaled matmul whose two matrix operands are both FP8."""
+    """A scaled matmul whose two matrix operands are both low precision (FP8 or packed FP4):
+    the compute every pass of fp8conf keeps, attributes and counts."""
     require(node, "node", "is_fp8_compute", "node")
-    if not is_scaled_mm(node) or len(node.args) < 2:
-        return False
-    return is_fp8_dtype(_dtype(node.args[0])) and is_fp8_dtype(_dtype(node.args[1]))
+    return compute_format(node) is not None
 
 
 def classify_node(node: torch.fx.Node) -> OpRole:
     """The role of ``node`` judged from itself alone (``scale`` needs the graph: see :func:`op_roles`)."""
     require(node, "node", "classify_node", "node")
     if node.op == "placeholder":
-        return OpRole.INPUT_BOUNDARY if is_fp8_dtype(_dtype(node)) else OpRole.OTHER
+        return OpRole.INPUT_BOUNDARY if is_low_precision_dtype(_dtype(node)) else OpRole.OTHER
     if node.op != "call_function":
         return OpRole.OTHER
     if is_fp8_compute(node):
         return OpRole.COMPUTE
-    if is_fp8_dtype(_dtype(node)) and str(node.target) != "aten.view.dtype" and not any(is_fp8_dtype(_dtype(i)) for i in node.all_input_nodes):
+    if (
+        is_low_precision_dtype(_dtype(node))
+        and str(node.target) != "aten.view.dtype"
+        and not any(is_low_precision_dtype(_dtype(i)) for i in node.all_input_nodes)
+    ):
         return OpRole.CAST
     if str(node.target) in _AMAX_TARGETS and not is_fp8_dtype(_dtype(node)):
         return OpRole.AMAX

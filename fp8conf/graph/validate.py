@@ -5,9 +5,10 @@ Rules checked (conformance IDs in brackets):
 * every FP8 compute node carries provenance [VAL-003] - a rewrite that dropped it would
   otherwise make the node invisible to region compilation;
 * every call of a non-emulated quantized module has FP8 compute in each pass that needs it
-  [VAL-002], as many as its recipe issues [VAL-007]: forward 1; backward one for grad_input when
-  the call's input needs a gradient, one for grad_weight unless the recipe keeps it in high
-  precision (``rowwise_with_gw_hp``);
+  [VAL-002], as many as its declared config issues [VAL-007]: forward ``matmuls`` (1 for a
+  linear); backward as many for grad_input when the call's input needs a gradient and the module
+  computes it in FP8, as many for grad_weight unless the module keeps it in high precision
+  (``fp8_grad_weight=False``: ``rowwise_with_gw_hp``);
 * emulated modules are exempt, one module at a time [EMU-001, EMU-002];
 * a graph that is one part of a larger one (a GraphPP callable, :mod:`fp8conf.graph.split`) is
   checked with the FP8 compute the other parts hold counted in (``sibling_compute``, or
@@ -52,6 +53,8 @@ _ERROR_BY_PROPERTY = {
 def _error_of(finding: Finding, findings=()) -> errors.FP8ValidationError:
     """The typed error strict mode raises for ``finding``, carrying every finding of the run."""
     cls = _ERROR_BY_PROPERTY.get(finding.property_id, errors.FP8ValidationError)
+    if cls is errors.MissingProvenanceError and finding.module_fqn is not None:
+        cls = errors.UndeclaredFP8ModuleError  # the compute's owner is known: a module, not a rewrite
     message = finding.message
     if len(findings) > 1:
         message += f"\n({len(findings) - 1} more finding(s): " + "; ".join(f.message for f in findings[1:4]) + ")"
@@ -120,7 +123,7 @@ def _expected(config, call) -> dict[str, int]:
         backward += 1
     if config.fp8_grad_weight and call.weight_requires_grad:
         backward += 1
-    return {"forward": 1, "backward": backward}
+    return {"forward": config.matmuls, "backward": backward * config.matmuls}
 
 
 def _check_calls(info, per_call, gm, passes, witnesses) -> list[Finding]:
