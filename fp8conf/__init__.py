@@ -19,7 +19,7 @@ from fp8conf import errors as _errors
 from fp8conf.errors import *  # noqa: F401,F403  (the error tree, fp8conf.errors.__all__)
 
 _EXPORTS = {
-    "fp8conf.quantized.float8": ("QuantizationConfig", "find_quantized_modules"),
+    "fp8conf.quantized.protocol": ("QuantizationConfig", "QuantizedModule", "find_quantized_modules", "register_quantized_module"),
     "fp8conf.quantized.mx": ("MXLinear", "convert_to_mx_training"),
     "fp8conf.quantized.grouped": ("Float8GroupedExperts", "convert_to_float8_grouped_experts"),
     "fp8conf.quantized.scaled_mm": ("ScaledMMLinear", "convert_to_scaled_mm_training"),
@@ -58,8 +58,10 @@ __version__ = "0.1.0"
 __all__ = [
     # errors (fp8conf.errors)
     *_errors.__all__,
-    # quantized modules (fp8conf.quantized)
+    # quantized modules (fp8conf.quantized): the protocol any module declares itself through
     "QuantizationConfig",
+    "QuantizedModule",
+    "register_quantized_module",
     "find_quantized_modules",
     "MXLinear",
     "convert_to_mx_training",

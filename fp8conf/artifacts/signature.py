@@ -43,12 +43,16 @@ from fp8conf.errors import FP8ConfigError
 
 __all__ = [
     "SIGNATURE_SCHEMA",
+    "UNDECLARED_KIND",
     "ABSENT",
     "ModuleSignature",
     "QuantizationSignature",
     "format_differences",
     "describe_changes",
 ]
+
+#: The kind a non-strict signature gives a module that computes in FP8 but declares nothing.
+UNDECLARED_KIND = "undeclared"
 
 #: Identifies the layout of the JSON; bumped when fields are added or renamed.
 SIGNATURE_SCHEMA = "fp8conf.quantization-signature/1"
@@ -192,13 +196,23 @@ class QuantizationSignature:
 
     # -- building -------------------------------------------------------------------------------
     @classmethod
-    def from_model(cls, model, *, strict: bool = True) -> QuantizationSignature:
+    def from_model(cls, model, *, strict: bool = True, example_inputs=None) -> QuantizationSignature:
         """The signature of ``model`` (a ``torch.nn.Module``) compiled under ``strict``.
 
         Every name under which a quantized module is registered counts (a module shared under two
         names appears twice), so the result does not depend on registration order.
+
+        A module that computes in FP8 but declares no quantization (see
+        :func:`fp8conf.register_quantized_module`) is found by running modules on fake tensors
+        (:mod:`fp8conf.quantized.probe`; the whole model on ``example_inputs`` when given, else
+        each linear-like module alone). Strict refuses such a model
+        (:class:`~fp8conf.errors.UndeclaredFP8ModuleError`); otherwise the module is signed as kind
+        ``"undeclared"`` with its class and the low-precision ops it issued, so the model's
+        signature never equals the plain model's.
         """
         import torch
+
+        from fp8conf.quantized.probe import undeclared_fp8_modules
 
         if not isinstance(model, torch.nn.Module):
             raise FP8ConfigError(f"QuantizationSignature.from_model expects a torch.nn.Module, got {type(model).__qualname__}")
@@ -207,6 +221,21 @@ class QuantizationSignature:
             signature = module_signature(fqn, module)
             if signature is not None:
                 modules.append(signature)
+        undeclared = undeclared_fp8_modules(model, example_inputs)
+        if undeclared and strict:
+            from fp8conf.errors import UndeclaredFP8ModuleError
+            from fp8conf.quantized.protocol import undeclared_fp8_message
+
+            fqn, (class_, ops) = next(iter(undeclared.items()))
+            others = sorted(set(undeclared) - {fqn})
+            more = f" ({len(others)} more module(s) like it: {', '.join(others[:4])}{', ...' if len(others) > 4 else ''})" if others else ""
+            raise UndeclaredFP8ModuleError(
+                f"quantization signature: {undeclared_fp8_message(fqn, class_, ', '.join(ops))}{more}. A signature that left it "
+                "out would equal the plain model's; strict=False signs it as kind 'undeclared'",
+                module_fqn=fqn,
+            )
+        for fqn, (class_, ops) in undeclared.items():
+            modules.append(ModuleSignature(fqn, UNDECLARED_KIND, "unknown", False, _freeze({"class": class_, "fp8_ops": list(ops)})))
         versions = _versions()
         from fp8conf.parallel.layout import layout_of
 

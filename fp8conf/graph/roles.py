@@ -29,7 +29,7 @@ from fp8conf.arguments import require
 
 __all__ = [
     "OpRole", "FP8_DTYPES", "FP4_DTYPES", "SCALED_MM_TARGETS", "is_fp8_dtype", "is_low_precision_dtype", "is_fp8_compute",
-    "compute_format", "matrix_operands", "scale_operands", "classify_node", "op_roles",
+    "compute_format", "operand_positions", "matrix_operands", "scale_operands", "classify_node", "op_roles",
 ]
 
 
@@ -95,6 +95,13 @@ def is_low_precision_dtype(dtype) -> bool:
 def is_scaled_mm(node: torch.fx.Node) -> bool:
     """A call of one of the scaled matmuls, whatever its operands."""
     return node.op == "call_function" and str(node.target) in SCALED_MM_TARGETS
+
+
+def operand_positions(target: str) -> tuple[int, int] | None:
+    """Positions of the two matrix operands of the scaled matmul ``target`` (as ``str(target)``),
+    ``None`` for any other op."""
+    entry = _OPERANDS.get(target)
+    return None if entry is None else entry[0]
 
 
 def matrix_operands(node: torch.fx.Node) -> tuple:
