@@ -16,7 +16,7 @@ with library_notices_quieted():
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Under -n, the tests of one xdist_group run on one worker (tests/xdist_groups.py says why here).
-pytest_plugins = ["xdist_groups"]
+pytest_plugins = ["xdist_groups", "timings"]
 
 
 # The plugin stays out of runs without --fp8-backend, like this one: fp8conf's own tests ask it

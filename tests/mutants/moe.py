@@ -12,7 +12,7 @@ import torch
 
 import fp8conf.graph.regions
 import fp8conf.graph.validate
-import fp8conf.quantized.float8
+import fp8conf.quantized.protocol
 import fp8conf.quantized.grouped as grouped
 from conformance import rewrites
 from conformance.api.types import Compiled, Provenance
@@ -41,7 +41,7 @@ class GroupedGradWeightAssumedHighPrecision(ReferenceBackend):
     KILLED_BY = "MOE-002"
 
     def trace_joint(self, model, args):
-        original = fp8conf.quantized.float8.quantization_config_of
+        original = fp8conf.quantized.protocol.quantization_config_of
 
         def config_of(module):
             config = original(module)
@@ -49,7 +49,7 @@ class GroupedGradWeightAssumedHighPrecision(ReferenceBackend):
                 return dataclasses.replace(config, fp8_grad_weight=False)
             return config
 
-        with _replaced(fp8conf.quantized.float8, "quantization_config_of", config_of):
+        with _replaced(fp8conf.quantized.protocol, "quantization_config_of", config_of):
             return super().trace_joint(model, args)
 
 
