@@ -12,7 +12,8 @@ Inside, in the order a compile visits them:
 * :mod:`~fp8conf.compile.remainder` -- the units around the regions;
 * :mod:`~fp8conf.compile.region_compile` -- units cut out, keyed and compiled once each, by
   :mod:`~fp8conf.compile.workers` (here or in helper processes side by side), and called through
-  :mod:`~fp8conf.compile.fast_call` where torch's wrappers have nothing to do;
+  :mod:`~fp8conf.compile.fast_call` where torch's wrappers have nothing to do; a unit Inductor
+  cannot compile is compiled again, kept eager or refused by :mod:`~fp8conf.compile.unit_failures`;
 * :mod:`~fp8conf.compile.stage` -- a GraphPP stage's callables compiled alike.
 
 Only the names below are the engine's surface; the artifacts (:mod:`fp8conf.artifacts`) use

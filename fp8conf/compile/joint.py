@@ -48,7 +48,7 @@ from fp8conf.compile.config import MODES, REMAINDERS, CompileConfig
 from fp8conf.compile.partition import partition_joint, regions_in, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
 from fp8conf.compile.workers import unit_compiler
-from fp8conf.compile.region_compile import compile_regions, cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
+from fp8conf.compile.region_compile import cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
 from fp8conf.graph.regions import Region, check_attributed, identify_fp8_regions, tag_fp8_regions
 from fp8conf.compile.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.trace import flat_graph_module, joint_signature, trace_info, with_collector_paused
@@ -78,8 +78,10 @@ class CompiledJoint:
             piece, however often it recurs.
         fallbacks: the fast paths this compile should have taken and did not, each as
             ``"path: reason"`` (a unit called through torch's wrappers, a backward that cannot
-            free saved values as it goes); each is also logged once through the ``fp8conf``
-            logger. Empty on a torch whose internals fp8conf knows.
+            free saved values as it goes, a unit whose C++ code was compiled again under other
+            Inductor settings or that runs eagerly, :mod:`fp8conf.compile.unit_failures`); each
+            is also logged once through the ``fp8conf`` logger. Empty on a torch whose internals
+            fp8conf knows, for a graph Inductor compiles.
     """
 
     fn: Callable
@@ -411,6 +413,7 @@ def _compile_units(graphs, joint_regions, strict, remainder, compiler, fast_call
     """:func:`_regional`'s tagging and compiling; every graph's units are cut and submitted
     before any is bound, so that a pool compiles the forward's and the backward's together."""
     regions, cuts, compiled_names, cache = [], [], set(), {}
+    bound = []  # cuts bound on the way (remainder="pieces": the regions, before the pieces around them)
     for graph in graphs:
         # Attribution was checked on the joint graph, before the cut.
         found = tag_fp8_regions(graph, regions_in(graph, joint_regions), strict=strict)
@@ -426,16 +429,19 @@ def _compile_units(graphs, joint_regions, strict, remainder, compiler, fast_call
         elif remainder == "eager":
             cut = cut_regions(graph, complete, cache, _region_error, compiler)
         else:
-            compile_regions(graph, complete, cache, error=_region_error, compiler=compiler, fast_calls=fast_calls)
-            compiled_names |= {n.name for r in complete for n in r.nodes}
+            regions_cut = cut_regions(graph, complete, cache, _region_error, compiler)
+            regions_cut.bind(fast_calls=fast_calls, strict=strict)
+            compiled_names |= regions_cut.names
+            bound.append(regions_cut)
             # Regions are single calls by now, so no piece can reach into one.
             cut = cut_pieces(graph, remainder_pieces(graph, keep_eager=uncompiled), cache, _piece_error, compiler)
-        compiled_names |= cut.names
         cuts.append(cut)
     # One dynamo-disable frame per graph: the regions called straight through Inductor's code
     # (fp8conf.compile.fast_call) no longer pass through the artifact's own.
-    fns = [torch._dynamo.disable(cut.bind(fast_calls=fast_calls)) for cut in cuts]
-    fallbacks = list(dict.fromkeys(line for cut in cuts for line in cut.fallbacks))
+    fns = [torch._dynamo.disable(cut.bind(fast_calls=fast_calls, strict=strict)) for cut in cuts]
+    # Once bound: a unit Inductor could not compile (strict=False) runs eagerly, its nodes too.
+    compiled_names |= {name for cut in cuts for name in cut.names}
+    fallbacks = list(dict.fromkeys(line for cut in bound + cuts for line in cut.fallbacks))
     return regions, fns, compiled_names, len(cache), fallbacks
 
 

@@ -14,7 +14,8 @@ regional artifact stores (``CompileConfig(saveable_units=True)``).
 Only complete regions reach this module (:mod:`fp8conf.graph.regions` checks that they are
 convex, so each is one piece that can be cut out alone). The pieces of the eager remainder
 (:mod:`fp8conf.compile.remainder`) are cut out, keyed and compiled the same way, after the regions
-and sharing their cache.
+and sharing their cache. A unit whose compile fails is compiled again, kept eager or refused as
+:mod:`fp8conf.compile.unit_failures` says, when it is bound.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch.utils._pytree as pytree
 
 from fp8conf.compile.compiled_unit import CompiledUnit
 from fp8conf.compile.fast_call import fast_entry, fast_entry_or_reason, graph_allows_fast_call
+from fp8conf.compile.unit_failures import RETRY_PATCHES, settle, unit_name
 from fp8conf.log import fell_back
 from fp8conf.graph.regions import Region
 
@@ -82,15 +84,16 @@ def _describe(value):
 
 
 def compile_regions(gm: torch.fx.GraphModule, regions: list[Region], cache: dict,
-                    error: Callable[[Region, Exception], Exception], compiler=None, *, fast_calls: bool = True) -> tuple[Callable, set[str]]:
+                    error: Callable[[Region, Exception], Exception], compiler=None, *, fast_calls: bool = True,
+                    strict: bool = True) -> tuple[Callable, set[str]]:
     """Cut ``regions`` (complete, tagged, nodes of ``gm``) out of ``gm`` in place and compile
     them; ``cache`` maps structural keys to compiled regions and may be shared between graphs
     (a joint graph's forward and backward). Returns a flat callable of ``gm`` and the names of
     the nodes that now run compiled. ``error(region, exc)`` builds the exception raised when
     Inductor rejects a region. ``compiler`` (:mod:`fp8conf.compile.workers`; by default
-    this process) compiles each distinct region; ``fast_calls`` is :meth:`CutUnits.bind`'s."""
+    this process) compiles each distinct region; ``fast_calls`` and ``strict`` are :meth:`CutUnits.bind`'s."""
     cut = cut_regions(gm, regions, cache, error, compiler)
-    return cut.bind(fast_calls=fast_calls), cut.names
+    return cut.bind(fast_calls=fast_calls, strict=strict), cut.names
 
 
 def cut_regions(gm, regions: list[Region], cache: dict, error, compiler=None) -> CutUnits:
@@ -110,10 +113,22 @@ def cut_pieces(gm, pieces: list[list[torch.fx.Node]], cache: dict, error, compil
 @dataclasses.dataclass
 class _Submitted:
     """A unit handed to a compiler and not yet bound: what the compiler returned, and the error
-    to raise should it fail."""
+    to raise should it fail; ``failure``: what the compiler raised when it was handed the unit
+    (settled when the unit is bound, as a failure found then is)."""
 
     pending: object
     error: Callable[[Exception], Exception]
+    failure: Exception | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settled:
+    """A unit whose first compile failed (:mod:`fp8conf.compile.unit_failures`), as every call
+    site of it binds it: its code compiled again (``compiled``) or ``None`` (it runs eagerly),
+    and the line saying which."""
+
+    compiled: Callable | None
+    fallback: str
 
 
 class CutUnits:
@@ -125,23 +140,28 @@ class CutUnits:
         #: Fast paths not taken where they should have been, each a line (see fp8conf.log.fell_back).
         self.fallbacks: list[str] = []
 
-    def bind(self, *, fast_calls: bool = True) -> Callable:
+    def bind(self, *, fast_calls: bool = True, strict: bool = True) -> Callable:
         """Wait for the units' compiled code and replace each submodule call by a call of it;
         returns a flat callable of the graph. With ``fast_calls``
         (:attr:`~fp8conf.CompileConfig.fast_calls`) a unit is called through
-        :func:`fp8conf.compile.fast_call.fast_entry` where that is safe."""
+        :func:`fp8conf.compile.fast_call.fast_entry` where that is safe. A unit whose compile
+        fails is settled by :func:`fp8conf.compile.unit_failures.settle`: compiled again where
+        its C++ code did not compile, else refused (``strict``: its ``error``) or left a call
+        of its submodule, which runs eagerly, its nodes taken out of :attr:`names`."""
         gm = self._gm
         if not self._calls:
             return _flat_callable(gm)
-        for node, key, fake_inputs in self._calls:
+        for node, key, fake_inputs, group in self._calls:
             submodule = getattr(gm, node.target)
             compiled = self._cache[key]
             if isinstance(compiled, _Submitted):
-                try:
-                    compiled = self._compiler.result(compiled.pending)
-                except Exception as exc:
-                    raise compiled.error(exc) from exc
-                self._cache[key] = compiled
+                compiled = self._cache[key] = self._wait(compiled, submodule, fake_inputs, group, strict)
+            if isinstance(compiled, _Settled):
+                self.fallbacks.append(compiled.fallback)  # at each call site: one graph may hold none of the others'
+                if compiled.compiled is None:
+                    self.names -= {n.name for n in group}
+                    continue
+                compiled = compiled.compiled
             if isinstance(compiled, CompiledUnit) and compiled.fallback:
                 self.fallbacks.append(compiled.fallback)
             fast = None
@@ -159,6 +179,25 @@ class CutUnits:
             delattr(gm, node.target)
         gm.recompile()
         return _flat_callable(gm)
+
+    def _wait(self, submitted: _Submitted, submodule, fake_inputs, group, strict: bool):
+        """The compiled unit, or, where its compile failed, a :class:`_Settled` one."""
+        failure = submitted.failure
+        if failure is None:
+            try:
+                return self._compiler.result(submitted.pending)
+            except Exception as exc:
+                failure = exc
+
+        def retry():
+            # Here, whichever process compiled it first: a worker's unit too. The settings ride
+            # with the unit (its regional artifact is compiled under them as well).
+            saveable = getattr(self._compiler, "saveable", False)
+            with tracing_fake_mode(self._gm):
+                compiled = compile_unit(submodule, fake_inputs, saveable=saveable, config_patches=RETRY_PATCHES)
+            return InProcessCompiler.result(compiled)  # its kernels: a C++ error is raised now
+
+        return _Settled(*settle(failure, retry, unit=unit_name(group), strict=strict, error=submitted.error))
 
 
 class InProcessCompiler:
@@ -202,13 +241,13 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
             submodule = getattr(gm, node.target)
             key = keys[node]
             fake_inputs = [i.meta["val"] for i in node.all_input_nodes]
+            index = int(node.target[len(prefix):])
             if key not in cache:
-                index = int(node.target[len(prefix):])
                 try:
                     cache[key] = _Submitted(compiler.submit(submodule, fake_inputs), functools.partial(error, index))
-                except Exception as exc:
-                    raise error(index, exc) from exc
-            calls.append((node, key, fake_inputs))
+                except Exception as exc:  # settled when bound, as a failure found then is
+                    cache[key] = _Submitted(None, functools.partial(error, index), exc)
+            calls.append((node, key, fake_inputs, groups[index]))
     return CutUnits(gm, calls, cache, compiler, names)
 
 
@@ -407,9 +446,11 @@ def bundles_units() -> bool:
     return "aot" in inspect.signature(torch._inductor.standalone_compile).parameters
 
 
-def compile_unit(submodule, fake_inputs, *, saveable: bool = False) -> Callable:
+def compile_unit(submodule, fake_inputs, *, saveable: bool = False, config_patches: dict | None = None) -> Callable:
     """Compile one cut-out unit for ``fake_inputs`` (in this process; see
-    :mod:`fp8conf.compile.workers` for the same in a worker).
+    :mod:`fp8conf.compile.workers` for the same in a worker), under Inductor's settings changed
+    by ``config_patches`` for this unit alone (``torch._inductor.config.patch`` keys; what a unit
+    is compiled again with, :mod:`fp8conf.compile.unit_failures`).
 
     A unit that is already what AOTAutograd would make of it (:func:`_functional_unit`: tensors
     in, none requiring grad, no op that mutates) is compiled as ``torch.compile`` compiles the
@@ -421,8 +462,8 @@ def compile_unit(submodule, fake_inputs, *, saveable: bool = False) -> Callable:
     ``standalone_compile``.
     """
     if not saveable and _functional_unit(submodule, fake_inputs):
-        return InnerCompiledUnit(submodule, fake_inputs)
-    return standalone_unit(submodule, fake_inputs)
+        return InnerCompiledUnit(submodule, fake_inputs, config_patches)
+    return standalone_unit(submodule, fake_inputs, config_patches)
 
 
 def _functional_unit(gm: torch.fx.GraphModule, fake_inputs) -> bool:
@@ -438,17 +479,19 @@ def _functional_unit(gm: torch.fx.GraphModule, fake_inputs) -> bool:
     )
 
 
-def standalone_unit(submodule, fake_inputs) -> Callable:
+def standalone_unit(submodule, fake_inputs, config_patches: dict | None = None) -> Callable:
     """``submodule`` compiled by ``torch._inductor.standalone_compile``: a serializable
-    ``AOTCompiledArtifact`` where this torch bundles one (:func:`bundles_units`)."""
+    ``AOTCompiledArtifact`` where this torch bundles one (:func:`bundles_units`); ``config_patches``
+    as :func:`compile_unit` takes them."""
     # As regional_inductor does: shapes from the tracing context (the joint graph's fake mode),
     # and no second rematerialisation pass inside an already partitioned graph.
     # aot=True bundles the region's AOTAutograd state in the artifact, as regional_inductor
     # asks for; a torch whose standalone_compile lacks it compiles the same graph without.
     bundle = {"aot": True} if bundles_units() else {}
     with _no_nested_remat():
+        options = {"config_patches": {**_LAZY_TUNING["config_patches"], **(config_patches or {})}}
         return torch._inductor.standalone_compile(submodule, fake_inputs, dynamic_shapes="from_tracing_context",
-                                                  options=_LAZY_TUNING, **bundle)
+                                                  options=options, **bundle)
 
 
 #: Kernels are autotuned on a unit's first call, as torch.compile does, not while it compiles:
@@ -472,10 +515,12 @@ class InnerCompiledUnit:
 
     :meth:`saveable` is the same unit compiled by ``standalone_compile``, once, when a regional
     artifact saves a graph calling this unit (:mod:`fp8conf.artifacts.regional`); that compile
-    waits for its own kernels, which the artifact bundles."""
+    waits for its own kernels, which the artifact bundles. ``config_patches``: as
+    :func:`compile_unit` takes them, for both compiles."""
 
-    def __init__(self, submodule: torch.fx.GraphModule, fake_inputs):
+    def __init__(self, submodule: torch.fx.GraphModule, fake_inputs, config_patches: dict | None = None):
         self._submodule, self._fake_inputs = submodule, list(fake_inputs)
+        self._config_patches = dict(config_patches or {})
         self._fake_mode = torch._guards.detect_fake_mode(self._fake_inputs)
         self._saveable = None
         self._waits: list = []
@@ -486,10 +531,10 @@ class InnerCompiledUnit:
         wait = probe("torch._inductor.async_compile.AsyncCompile.wait")
         if wait.found:
             with _kernel_waits_put_off(self._waits):
-                self.compiled_fn = _inner_compile_unit(submodule, self._fake_inputs, self._fake_mode)
+                self.compiled_fn = _inner_compile_unit(submodule, self._fake_inputs, self._fake_mode, self._config_patches)
         else:
             self.fallback = fell_back("put-off kernel waits", wait.reason, "each unit waits for its kernels before the next compiles")
-            self.compiled_fn = _inner_compile_unit(submodule, self._fake_inputs, self._fake_mode)
+            self.compiled_fn = _inner_compile_unit(submodule, self._fake_inputs, self._fake_mode, self._config_patches)
 
     def finish(self) -> None:
         """Wait for the unit's kernels (a kernel that fails to build raises here)."""
@@ -505,7 +550,7 @@ class InnerCompiledUnit:
         if self._saveable is None:
             context = contextlib.nullcontext() if self._fake_mode is None else torch._guards.tracing(torch._guards.TracingContext(self._fake_mode))
             with context:
-                self._saveable = standalone_unit(self._submodule, self._fake_inputs)
+                self._saveable = standalone_unit(self._submodule, self._fake_inputs, self._config_patches)
         return self._saveable
 
 
@@ -539,7 +584,7 @@ def _kernel_waits_put_off(sink: list):
         _PUT_OFF.reset(token)
 
 
-def _inner_compile_unit(submodule, fake_inputs, fake_mode):
+def _inner_compile_unit(submodule, fake_inputs, fake_mode, config_patches=None):
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.fx_passes.joint_graph import joint_graph_passes
@@ -564,7 +609,7 @@ def _inner_compile_unit(submodule, fake_inputs, fake_mode):
     (output,) = graph.graph.find_nodes(op="output")
     values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
     output.meta["user_visible_output_idxs"] = [i for i, v in enumerate(values) if isinstance(v, torch.fx.Node)]
-    with torch._inductor.config.patch(_LAZY_TUNING["config_patches"]):
+    with torch._inductor.config.patch({**_LAZY_TUNING["config_patches"], **(config_patches or {})}):
         return compile_fx_inner(graph, fake_inputs, cudagraphs=BoxedBool(False), is_inference=True)
 
 

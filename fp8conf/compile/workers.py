@@ -65,7 +65,9 @@ class WorkerPool:
     its stdin."""
 
     def __init__(self, workers: int, *, saveable: bool = False):
-        self._saveable = saveable  # the units kept here (the helpers' are saveable anyway)
+        #: The units kept here (the helpers' are saveable anyway), and those compiled here again
+        #: after their first compile failed (fp8conf.compile.unit_failures).
+        self.saveable = saveable
         settings = (torch._inductor.config.save_config_portable(), torch._functorch.config.save_config_portable())
         # Inductor's own compile workers (Triton, C++) shared out between this process and the helpers.
         threads = max(1, min(torch._inductor.config.compile_threads, _cores()) // (workers + 1))
@@ -77,7 +79,7 @@ class WorkerPool:
         self._shared_out = False
 
     def submit(self, submodule: torch.fx.GraphModule, fake_inputs) -> _Unit:
-        unit = _Unit(submodule, list(fake_inputs), torch._guards.TracingContext.try_get(), self._saveable)
+        unit = _Unit(submodule, list(fake_inputs), torch._guards.TracingContext.try_get(), self.saveable)
         self._units.append(unit)
         return unit
 
@@ -151,7 +153,13 @@ class _Unit:
 
 
 class _WorkerError(RuntimeError):
-    """A compile worker failed: its exception, or its exit and the end of what it printed."""
+    """A compile worker failed: its exception, or its exit and the end of what it printed.
+    ``causes``: the type names of the worker's exception and of those it wraps, which the
+    parent reads to tell a C++ compile error (:func:`fp8conf.compile.unit_failures.cpp_codegen_error`)."""
+
+    def __init__(self, message: str, causes: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.causes = tuple(causes)
 
 
 class _Worker:
@@ -177,7 +185,7 @@ class _Worker:
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
             raise _WorkerError(f"the compile worker (pid {self._proc.pid}) exited ({self._proc.poll()}): {self._tail()}") from exc
         if not ok:
-            raise _WorkerError(value)
+            raise _WorkerError(*value)
         return value
 
     def _tail(self, size: int = 2000) -> str:
@@ -271,7 +279,10 @@ def _serve() -> None:
         try:
             reply = (True, _compile(*message[1:]))
         except Exception as exc:
-            reply = (False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}")
+            from fp8conf.compile.unit_failures import error_chain
+
+            reply = (False, (f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}",
+                             tuple(type(e).__name__ for e in error_chain(exc))))
         pickle.dump(reply, replies, protocol=pickle.HIGHEST_PROTOCOL)
         replies.flush()
 
