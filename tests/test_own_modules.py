@@ -42,7 +42,7 @@ def _fp8_compute(gm):
 
 
 def _tolerance(dtype):
-    return {"rtol": 2e-2, "atol": 2e-2} if dtype is torch.bfloat16 else {"rtol": 1e-3, "atol": 1e-4}
+    return {"rtol": 1e-2, "atol": 1e-2} if dtype is torch.bfloat16 else {"rtol": 1e-3, "atol": 1e-4}
 
 
 def _assert_same(got, want, what, **tolerance):
@@ -60,7 +60,10 @@ def _assert_same(got, want, what, **tolerance):
 @pytest.mark.parametrize("dtype, recipe, calls", COMBINATIONS, ids=["-".join(map(str, c)) for c in COMBINATIONS])
 def test_the_trainers_own_linear_passes_every_pass_strict(dtype, recipe, calls):
     modes = ("regional", "full") if (dtype, recipe, calls) in COMPILED else ()
-    result = walkthrough.walk(recipe, DTYPES[dtype], calls, compile_modes=modes)
+    # Inductor computes bfloat16 elementwise chains in float32 unless told to round as eager
+    # does; a value off by one bfloat16 ulp before a cast to e4m3 may round to another FP8 value.
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        result = walkthrough.walk(recipe, DTYPES[dtype], calls, compile_modes=modes)
     gm, report = result["gm"], result["report"]
     # Validation: every call's FP8 matmuls counted, grad_weight in FP8 for rowwise only.
     backward_per_call = 2 if recipe == "rowwise" else 1

@@ -30,7 +30,7 @@ from fp8conf.graph.provenance import CallRecord, node_passes, propagate_provenan
 from fp8conf.graph.repeat import repeat_blocks, repeat_calls
 from fp8conf.log import library_notices_quieted
 from fp8conf.parallel.layout import ParallelLayout, layout_of
-from fp8conf.quantized.float8 import QuantizationConfig, find_quantized_modules
+from fp8conf.quantized.protocol import QuantizationConfig, find_quantized_modules
 
 __all__ = [
     "TRACE_META_KEY",

@@ -33,7 +33,8 @@ from fp8conf.arguments import require
 from fp8conf.errors import FP8ConfigError
 from fp8conf.graph.collectives import COLLECTIVE_ANNOTATION
 from fp8conf.parallel.layout import LAYOUT_ATTRIBUTE, ParallelLayout, ShardedParameter
-from fp8conf.quantized.float8 import import_torchao_quietly, quantization_config_of
+from fp8conf.quantized.float8 import import_torchao_quietly
+from fp8conf.quantized.protocol import quantization_config_of
 
 __all__ = ["shard_data_parallel"]
 

@@ -16,14 +16,9 @@ import functools
 import torch
 
 from fp8conf.log import library_notices_quieted
-# Re-exported: the protocol's names, where callers found them before it had a module of its own.
-from fp8conf.quantized.protocol import QuantizationConfig, find_quantized_modules, quantization_config_of
 
 __all__ = [
-    "QuantizationConfig",
     "FLOAT8_RECIPES",
-    "find_quantized_modules",
-    "quantization_config_of",
     "recognize_float8_recipe",
     "torchao_float8_linear_config",
 ]
@@ -69,18 +64,20 @@ def recognize_float8_recipe(config) -> str:
     return "custom"
 
 
-def torchao_float8_linear_config(module) -> QuantizationConfig:
-    """The config of a TorchAO ``Float8Linear``: its named recipe, and every field of its
-    ``Float8LinearConfig`` but ``emulate`` as settings."""
+def torchao_float8_linear_config(module) -> dict:
+    """What a TorchAO ``Float8Linear`` declares, as the fields of a
+    :class:`~fp8conf.QuantizationConfig`: its named recipe, and every field of its
+    ``Float8LinearConfig`` but ``emulate`` as settings. (A mapping, as any describer may return,
+    so that this module and the protocol's do not import each other.)"""
     import_torchao_quietly()
     from torchao.float8.config import ScalingType
 
     config = module.config
-    return QuantizationConfig(
-        kind="float8_linear",
-        recipe=recognize_float8_recipe(config),
-        emulate=bool(config.emulate),
-        fp8_grad_input=config.cast_config_grad_output.scaling_type is not ScalingType.DISABLED,
-        fp8_grad_weight=config.cast_config_input_for_grad_weight.scaling_type is not ScalingType.DISABLED,
-        settings={f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "emulate"},
-    )
+    return {
+        "kind": "float8_linear",
+        "recipe": recognize_float8_recipe(config),
+        "emulate": bool(config.emulate),
+        "fp8_grad_input": config.cast_config_grad_output.scaling_type is not ScalingType.DISABLED,
+        "fp8_grad_weight": config.cast_config_input_for_grad_weight.scaling_type is not ScalingType.DISABLED,
+        "settings": {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "emulate"},
+    }

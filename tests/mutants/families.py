@@ -19,7 +19,7 @@ import fp8conf.graph.trace
 from conformance.backends.reference import ReferenceBackend
 from fp8conf.quantized import grouped
 from fp8conf.graph.regions import identify_fp8_regions
-from fp8conf.quantized.float8 import find_quantized_modules
+from fp8conf.quantized.protocol import find_quantized_modules
 from mutants.backends import _replaced
 from mutants.regions import _tag
 
