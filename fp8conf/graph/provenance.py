@@ -255,7 +255,7 @@ def _unattributed(node: torch.fx.Node, pass_name: str) -> contract.Finding:
                                 pass_name=pass_name, node_name=node.name)
     return contract.Finding(
         "VAL-003",
-        f"FP8 compute node '{node.name}' ({node.target}) in the {pass_name} pass carries no provenance: no "
+        f"FP8 compute node '{node.name}' ({node.target}, {compute_format(node)} operands) in the {pass_name} pass carries no provenance: no "
         "quantized module claims it, so it would be compiled and validated as unknown code. A rewrite "
         "probably replaced the node without copying node.meta; copy node.meta['fp8conf_provenance'] onto new nodes"
         + (f" (the trace saw it issued by quantized module '{owner[0]}')" if owner is not None else ""),
