@@ -119,6 +119,43 @@ def test_the_first_calls_backward_keeps_its_provenance_when_the_module_is_called
     assert all(get_provenance(n) is not None for n in _fp8_compute(gm))
 
 
+class _CachedCast(trainer_float8.TrainerFloat8Linear):
+    """Casts its weight at the first call of a step and reuses the cast when called again."""
+
+    def forward(self, x):
+        if getattr(self, "cast", None) is None:
+            with torch.no_grad():
+                self.cast = trainer_float8.quantize_rowwise(self.weight)
+        return trainer_float8._Float8LinearFunction.apply(x, self.weight, *self.cast, self.recipe)
+
+
+class _Step(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        self.inner.proj.cast = None  # a new step casts anew
+        return self.inner(x)
+
+
+def test_a_weight_cast_cached_across_calls_is_attributed_and_its_regions_compile():
+    inner, args = walkthrough.build("rowwise", calls=2)
+    inner.proj.__class__ = _CachedCast
+    model = _Step(inner)
+    gm = fp8conf.trace_joint(model, args)
+    report = fp8conf.validate_fp8_graph(gm, strict=True)
+    assert report.compute_counts[("inner.proj", "forward")] == 2 and report.compute_counts[("inner.proj", "backward")] == 4
+    # The second call's forward reads the first call's cast: it enters that region at a boundary.
+    regions = fp8conf.identify_fp8_regions(gm)
+    assert all(r.complete for r in regions), [(r.id, r.reason) for r in regions if not r.complete]
+    compiled = fp8conf.compile_joint(gm, mode="regional", strict=True)
+    assert {n.name for n in _fp8_compute(gm)} <= compiled.compiled_nodes
+    grad_outputs = (torch.randn(32, 32),)
+    _assert_same(fp8conf.run_joint(gm, model, args, grad_outputs, fn=compiled.fn), fp8conf.run_joint(gm, model, args, grad_outputs),
+                 "regional compile", **_tolerance(torch.float32))
+
+
 # --- the same module, undeclared ------------------------------------------------------------------
 
 
