@@ -5,9 +5,8 @@ provenance (same module, same call) in the same pass; regions sharing nodes are 
 It is then closed under paths (every node on a path between two region nodes joins it) so that
 it can be cut out of the graph as one piece. A region is **complete** when every FP8 operand and
 scale of its compute nodes is made inside it from high-precision values, or enters it at a
-boundary: a placeholder, a value saved by the other pass (which becomes a placeholder once
-the joint graph is partitioned), or a value the same module made in another call (a weight cast
-once and reused when the module is called again). Only complete regions are tagged for regional Inductor, each
+boundary: a placeholder, or a value saved by the other pass (which becomes a placeholder once
+the joint graph is partitioned). Only complete regions are tagged for regional Inductor, each
 under its own region id, in ``node.meta["custom"]["compile_with_inductor"]``.
 
 A region never spans a collective (:mod:`fp8conf.graph.collectives`): growth stops at one, and
@@ -130,7 +129,7 @@ def _make_region(group, passes, order, counters, provenance_of, across=frozenset
     rank = counters[key] = counters.get(key, -1) + 1
     region_id = f"{provenance.module_fqn}/{pass_name}/call{call}/{rank}"
     computes = tuple(n for n in nodes if is_fp8_compute(n))
-    reason = _non_convex(group, order) or _incomplete(group, computes, passes, pass_name, provenance_of, across, provenance)
+    reason = _non_convex(group, order) or _incomplete(group, computes, passes, pass_name, provenance_of, across)
     return Region(region_id, provenance.module_fqn, pass_name, call, tuple(nodes), computes, reason is None, reason)
 
 
@@ -157,19 +156,10 @@ def _non_convex(group, order) -> str | None:
     return None
 
 
-def _earlier_call(value, provenance, provenance_of) -> bool:
-    made_by = provenance_of(value)
-    return (
-        provenance is not None and made_by is not None and made_by.module_fqn == provenance.module_fqn
-        and getattr(made_by, "call", 0) != getattr(provenance, "call", 0)
-    )
-
-
-def _incomplete(group, computes, passes, pass_name, provenance_of=get_provenance, across=frozenset(), provenance=None) -> str | None:
+def _incomplete(group, computes, passes, pass_name, provenance_of=get_provenance, across=frozenset()) -> str | None:
     # Every FP8 value must be made inside the region or enter at a boundary, and so must the
     # scales the matmuls consume; high-precision inputs (activations, weights) may come from
-    # anywhere. A value the same module made in another call of the same pass is a boundary too:
-    # a module that casts its weight once and reuses the cast when called again.
+    # anywhere.
     entering = [(node, i) for node in group for i in node.all_input_nodes if i not in group]
     entering += [(c, a) for c in computes for a in scale_operands(c) if a not in group]
     for consumer, value in entering:
@@ -180,8 +170,8 @@ def _incomplete(group, computes, passes, pass_name, provenance_of=get_provenance
             kind = "FP8 value"
         else:
             continue
-        if value.op == "placeholder" or passes[value] != pass_name or value in across or _earlier_call(value, provenance, provenance_of):
-            continue  # a boundary: an input, a value saved by the other pass, made before a collective or by another call
+        if value.op == "placeholder" or passes[value] != pass_name or value in across:
+            continue  # a boundary: an input, a value saved by the other pass, or made before a collective
         return (
             f"incomplete: the {kind} '{value.name}' used by '{consumer.name}' is made outside the region "
             f"({value.target}, provenance {provenance_of(value)}), so the region does not hold its whole "
