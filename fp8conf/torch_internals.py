@@ -67,6 +67,7 @@ INTERNALS: tuple[str, ...] = (
     "torch._inductor.compile_fx.compile_fx_inner",
     "torch._inductor.compile_fx.partition_fn",
     "torch._inductor.config.compile_threads",
+    "torch._inductor.config.cpp.max_horizontal_fusion_size",
     "torch._inductor.config.load_config",
     "torch._inductor.config.patch",
     "torch._inductor.config.save_config_portable",

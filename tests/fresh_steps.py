@@ -196,7 +196,13 @@ def main(path: str, device: str, artifact: str) -> None:
         print(f"SAVED in {time.perf_counter() - started:.1f} s\nOK", flush=True)
         return
     step, raw = compiled_step(path, model, x, grad, artifact)
-    tolerance = 1e-2 if device == "cuda" else 1e-3
+    # TorchAO's tensorwise scales are not powers of two: where compiled code computes a scale or
+    # a scaled value in another order than eager (a reciprocal times the value, say), one ulp can
+    # move a value across an e4m3 rounding boundary, and the flip (1/16 of that value) travels
+    # down the backward. How many such flips there are depends on the CPU's vector code (an AMD
+    # EPYC with AVX2 showed 7.8e-3 on a weight gradient of the first layer, the same at the commit
+    # before any change of the engine), so float32 on CPU gets CUDA's bound too.
+    tolerance = 1e-2
     twin = build(device, torch.float32) if device == "cuda" else None
     for i in range(STEPS):
         x, grad = inputs(device, i)

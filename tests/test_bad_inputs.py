@@ -32,7 +32,7 @@ NO_INPUT = {
     "CompiledJoint": "a value type compile_joint returns",
     "StageSplit": "a value type split_stage returns",
     "PrecompiledJoint": "a value type load_artifact returns",
-    "QuantizationConfig": "a value type find_quantized_modules returns",
+    "QuantizedModule": "a typing Protocol a module satisfies; nothing calls it with arguments",
     "CollectiveRecord": "a value type read from nodes with get_collective(node)",
     "WeightGatherReport": "a value type validate_weight_all_gathers returns",
 }
@@ -71,6 +71,13 @@ def _untraced():
 #: name -> [(label, call)], each call with one argument wrong.
 BAD_CALLS = {
     "find_quantized_modules": [("model=None", lambda: fp8conf.find_quantized_modules(None))],
+    "QuantizationConfig": [("kind=''", lambda: fp8conf.QuantizationConfig("", "rowwise", False)),
+                           ("emulate='no'", lambda: fp8conf.QuantizationConfig("k", "rowwise", "no")),
+                           ("matmuls=0", lambda: fp8conf.QuantizationConfig("k", "rowwise", False, matmuls=0)),
+                           ("settings=[1]", lambda: fp8conf.QuantizationConfig("k", "rowwise", False, settings=[1]))],
+    "register_quantized_module": [("module_class=3", lambda: fp8conf.register_quantized_module(3, lambda m: None)),
+                                  ("undotted name", lambda: fp8conf.register_quantized_module("Linear", lambda m: None)),
+                                  ("describe=None", lambda: fp8conf.register_quantized_module(torch.nn.Linear, None))],
     "MXLinear": [("from_float(None)", lambda: fp8conf.MXLinear.from_float(None)),
                  ("from_float(Conv1d)", lambda: fp8conf.MXLinear.from_float(torch.nn.Conv1d(2, 2, 1)))],
     "convert_to_mx_training": [("model='x'", lambda: fp8conf.convert_to_mx_training("x"))],

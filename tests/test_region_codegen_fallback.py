@@ -19,7 +19,7 @@ from fp8conf.compile.unit_failures import RETRY_PATCHES
 from stack_steps import assert_matches_eager, traced
 
 DIM, HIDDEN, TOKENS = 64, 128, 32
-RETRY = "torch._inductor.config.cpp.max_horizontal_fusion_size=1"
+RETRY = "Inductor's cpp.max_horizontal_fusion_size=1"
 assert RETRY_PATCHES == {"cpp.max_horizontal_fusion_size": 1}  # what the messages below name
 
 

@@ -105,7 +105,7 @@ def settle(exc: Exception, retry: Callable[[], Callable], *, unit: str, strict: 
     ``retry()`` compiles the unit again in this process under :data:`RETRY_PATCHES` and waits for
     its kernels; it is called once, and only for a C++ compile error. ``unit`` names the unit
     (:func:`unit_name`) in the line logged."""
-    setting = ", ".join(f"torch._inductor.config.{k}={v!r}" for k, v in RETRY_PATCHES.items())
+    setting = "Inductor's " + ", ".join(f"{k}={v!r}" for k, v in RETRY_PATCHES.items())
     failure, cause = exc, exc
     if cpp_codegen_error(exc):
         try:
