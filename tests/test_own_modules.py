@@ -32,9 +32,10 @@ import trainer_float8  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 COMBINATIONS = [(d, r, c) for d in DTYPES for r in trainer_float8.RECIPES for c in (1, 2)]
-# Every dtype, recipe and call count is compiled (both modes) in some combination: a covering
-# set of four of the eight, each compile being seconds of Inductor on CPU.
-COMPILED = {("float32", "rowwise", 1), ("float32", "rowwise_with_gw_hp", 2), ("bfloat16", "rowwise", 2), ("bfloat16", "rowwise_with_gw_hp", 1)}
+# Every dtype, recipe and call count is compiled (both modes) in some combination: two of the
+# eight cover each value of each (a cold compile is tens of seconds of Inductor on CPU); the bf16
+# rowwise block is the one whose C++ code needs the regional engine's retry.
+COMPILED = {("float32", "rowwise_with_gw_hp", 1), ("bfloat16", "rowwise", 2)}
 
 
 def _fp8_compute(gm):
