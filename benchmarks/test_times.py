@@ -53,7 +53,8 @@ def table(runs: list[dict], areas: int) -> str:
     lines = ["| run | commit | wall s | tests s | tests | outcomes | largest areas (s) |", "|---|---|---:|---:|---:|---|---|"]
     for run in runs:
         outcomes = ", ".join(f"{n} {k}" for k, n in sorted(run.get("outcomes", {}).items()))
-        top = ", ".join(f"{a} {s:.0f}" for a, s in list(run["areas"].items())[:areas])
+        largest = sorted(run["areas"].items(), key=lambda kv: -kv[1])[:areas]  # JSON keeps them by name
+        top = ", ".join(f"{a} {s:.0f}" for a, s in largest)
         lines.append(f"| {run.get('at', '?')} | {run.get('commit') or '?'} | {run['wall_s']:.0f} | {run['tests_s']:.0f} | "
                      f"{run['tests']} | {outcomes} | {top} |")
     if len(runs) > 1:
