@@ -83,12 +83,15 @@ class QuantizationConfig:
                 raise FP8ConfigError(f"QuantizationConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if isinstance(self.matmuls, bool) or not isinstance(self.matmuls, int) or self.matmuls < 1:
             raise FP8ConfigError(f"QuantizationConfig.matmuls must be an int >= 1, got {self.matmuls!r}")
+        refused = FP8ConfigError(f"QuantizationConfig.settings must map names to values, got {self.settings!r}")
+        if not isinstance(self.settings, (Mapping, tuple, list)):
+            raise refused
         try:
-            settings = dict(self.settings) if isinstance(self.settings, (Mapping, tuple, list)) else None
+            settings = dict(self.settings)
         except (TypeError, ValueError):  # a sequence that is not of (name, value) pairs
-            settings = None
-        if settings is None or not all(isinstance(k, str) for k in settings):
-            raise FP8ConfigError(f"QuantizationConfig.settings must map names to values, got {self.settings!r}")
+            raise refused from None
+        if not all(isinstance(k, str) for k in settings):
+            raise refused
         object.__setattr__(self, "settings", tuple(sorted((k, _hashable(v)) for k, v in settings.items())))
 
     @classmethod
