@@ -169,9 +169,21 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     copied_nodes[old_output] = new_output
     for old, new in copied_nodes.items():
         new.meta = _own_containers(old.meta)
-    copied = torch.fx.GraphModule(gm, graph)
+    copied = _deferred_graph_module(gm, graph)
     copied.meta = _own_containers(gm.meta)
     return copied
+
+
+def _deferred_graph_module(root, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """``torch.fx.GraphModule(root, graph)`` that writes its Python code when first called,
+    printed or asked for ``.code``, as Inductor's are: most properties only read a copy's nodes,
+    and writing the code of every copy was a third of a run's time. On a torch without deferred
+    graph modules, a plain one."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:
+        return torch.fx.GraphModule(root, graph)
+    return _LazyGraphModule(root, graph)
 
 
 def copy_codegen(codegen):
