@@ -35,7 +35,7 @@ from conformance.graphs import Fp8Ops, Oracle, copy_graph_module, fp8_compute_no
 from conformance.models import ModelSpec, build_model
 
 __all__ = [
-    "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "fresh_copy",
+    "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
     "require_subject", "compute_counts_that_run",
 ]
@@ -256,6 +256,13 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
         fail(property_id, f"backend {backend.name!r}: trace_joint() raised {type(exc).__name__}: {exc}", spec)
     gm, oracle = fresh_copy(cached)
     return dataclasses.replace(cached, gm=gm, oracle=oracle)
+
+
+def traced_graph(property_id: str, backend, spec: ModelSpec):
+    """``(gm, oracle)`` of :func:`traced`: the caller's own copy of the graph, for a property that
+    needs nothing else of the case."""
+    case = traced(property_id, backend, spec)
+    return case.gm, case.oracle
 
 
 def fresh_copy(case: TracedCase):

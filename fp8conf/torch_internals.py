@@ -100,6 +100,7 @@ INTERNALS: tuple[str, ...] = (
     "torch.fx._graph_pickler.GraphPickler",
     "torch.fx._graph_pickler.Options",
     "torch.fx._lazy_graph_module",
+    "torch.fx._lazy_graph_module._LazyGraphModule",
     "torch.fx._lazy_graph_module._make_graph_module",
     "torch.fx._lazy_graph_module._use_lazy_graph_module",
     "torch.fx.graph._PyTreeCodeGen",

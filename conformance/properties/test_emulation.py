@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from conformance import rewrites
 from conformance.families import FAMILIES, family_examples
 from conformance.graphs import fp8_compute_nodes
-from conformance.harness import call_backend, check, device, fail, fp8_ops, fresh_copy, names_module, strict_error, traced
+from conformance.harness import call_backend, check, device, fail, fp8_ops, names_module, strict_error, traced, traced_graph
 from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
 
 
@@ -43,8 +43,7 @@ def test_EMU_002_an_emulated_module_never_excuses_another(fp8_backend, spec, dat
     and exempting an emulated module's nested modules with it (emulation inherited down the
     tree). Nested adapters now draw their own ``emulate`` flag, so a real adapter inside an
     emulated layer (and the reverse) is drawn; one real module loses its FP8 and must be named."""
-    case = traced("EMU-002", fp8_backend, spec)
-    gm, oracle = fresh_copy(case)
+    gm, oracle = traced_graph("EMU-002", fp8_backend, spec)
     nodes = fp8_compute_nodes(gm, fp8_ops("EMU-002", fp8_backend))
     fqn = data.draw(st.sampled_from(sorted({oracle.issued_by[n] for n in nodes})), label="module losing its FP8")
     for node in nodes:

@@ -9,7 +9,7 @@ from hypothesis import given
 
 from conformance.families import FAMILIES, family_examples
 from conformance.graphs import fp8_compute_nodes, no_fp8_compute_reason, surely_backward, tangent_placeholders
-from conformance.harness import call_backend, check, fail, fp8_ops, fresh_args as _fresh_args, fresh_copy, grad_outputs as _grad_outputs, traced
+from conformance.harness import call_backend, check, fail, fp8_ops, fresh_args as _fresh_args, grad_outputs as _grad_outputs, traced, traced_graph
 from conformance.notes import note
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
@@ -231,7 +231,7 @@ def test_PROV_006_reused_modules_keep_their_fqn_nested_ones_the_innermost(fp8_ba
 def test_PROV_005_provenance_survives_dce_and_cse(fp8_backend, spec):
     from torch.fx.passes.dialect.common.cse_pass import CSEPass
 
-    gm, _ = fresh_copy(traced("PROV-005", fp8_backend, spec))
+    gm, _ = traced_graph("PROV-005", fp8_backend, spec)
     before = {n.name: _provenance("PROV-005", fp8_backend, n) for n in gm.graph.nodes if n.op == "call_function"}
     rewritten = CSEPass()(gm).graph_module
     rewritten.graph.eliminate_dead_code()

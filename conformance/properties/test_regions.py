@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from conformance import rewrites
 from conformance.families import FAMILIES, family_examples, user_annotations
 from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, non_convexity, tagged_groups
-from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, require_subject, traced
+from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, require_subject, traced, traced_graph
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
 from conformance.api.types import Region
@@ -37,7 +37,7 @@ def _regions(property_id, backend, gm) -> list[Region]:
 
 
 def _tagged_copy(property_id, backend, spec):
-    gm, oracle = fresh_copy(traced(property_id, backend, spec))
+    gm, oracle = traced_graph(property_id, backend, spec)
     return gm, oracle, _regions_of_fp8_graph(property_id, backend, gm, spec)
 
 
@@ -176,13 +176,13 @@ def test_REG_005_a_region_missing_part_of_its_chain_is_not_tagged(fp8_backend, s
     is untracked too. Rebuilding only the cast leaves its producer tracked, so that check still
     saw the break; the suite now also rebuilds the cast's whole chain (amax, scale, scaling,
     cast) without metadata, where such a check tags a region fed from untracked FP8 and fails."""
-    probe, _ = fresh_copy(traced("REG-005", fp8_backend, spec))
+    probe, _ = traced_graph("REG-005", fp8_backend, spec)
     probe_regions = _regions_of_fp8_graph("REG-005", fp8_backend, probe, spec)
     region, cast, members = _region_cast(probe, probe_regions, data, spec)
     probe_computes = set(fp8_compute_nodes(probe, fp8_ops("REG-005", fp8_backend)))
     downstream = [n.name for n in members if n in probe_computes and _reaches(cast, n)]
     for scope in ("cast", "whole chain"):
-        gm, oracle = fresh_copy(traced("REG-005", fp8_backend, spec))
+        gm, oracle = traced_graph("REG-005", fp8_backend, spec)
         by_name = {n.name: n for n in gm.graph.nodes}
         target = by_name[cast.name]
         if scope == "cast":
@@ -265,7 +265,7 @@ def test_REG_007_tagging_keeps_other_annotations(fp8_backend, spec, data):
     The ``annotated`` family also annotates itself while traced (``torch.fx.traceback.annotate``
     around each block's attention and MLP): a backend whose own tracing annotations replace the
     user's, rather than add to them, loses those keys on every node its modules issue."""
-    gm, oracle = fresh_copy(traced("REG-007", fp8_backend, spec))
+    gm, oracle = traced_graph("REG-007", fp8_backend, spec)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     chosen = data.draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=8, unique=True), label="annotated nodes")
     for index, node in enumerate(chosen):

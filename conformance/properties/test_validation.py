@@ -13,7 +13,7 @@ from conformance.evidence import is_named
 from conformance.families import FAMILIES, family_examples
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import (
-    call_backend, check, compute_counts_that_run, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error, traced,
+    call_backend, check, compute_counts_that_run, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error, traced, traced_graph,
 )
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
@@ -95,7 +95,7 @@ def test_VAL_003_fp8_compute_without_provenance_fails(fp8_backend, spec, data):
     """Cheapest defect: skipping FP8 compute that has no provenance (a silent fallback), which a
     check of provenance on attributed nodes never sees. The suite rebuilds one compute node
     without metadata; strict validation must fail and name that very node."""
-    gm, _ = fresh_copy(traced("VAL-003", fp8_backend, spec))
+    gm, _ = traced_graph("VAL-003", fp8_backend, spec)
     node = data.draw(st.sampled_from(fp8_compute_nodes(gm, fp8_ops("VAL-003", fp8_backend))), label="compute node stripped of meta")
     rewrites.rebuild_without_meta(gm, node)
     rebuilt = next(n for n in gm.graph.nodes if n.op == "call_function" and not n.meta.keys() - {"val"} and n.target == node.target)
@@ -149,7 +149,7 @@ def test_VAL_005_validation_does_not_change_the_graph(fp8_backend, spec):
     """Cheapest defect: validation marking nodes it checked in ``node.meta`` (or caching a report
     in ``gm.meta``). The code, every node's meta (values by identity, the rest by repr) and the
     graph module's meta are compared before and after strict and non-strict validation."""
-    gm, _ = fresh_copy(traced("VAL-005", fp8_backend, spec))
+    gm, _ = traced_graph("VAL-005", fp8_backend, spec)
     before = _meta_snapshot(gm)
     strict_error("VAL-005", fp8_backend, gm)
     _report("VAL-005", fp8_backend, gm)
