@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -63,9 +64,13 @@ class Run:
     def pytest_args(self, directory: Path) -> list[str]:
         selection = " or ".join(_test_name(p) for p in self.properties) if self.properties else ""
         return [
+            *_files_defining(self.properties),
             f"--fp8-backend={self.backend}", f"--fp8-report={self.report(directory)}",
             f"--fp8-timeout={EXAMPLE_TIMEOUT_S:g}", "--hypothesis-profile=fp8conf-mutants",
             "-k", selection, "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+            # Its two full garbage collections per session were a third of a short one; without
+            # it an exception nobody can raise goes to the output as Python prints it.
+            "-p", "no:unraisableexception",
             # Sessions after a process's first find pytest's plugins (Hypothesis's) imported
             # already, too late to rewrite their asserts: true, and nothing to do with the backend.
             "-W", "ignore::pytest.PytestAssertRewriteWarning",
@@ -84,6 +89,23 @@ class Run:
 
 def _test_name(property_id: str) -> str:
     return "test_" + property_id.replace("-", "_") + "_"
+
+
+def _files_defining(properties) -> list[str]:
+    """The suite's test files that define the tests of ``properties`` (all: none named, the plugin
+    collects every one): a session that collects only those imports a file or two, not eleven."""
+    if not properties:
+        return []
+    from conformance.plugin import PROPERTIES_DIR
+
+    files = [path for path in sorted(PROPERTIES_DIR.glob("test_*.py"))
+             if any(f"def {_test_name(p)}" in _source(path) for p in properties)]
+    return [str(path) for path in files] if files else []
+
+
+@functools.cache
+def _source(path: Path) -> str:
+    return path.read_text()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,10 +208,13 @@ def _forget_test_modules() -> None:
     module it finds there instead of importing it anew."""
     from conformance.plugin import PROPERTIES_DIR
 
+    # By the module's name and then its folder: resolving the path of every module loaded (some
+    # thousands with torch) took a third of a short session.
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if file and Path(file).resolve().parent == PROPERTIES_DIR:
-            del sys.modules[name]
+        if name.startswith("test_") or name == "conftest" or name.startswith("conformance.properties"):
+            if file and Path(file).resolve().parent == PROPERTIES_DIR:
+                del sys.modules[name]
 
 
 def _session(run: Run, directory: Path) -> int:
