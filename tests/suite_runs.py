@@ -8,7 +8,9 @@ So :func:`run_suites` hands a plan of runs to one subprocess, ``python -m suite_
 runs them one after the other, each a pytest session of its own (:func:`pytest.main`):
 
 * the plugin constructs the backend anew for each session, so nothing a backend instance holds
-  (and nothing the suite caches per backend: traced graphs, its FP8 ops) reaches the next run;
+  (nor the FP8 ops the suite finds for it) reaches the next run; traced graphs are shared only
+  between backends that trace alike (``tests/shared_traces.py``: the mutants of the reference
+  mostly do), and a session says how many it took from earlier ones;
 * the suite's test modules are imported anew for each session (removed from ``sys.modules``
   after it), so what they compute at import from the Hypothesis profile starts afresh, and the
   profile loaded before a session is loaded again after it (the ``fp8conf-mutants`` profile has
@@ -221,10 +223,19 @@ def _session(run: Run, directory: Path) -> int:
     import torch
     from hypothesis import settings
 
+    import shared_traces
+
+    traces = shared_traces.install()
+    traces.new_session()
+    hits = traces.hits
     profile = settings.get_current_profile_name()
     try:
         with _output_to(run.output(directory)):
-            return int(pytest.main(run.pytest_args(directory)))
+            code = int(pytest.main(run.pytest_args(directory)))
+            print(f"shared traces: {traces.hits - hits} traced graph(s) taken from earlier sessions of this process")
+            for line in shared_traces.check_models_kept(traces):
+                print(line)
+            return code
     finally:
         settings.load_profile(profile)
         _forget_test_modules()
