@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,9 @@ class Run:
     def output(self, directory: Path) -> Path:
         return directory / f"{self.label}.log"
 
+    def timing(self, directory: Path) -> Path:
+        return directory / f"{self.label}.seconds"
+
     def describe(self) -> str:
         chosen = ", ".join(self.properties) if self.properties else "every property"
         return f"the suite against {self.backend} ({chosen})"
@@ -119,6 +123,8 @@ class Verdict:
     statuses: dict | None
     output: str
     problem: str | None = None
+    #: The session's wall time in its process (None: it did not end).
+    seconds: float | None = None
 
     def status(self, property_id: str) -> str | None:
         return (self.statuses or {}).get(property_id, {}).get("status")
@@ -154,8 +160,10 @@ def _verdict(run: Run, directory: Path, ended: str | None, guard_s: float) -> Ve
     output_file = run.output(directory)
     output = output_file.read_text(errors="replace") if output_file.exists() else ""
     report = run.report(directory)
+    timing = run.timing(directory)
+    seconds = float(timing.read_text()) if timing.exists() else None
     if report.exists():
-        return Verdict(run, json.loads(report.read_text())["properties"], output)
+        return Verdict(run, json.loads(report.read_text())["properties"], output, seconds=seconds)
     if ended is None:
         problem = f"hang guard: {run.describe()} did not finish in {guard_s:g} s"
     else:
@@ -246,7 +254,9 @@ def main(argv: list[str]) -> int:
     plan = Path(argv[0])
     runs = [Run(r["label"], r["backend"], tuple(r["properties"]) if r["properties"] else None) for r in json.loads(plan.read_text())]
     for run in runs:
+        start = time.monotonic()
         code = _session(run, plan.parent)
+        run.timing(plan.parent).write_text(f"{time.monotonic() - start:.2f}")
         print(f"{run.label}: pytest exit status {code}", flush=True)
     return 0
 

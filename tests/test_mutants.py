@@ -3,12 +3,13 @@ that mutant breaks, while the reference passes the same properties.
 
 Each run is the suite's own pytest session with the ``fp8conf-mutants`` Hypothesis profile
 (derandomized, no shrinking) and a JSON report that is read back (``tests/suite_runs.py``).
-The mutants of one area (PROV, VAL, ...) run one after the other in one process, each a session
-of its own against a fresh backend and on the property it must break only: the process starts
-when a test of the area first asks, with the mutants whose tests were selected, and each mutant
-is still judged by a test of its own. The reference's whole-suite run is one process too, read
-by the tests that judge it. Each area and the reference run are an ``xdist_group``: under
-``-n`` each is made once, on one worker (tests/xdist_groups.py).
+The reference's whole-suite run, every selected mutant (each on the property it must break only)
+and the v2 mutants again without capability ``scaled_mm_v2`` are one plan, run one session after
+the other in one process when a test of this file first asks for a verdict: torch is paid for
+once, and a mutant that traces as the reference does takes the graphs the reference's run traced
+(``tests/shared_traces.py``). Each mutant is still judged by a test of its own. All these tests
+are one ``xdist_group``, so that under ``-n`` the plan is made once, on one worker
+(tests/xdist_groups.py); ``-k`` picks which runs the plan holds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import pytest
 
 from conformance.api.spec import PROPERTIES
 from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, peers, power_table, regions, scaled_mm_v2  # tests/ is on sys.path (tests/conftest.py)
-from suite_runs import TEST_TIMEOUT_S, Run, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
+from suite_runs import Run, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
+from timings import SESSIONS
 
 MUTANTS = (
     backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS + peers.MUTANTS + moe.MUTANTS + families.MUTANTS
@@ -26,10 +28,6 @@ MUTANTS = (
 )
 #: Mutants of the makefx backend: the properties they break pass on makefx (tests/test_makefx.py).
 ALL_MUTANTS = MUTANTS + peers.MAKEFX_MUTANTS
-
-
-def _area(mutant) -> str:
-    return area_of(mutant.KILLED_BY)
 
 
 def _run(mutant) -> Run:
@@ -47,21 +45,51 @@ def test_every_must_property_of_a_claimed_capability_has_a_mutant():
     assert wanted <= covered, f"MUST properties without a mutant: {sorted(wanted - covered)}"
 
 
+#: The xdist group, and time-summary area, of every test that reads the plan.
+GROUP = "suite-reference-and-mutants"
+_REFERENCE_TESTS = (
+    "test_reference_passes_every_property_it_claims",
+    "test_reference_passes_every_property_a_mutant_breaks",
+    "test_the_reference_run_shows_the_moe_properties_experts_on_the_second_grouped_api",
+)
+_WITHOUT_V2_TEST = "test_the_v2_mutants_pass_their_property_when_no_v2_linear_is_drawn"
+
+
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
-    """The whole suite against the reference, once for the tests that read it."""
-    return run_suites([Run("reference", "reference")], tmp_path_factory.mktemp("reference"))["reference"]
+def verdicts(request, tmp_path_factory):
+    """The verdicts of the plan, by run label, made when a test first asks: the reference's
+    whole run if a test reading it was selected, then every selected mutant, then the v2
+    mutants without v2 if their test was selected."""
+    selected = [item for item in request.session.items if item.module is request.module]
+    names = {getattr(item, "originalname", item.name) for item in selected}
+    mutants = {item.callspec.params["mutant"] for item in selected if getattr(item, "originalname", None) == "test_mutant_is_caught_by_its_property"}
+    runs = [Run("reference", "reference")] if names & set(_REFERENCE_TESTS) else []
+    runs += [_run(m) for m in ALL_MUTANTS if m in mutants]
+    if _WITHOUT_V2_TEST in names and _has_v2():
+        runs += [_run(m) for m in scaled_mm_v2.WITHOUT_V2]
+    return run_suites(runs, tmp_path_factory.mktemp("reference-and-mutants"))
 
 
-@reads_shared_run("suite-reference")
-def test_reference_passes_every_property_it_claims(reference_run):
+def _has_v2() -> bool:
+    return scaled_mm_v2.MUTANTS[0].capabilities >= {"scaled_mm_v2"}
+
+
+@pytest.fixture(scope="module")
+def reference_run(verdicts):
+    """The whole suite against the reference, read by several tests."""
+    return verdicts["reference"]
+
+
+@reads_shared_run(GROUP)
+def test_reference_passes_every_property_it_claims(reference_run, record_property):
+    record_property(SESSIONS, ("suite-reference", reference_run.seconds or 0.0))
     statuses, out = reference_run.require()
     # "skipped" is a GPU property on a machine without one; anything else must pass.
     failing = {k: v["status"] for k, v in statuses.items() if v["status"] not in ("pass", "not_supported", "skipped")}
     assert not failing, f"reference fails {failing}:\n{out[-4000:]}"
 
 
-@reads_shared_run("suite-reference")
+@reads_shared_run(GROUP)
 def test_reference_passes_every_property_a_mutant_breaks(reference_run):
     # Otherwise a mutant "caught" by a property would only show that the property fails anyway.
     statuses, out = reference_run.require()
@@ -69,7 +97,7 @@ def test_reference_passes_every_property_a_mutant_breaks(reference_run):
     assert {m.KILLED_BY for m in MUTANTS} <= passed, f"not passed: {sorted({m.KILLED_BY for m in MUTANTS} - passed)}"
 
 
-@reads_shared_run("suite-reference")
+@reads_shared_run(GROUP)
 def test_the_reference_run_shows_the_moe_properties_experts_on_the_second_grouped_api(reference_run):
     from conformance.backends.reference import ReferenceBackend
 
@@ -85,53 +113,28 @@ def test_the_reference_run_shows_the_moe_properties_experts_on_the_second_groupe
         assert any(n.startswith(("experts on F.scaled_grouped_mm not run", "each model run with")) for n in notes), (property_id, notes)
 
 
-@pytest.fixture(scope="module")
-def mutant_verdict(request, tmp_path_factory):
-    """The verdict of the run against a mutant. The first test of an area to ask runs, in one
-    process, every mutant of the area whose test was selected (``-k`` picks mutants, not areas)."""
-    selected = {
-        item.callspec.params["mutant"]
-        for item in request.session.items
-        if getattr(item, "originalname", None) == "test_mutant_is_caught_by_its_property"
-    }
-    verdicts = {}
-
-    def verdict(mutant):
-        if mutant.__name__ not in verdicts:
-            area = _area(mutant)
-            runs = [_run(m) for m in ALL_MUTANTS if _area(m) == area and (m in selected or m is mutant)]
-            verdicts.update(run_suites(runs, tmp_path_factory.mktemp(f"mutants-{area}")))
-        return verdicts[mutant.__name__]
-
-    return verdict
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(TEST_TIMEOUT_S)
-@pytest.mark.parametrize(
-    "mutant", [pytest.param(m, id=m.name, marks=pytest.mark.xdist_group(f"mutants-{_area(m)}")) for m in ALL_MUTANTS]
-)
-def test_mutant_is_caught_by_its_property(mutant, mutant_verdict, record_property):
-    verdict = mutant_verdict(mutant)
+@reads_shared_run(GROUP)
+@pytest.mark.parametrize("mutant", [pytest.param(m, id=m.name) for m in ALL_MUTANTS])
+def test_mutant_is_caught_by_its_property(mutant, verdicts, record_property):
+    verdict = verdicts[mutant.__name__]
     status = verdict.status(mutant.KILLED_BY)
     # Read back by tests/conftest.py, which prints the suite's power per area at the end; a run
     # that left no report counts as a mutant not caught.
     record_property(POWER_KEY, (area_of(mutant.KILLED_BY), status == "fail"))
+    record_property(SESSIONS, (f"mutants-{area_of(mutant.KILLED_BY)}", verdict.seconds or 0.0))
     _, out = verdict.require()
     assert status == "fail", f"{mutant.name} survived {mutant.KILLED_BY} (status {status}):\n{out[-4000:]}"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_the_v2_mutants_pass_their_property_when_no_v2_linear_is_drawn(tmp_path):
+@reads_shared_run(GROUP)
+def test_the_v2_mutants_pass_their_property_when_no_v2_linear_is_drawn(verdicts, record_property):
     # Each mutant of tests/mutants/scaled_mm_v2.py again without capability scaled_mm_v2: the
     # property that catches it passes, so what catches it is the v2 draw, not another defect.
-    if not scaled_mm_v2.MUTANTS[0].capabilities >= {"scaled_mm_v2"}:
+    if not _has_v2():
         pytest.skip("this torch has no F.scaled_mm: the reference claims no scaled_mm_v2")
-    runs = [_run(m) for m in scaled_mm_v2.WITHOUT_V2]
-    verdicts = run_suites(runs, tmp_path)
     for mutant in scaled_mm_v2.WITHOUT_V2:
         verdict = verdicts[mutant.__name__]
+        record_property(SESSIONS, ("v2 mutants without v2", verdict.seconds or 0.0))
         _, out = verdict.require()
         assert verdict.status(mutant.KILLED_BY) == "pass", f"{mutant.__name__} failed {mutant.KILLED_BY}:\n{out[-4000:]}"
 

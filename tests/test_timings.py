@@ -16,8 +16,9 @@ import time
 import pytest
 
 @pytest.mark.xdist_group("slow-area")
-def test_slow():
+def test_slow(record_property):
     time.sleep(0.3)
+    record_property("fp8conf_sessions", ("mutants-REG", 0.25))
 
 def test_quick():
     pass
@@ -35,13 +36,15 @@ def test_a_run_ends_with_its_time_per_area_and_slowest_tests(pytester: pytest.Py
     record = pytester.path / "times.jsonl"
     result = pytester.runpytest_subprocess(*workers, "-p", "no:cacheprovider", f"--fp8conf-timings={record}")
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["*time per area*", "*s  *% *slow-area", "*s  *% *test_timed.py", "*25 slowest tests*",
-                                 "*s  test_timed.py::test_slow"])
+    result.stdout.fnmatch_lines(["*time per area*", "*s  *% *slow-area", "*s  *% *test_timed.py",
+                                 "*inside the shared runs of the suite*", "*0.2 s  mutants-REG",
+                                 "*25 slowest tests*", "*s  test_timed.py::test_slow"])
     (line,) = record.read_text().splitlines()
     data = json.loads(line)
     assert data["outcomes"] == {"passed": 2, "failed": 1} and data["tests"] == 3
     assert data["areas"]["slow-area"] >= 0.3 and set(data["areas"]) == {"slow-area", "test_timed.py"}
     assert data["slowest"][0][0] == "test_timed.py::test_slow"
+    assert data["sessions"] == {"mutants-REG": 0.2}
 
 
 def _script():

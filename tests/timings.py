@@ -23,6 +23,10 @@ from pathlib import Path
 import pytest
 
 _AREA = "fp8conf_area"
+#: A test that reads a shared run of the suite (tests/suite_runs.py) may record, under this user
+#: property, ``(area, seconds)`` of the sessions inside it that it judges: a shared run's time is
+#: all paid by the first test to ask, and this says what its parts cost.
+SESSIONS = "fp8conf_sessions"
 _SLOWEST = 25
 
 
@@ -54,9 +58,15 @@ class _Timings:
         self.spent: dict[str, float] = collections.defaultdict(float)
         self.areas: dict[str, str] = {}
         self.outcomes: collections.Counter = collections.Counter()
+        self.sessions: dict[str, float] = collections.defaultdict(float)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.spent[report.nodeid] += report.duration
+        if report.when == "call":
+            for key, value in report.user_properties:
+                if key == SESSIONS:
+                    area, seconds = value
+                    self.sessions[area] += seconds
         area = dict(report.user_properties).get(_AREA)
         if area is not None:
             self.areas[report.nodeid] = area
@@ -75,6 +85,7 @@ class _Timings:
             "outcomes": dict(self.outcomes),
             "areas": {a: round(s, 1) for a, s in sorted(per_area.items(), key=lambda kv: -kv[1])},
             "slowest": [[nodeid, round(s, 1)] for nodeid, s in slowest],
+            "sessions": {a: round(s, 1) for a, s in sorted(self.sessions.items(), key=lambda kv: -kv[1])},
         }
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
@@ -86,6 +97,10 @@ class _Timings:
         for area, seconds in data["areas"].items():
             write(f"{seconds:8.1f} s  {100 * seconds / max(data['tests_s'], 1e-9):5.1f} %  {area}")
         write(f"{data['tests_s']:8.1f} s  in {data['tests']} tests, wall {data['wall_s']:.1f} s")
+        if data["sessions"]:
+            terminalreporter.section("inside the shared runs of the suite (sessions' seconds)")
+            for area, seconds in data["sessions"].items():
+                write(f"{seconds:8.1f} s  {area}")
         terminalreporter.section(f"{_SLOWEST} slowest tests")
         for nodeid, seconds in data["slowest"]:
             write(f"{seconds:8.1f} s  {nodeid}")
