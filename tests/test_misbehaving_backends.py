@@ -9,6 +9,7 @@ import pytest
 from conformance.api.spec import PROPERTIES
 from suite_runs import TEST_TIMEOUT_S, Run, reads_shared_run, run_suites
 from test_mutants import run_suite
+from timings import SESSIONS
 
 # Above run_suite's hang guard, so that a run that hangs is reported as one by the guard.
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -32,14 +33,15 @@ def shared_runs(tmp_path_factory):
     return run_suites(runs, tmp_path_factory.mktemp("misbehaving"))
 
 
-def _shared(shared_runs, label) -> tuple[dict, list, str]:
+def _shared(shared_runs, label, record_property) -> tuple[dict, list, str]:
+    record_property(SESSIONS, (f"misbehaving {label}", shared_runs[label].seconds or 0.0))
     statuses, out = shared_runs[label].require()
     return statuses, list(_SHARED[label][1]), out
 
 
 @reads_shared_run("suite-misbehaving")
-def test_a_raising_method_fails_its_properties_and_the_run_goes_on(shared_runs):
-    statuses, _, out = _shared(shared_runs, "ProvenanceRaises")
+def test_a_raising_method_fails_its_properties_and_the_run_goes_on(shared_runs, record_property):
+    statuses, _, out = _shared(shared_runs, "ProvenanceRaises", record_property)
     assert statuses["PROV-001"]["status"] == "fail"
     assert "provenance() raised KeyError: 'fp8_meta'" in out
     assert statuses["VAL-001"]["status"] == "pass", out[-3000:]
@@ -52,11 +54,11 @@ def test_a_wrong_return_type_is_named(tmp_path):
 
 
 @reads_shared_run("suite-misbehaving")
-def test_a_float8_only_backend_is_never_shown_an_mx_model(shared_runs):
+def test_a_float8_only_backend_is_never_shown_an_mx_model(shared_runs, record_property):
     # PROV and VAL draw MX models for a backend that claims mx and models with linears on
     # F.scaled_mm for one that claims scaled_mm_v2 (the reference: about half of them); this one
     # claims neither, and its tracer refuses both.
-    statuses, wanted, out = _shared(shared_runs, "Float8Only")
+    statuses, wanted, out = _shared(shared_runs, "Float8Only", record_property)
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}
     assert not failing, f"{failing}:\n{out[-4000:]}"
     # ... and it is shown as many models as any backend, not fewer.
@@ -65,16 +67,16 @@ def test_a_float8_only_backend_is_never_shown_an_mx_model(shared_runs):
 
 
 @reads_shared_run("suite-misbehaving")
-def test_what_a_backend_tags_in_place_stays_in_the_property_that_let_it(shared_runs):
+def test_what_a_backend_tags_in_place_stays_in_the_property_that_let_it(shared_runs, record_property):
     # REG runs regions() on the suite's graphs of models that VAL validates later in the session.
-    statuses, wanted, out = _shared(shared_runs, "TagsInPlace")
+    statuses, wanted, out = _shared(shared_runs, "TagsInPlace", record_property)
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}
     assert not failing, f"{failing}:\n{out[-4000:]}"
 
 
 @reads_shared_run("suite-misbehaving")
-def test_the_contract_exceptions_themselves_satisfy_the_properties(shared_runs):
-    statuses, wanted, out = _shared(shared_runs, "ContractErrorsOnly")
+def test_the_contract_exceptions_themselves_satisfy_the_properties(shared_runs, record_property):
+    statuses, wanted, out = _shared(shared_runs, "ContractErrorsOnly", record_property)
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}
     assert not failing, f"{failing}:\n{out[-4000:]}"
 
