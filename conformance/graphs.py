@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import itertools
 import warnings
 
@@ -181,9 +182,16 @@ def _deferred_graph_module(root, graph: torch.fx.Graph) -> torch.fx.GraphModule:
     graph modules, a plain one."""
     try:
         from torch.fx._lazy_graph_module import _LazyGraphModule
-    except ImportError:
+    except ImportError as exc:
+        _said_copies_write_code_at_once(str(exc))
         return torch.fx.GraphModule(root, graph)
     return _LazyGraphModule(root, graph)
+
+
+@functools.cache
+def _said_copies_write_code_at_once(why: str) -> None:
+    warnings.warn(f"the suite's graph copies write their Python code when made ({why}): the run is slower, "
+                  "its verdicts the same", RuntimeWarning, stacklevel=3)
 
 
 def copy_codegen(codegen):
