@@ -8,8 +8,8 @@ property with and without a capability draw the same ones. :func:`install` lets 
 share the traces, keyed by what tracing a model involves:
 
 * the functions the backend's class gives ``trace_joint`` and ``is_backward``, and ``convert_mx``
-  and ``convert_scaled_mm`` where it claims ``mx`` / ``scaled_mm_v2`` (they build the drawn
-  model), plus every attribute of the class those functions name, transitively (a mutant that
+  and ``convert_scaled_mm`` where it claims ``mx`` / ``scaled_mm_v2`` and the model holds layers
+  they build (they build them), plus every attribute of the class those functions name, transitively (a mutant that
   overrides a helper the tracer calls traces on its own);
 * the drawn model's spec and the device.
 
@@ -31,13 +31,15 @@ __all__ = ["install", "check_models_kept", "tracing_identity"]
 _MAX_CASES = 256
 
 
-def tracing_identity(backend):
-    """What tracing a model with ``backend`` depends on, or None when that cannot be told."""
+def tracing_identity(backend, spec=None):
+    """What tracing ``spec``'s model with ``backend`` depends on, or None when that cannot be
+    told. The converters count only for a model holding layers they build (``spec`` None: any)."""
     cls = type(backend)
     if any(not _is_watched_method(cls, name, value) for name, value in vars(backend).items()):
         return None
     names = {"trace_joint", "is_backward"}
-    capabilities = frozenset(backend.capabilities) & {"mx", "scaled_mm_v2"}
+    needs = {"mx": spec is None or _holds(spec, "has_mx"), "scaled_mm_v2": spec is None or _holds(spec, "has_scaled_mm")}
+    capabilities = frozenset(c for c in backend.capabilities if needs.get(c))
     names |= {"convert_mx"} if "mx" in capabilities else set()
     names |= {"convert_scaled_mm"} if "scaled_mm_v2" in capabilities else set()
     todo = list(names)
@@ -61,6 +63,11 @@ def _is_watched_method(cls, name: str, value) -> bool:
     return getattr(value, "__fp8conf_tracked__", False) and getattr(wrapped, "__func__", None) is getattr(cls, name, None)
 
 
+def _holds(spec, question: str) -> bool:
+    ask = getattr(spec, question, None)
+    return True if ask is None else bool(ask())
+
+
 @dataclasses.dataclass
 class _Shared:
     case: object
@@ -80,7 +87,7 @@ class _Cache:
         self.session += 1
 
     def __call__(self, backend, spec, device):
-        identity = tracing_identity(backend)
+        identity = tracing_identity(backend, spec)
         key = (identity if identity is not None else backend, spec, device)
         shared = self.cases.get(key)
         if shared is not None:

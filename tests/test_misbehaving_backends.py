@@ -57,7 +57,7 @@ def test_a_wrong_return_type_is_named(tmp_path):
 def test_a_float8_only_backend_is_never_shown_an_mx_model(shared_runs, record_property):
     # PROV and VAL draw MX models for a backend that claims mx and models with linears on
     # F.scaled_mm for one that claims scaled_mm_v2 (the reference: about half of them); this one
-    # claims neither, and its tracer refuses both.
+    # claims neither, and refuses the graphs of both (test_the_float8_only_backend_refuses_other_kinds).
     statuses, wanted, out = _shared(shared_runs, "Float8Only", record_property)
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}
     assert not failing, f"{failing}:\n{out[-4000:]}"
@@ -86,3 +86,21 @@ def test_graphs_without_recorded_values_are_named_as_the_cause(tmp_path):
     assert statuses["PROV-001"]["status"] == "fail"
     assert "record no node.meta['val']" in out, out[-3000:]
     assert "holds no FP8 compute at all" not in out
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "scaled_mm_tensorwise"])
+def test_the_float8_only_backend_refuses_other_kinds(recipe):
+    # What makes the run above mean something: shown such a graph, it fails the property.
+    from conformance.backends.reference import ReferenceBackend
+    from conformance.harness import traced
+    from conformance.models import LayerSpec, ModelSpec
+    from mutants.contract import Float8Only
+
+    reference = ReferenceBackend()
+    if recipe.startswith("scaled_mm") and "scaled_mm_v2" not in reference.capabilities:
+        pytest.skip("this torch has no F.scaled_mm")
+    gm = traced("VAL-001", reference, ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe=recipe),))).gm
+    with pytest.raises(TypeError, match="float8-only backend was shown"):
+        Float8Only().validate(gm, strict=True)
+    fp8 = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="tensorwise"),))
+    assert Float8Only().validate(traced("VAL-001", reference, fp8).gm, strict=True).compute_counts

@@ -12,6 +12,7 @@ from conformance.backends.reference import ReferenceBackend
 from conformance.models import LayerSpec, ModelSpec
 
 SPEC = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="tensorwise"),))
+MX_SPEC = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="mxfp8"),))
 
 
 class RegionsOnly(ReferenceBackend):
@@ -46,6 +47,9 @@ def test_backends_that_trace_alike_share_and_others_do_not():
     assert identity(RegionsOnly()) == identity(ReferenceBackend()) == identity(watchdog.track(ReferenceBackend()))
     assert identity(OwnTracer()) != identity(ReferenceBackend())
     assert identity(WithoutMX()) != identity(ReferenceBackend())  # MX layers are built by convert_mx
+    # ... but a model without MX layers traces alike whether or not the backend converts them.
+    assert identity(WithoutMX(), SPEC) == identity(ReferenceBackend(), SPEC)
+    assert identity(WithoutMX(), MX_SPEC) != identity(ReferenceBackend(), MX_SPEC)
     # A helper the tracer calls is part of what tracing is.
     assert identity(HelperTracer()) != identity(OtherHelper())
     assert identity(MakeFxBackend()) != identity(ReferenceBackend())

@@ -10,18 +10,24 @@ from fp8conf.errors import FP8GraphSplitError
 
 class Float8Only(ReferenceBackend):
     """A backend without MX linears or linears on ``F.scaled_mm``, claiming only provenance and
-    validation: shown such a layer, its tracer refuses the model, so any such model the suite
-    draws for it fails a property."""
+    validation: shown the graph of such a layer, its ``provenance()`` and ``validate()`` refuse
+    it, so any such model the suite draws for it fails a property. It traces as the reference
+    does, so that fp8conf's tests share its traces (tests/shared_traces.py)."""
 
     name = "float8-only"
     capabilities = frozenset({"provenance", "validation"})
+    _REFUSED = ("mxfp8_linear", "float8_scaled_mm_linear")
 
-    def trace_joint(self, model, args):
-        other = [fqn for fqn, module in model.named_modules() if type(module).__name__ in ("MXLinear", "ScaledMMLinear")]
-        spec = getattr(model, "spec", None)  # the drawn stacks carry their spec; the families have neither
-        if other or (spec is not None and (spec.has_mx() or spec.has_scaled_mm())):
-            raise TypeError(f"the float8-only backend was shown a model with MX or F.scaled_mm layers {other}: {model.spec!r}")
-        return super().trace_joint(model, args)
+    def provenance(self, node):
+        found = super().provenance(node)
+        if found is not None and found.kind in self._REFUSED:
+            raise TypeError(f"the float8-only backend was shown {found.kind} compute: node '{node.name}' of {found.module_fqn!r}")
+        return found
+
+    def validate(self, gm, *, strict):
+        for node in gm.graph.nodes:
+            self.provenance(node)
+        return super().validate(gm, strict=strict)
 
 
 class TagsInPlace(ReferenceBackend):
