@@ -31,10 +31,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from conformance.models import _float8_config, recipe_compute_counts, spec_code
+from conformance.models import _float8_config, recipe_compute_counts, reproducer, spec_code
 
 __all__ = [
-    "FAMILIES", "LLAMA_ATTENTION", "FamilySpec", "FixedDraws", "build_family", "family_examples", "family_specs", "user_annotations", "variants",
+    "FAMILIES", "LLAMA_ATTENTION", "FamilySpec", "build_family", "user_annotations", "variants",
 ]
 
 #: Every family, in the order properties run them.
@@ -141,12 +141,19 @@ class FamilySpec:
         linears = self._linears()
         return len(linears), sum(i * o for _, i, o in linears)
 
-    def to_python(self, backend: str | None = None) -> str:
+    def has_float8(self) -> bool:
+        return True
+
+    def to_python(self, backend: str | None = None, *, own_float8: bool = False) -> str:
+        """The model as code; ``own_float8``: ``backend`` (``"package.module:Class"``) converts its
+        float8 linears (it claims ``float8_modules``)."""
+        if own_float8:
+            return reproducer("conformance.families", "build_family", self, backend, ("float8", "convert_float8"))
         return "import torch\nfrom conformance.families import *\n\n" + spec_code(self) + "model, args = build_family(spec)\n"
 
     # -- inputs ---------------------------------------------------------------------------
-    def build(self, device: str = "cpu"):
-        return build_family(self, device)
+    def build(self, device: str = "cpu", *, float8=None):
+        return build_family(self, device, float8=float8)
 
     def example_inputs(self, seed: int, device: str = "cpu") -> tuple:
         import torch
@@ -182,7 +189,9 @@ def variants(c) -> tuple[FamilySpec, ...]:
     left open, the siblings both all real and mixed."""
     if "float8_linear" not in c.kinds or c.require_nesting:
         return ()
-    recipe, other = c.recipes[0], c.recipes[1 % len(c.recipes)]
+    recipes = c.float8_choices
+    recipe, other = recipes[0], recipes[1 % len(recipes)]
+    emulate = c.emulate if c.float8_emulation else False
     found = []
     for family in c.families:
         if family == "siblings" and not c.reuse:
@@ -190,13 +199,13 @@ def variants(c) -> tuple[FamilySpec, ...]:
         if family != "siblings" and c.require_reuse:
             continue
         if family in ("llama", LLAMA_ATTENTION):
-            found.append(FamilySpec("llama", kv_heads=1, recipe=recipe, emulate=c.emulate, mlp=family == "llama"))
+            found.append(FamilySpec("llama", kv_heads=1, recipe=recipe, emulate=emulate, mlp=family == "llama"))
         elif family == "annotated":
-            found.append(FamilySpec("annotated", recipe=other, emulate=False if c.emulate is None else c.emulate))
+            found.append(FamilySpec("annotated", recipe=other, emulate=False if emulate is None else emulate))
         else:
             # Open emulation runs both: real siblings of one leaf name, and one of them emulated.
-            for emulate in (False, None) if c.emulate is None else (c.emulate,):
-                found.append(FamilySpec("siblings", recipe=recipe, sibling_recipe=other, emulate=emulate))
+            for each in (False, None) if emulate is None else (emulate,):
+                found.append(FamilySpec("siblings", recipe=recipe, sibling_recipe=other, emulate=each))
     return tuple(found)
 
 
@@ -305,60 +314,23 @@ def _classes() -> dict[str, type]:
 _CLASSES: dict[str, type] = {}
 
 
-def build_family(spec: FamilySpec, device: str = "cpu"):
+def build_family(spec: FamilySpec, device: str = "cpu", *, float8=None):
     """Build ``spec``'s model, every quantized linear converted by
-    ``torchao.float8.convert_to_float8_training`` with its own config; return ``(model, args)``."""
+    ``torchao.float8.convert_to_float8_training`` with its own config, or by ``float8`` (a
+    backend's ``convert_float8``) when given; return ``(model, args)``."""
     import torch
     from torchao.float8 import convert_to_float8_training
 
     torch.manual_seed(spec.seed)
     model = _classes()["FamilyLlama" if spec.llama else "Siblings"](spec)
     for fqn, (_kind, recipe, emulate) in spec.quantized_modules().items():
+        def accept(m, name, fqn=fqn):
+            return name == fqn
+
+        if float8 is not None:
+            float8(model, module_filter_fn=accept, recipe=recipe, emulate=emulate)
+            continue
         config = _float8_config(recipe, emulate, fqn=fqn)
-        convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name, fqn=fqn: name == fqn)
+        convert_to_float8_training(model, config=config, module_filter_fn=accept)
     model.to(device)
     return model, spec.example_inputs(spec.seed, device)
-
-
-# --- running the families first -------------------------------------------------------------
-
-
-class FixedDraws:
-    """What a property's ``data`` argument is in a family's explicit example: each draw the
-    simplest value of its strategy (the first of a ``sampled_from``, the shortest list), so the
-    example is the same in every run and prints as it is."""
-
-    def draw(self, strategy, label=None):
-        from hypothesis.internal.conjecture.choice import ChoiceTemplate
-        from hypothesis.internal.conjecture.data import ConjectureData
-
-        return ConjectureData.for_choices([ChoiceTemplate("simplest", count=None)]).draw(strategy)
-
-    def __repr__(self) -> str:
-        return "FixedDraws()"
-
-
-def family_examples(test):
-    """Decorator (above ``@given``): the property's first examples are the family models that its
-    ``spec`` strategy (one of ``conformance.strategies.model_specs``) admits, ``data`` (where the
-    test takes it) drawing the simplest values: every family runs on every such property in
-    every profile, not only when Hypothesis happens to draw it. ``test.fp8_families`` lists them."""
-    import inspect
-
-    from hypothesis import example
-
-    inner = test.hypothesis.inner_test
-    takes_data = "data" in inspect.signature(inner).parameters
-    specs = family_specs(test.hypothesis._given_kwargs["spec"])
-    # Hypothesis reads the examples off the @given wrapper, last added first: add them in reverse.
-    for spec in reversed(specs):
-        test = example(spec=spec, data=FixedDraws())(test) if takes_data else example(spec=spec)(test)
-    test.fp8_families = tuple(spec.family for spec in specs)
-    return test
-
-
-def family_specs(strategy) -> tuple[FamilySpec, ...]:
-    """The family models a model strategy's property runs first (its constraints' variants that
-    its ``where`` admits)."""
-    where = strategy.where
-    return tuple(spec for spec in variants(strategy.constraints) if where is None or where(spec))

@@ -45,7 +45,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.models import MX_RECIPES, LayerSpec, ModelSpec, apply_layer, build_model
-from conformance.strategies import FLOAT8_AND_MX, FLOAT8_RECIPES, model_specs
+from conformance import strategies
+from conformance.strategies import FLOAT8_AND_MX, model_specs
 from conformance.versions import current_version, other_version, simulated_versions
 
 __all__ = [
@@ -204,13 +205,17 @@ class Variant:
     versions: tuple[tuple[str, str], ...] = ()
     tweaks: tuple[str, ...] = ()
 
-    def build(self, mx=None):
+    def build(self, mx=None, float8=None):
         """``(model, args)`` with real TorchAO conversion, the config fields flipped, the tweaks
-        applied; ``mx`` converts MX layers (``Backend.convert_mx``)."""
+        applied; ``mx`` converts MX layers (``Backend.convert_mx``), ``float8`` the float8 layers
+        when given (``Backend.convert_float8``: a backend's own, which have no
+        ``Float8LinearConfig`` to flip)."""
         import torch
 
         import conformance.models as models
 
+        if float8 is not None and self.config_fields:
+            raise ValueError("config-field changes flip TorchAO's Float8LinearConfig: a backend's own float8 linears have none")
         original = models._float8_config
 
         def config_for(recipe, emulate, fqn=None):
@@ -222,7 +227,7 @@ class Variant:
 
         models._float8_config = config_for
         try:
-            model, args = build_model(self.spec, mx=mx)
+            model, args = build_model(self.spec, mx=mx, float8=float8)
         finally:
             models._float8_config = original
         for tweak in self.tweaks:
@@ -328,13 +333,20 @@ def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None
 
 
 def _layer_change(draw, kind, spec, base):
+    from hypothesis import assume
+
     quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None]
+    if kind == "emulate" and not strategies.float8_emulation():  # a backend's own float8 linears without an emulated mode
+        quantized = [i for i in quantized if spec.layers[i].recipe in MX_RECIPES]
+        assume(quantized)
     i = draw(st.sampled_from(quantized), label="changed layer")
     layer, fqns = spec.layers[i], _fqns_of_layer(spec, i)
     if kind == "recipe":
         # An MX layer may become a Float8Linear (its kind changes too), never the reverse: a
         # float8 layer's widths need not fit MX blocks.
-        recipe = draw(st.sampled_from([r for r in FLOAT8_RECIPES if r != layer.recipe]), label="new recipe")
+        others = [r for r in strategies.float8_recipes() if r != layer.recipe]
+        assume(others)  # a backend whose float8 linears have one recipe: no recipe change of its own
+        recipe = draw(st.sampled_from(others), label="new recipe")
         after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe))
         return Change(kind, f"layers.{i}: recipe {layer.recipe!r} -> {recipe!r}", base, after, fqns, (f"layers.{i}", "recipe"))
     changes = {"emulate": not layer.emulate}
@@ -380,7 +392,7 @@ def _quantized_set_change(draw, spec, base):
     if action == "unquantize":
         after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=None, emulate=False, adapter=False))
         return Change("quantized_set", f"layers.{i} is no longer converted", base, after, _fqns_of_layer(spec, i), (f"layers.{i}",))
-    recipe = draw(st.sampled_from(FLOAT8_RECIPES), label="recipe of the newly converted layer")
+    recipe = draw(st.sampled_from(strategies.float8_recipes()), label="recipe of the newly converted layer")
     after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe))
     return Change("quantized_set", f"layers.{i} is converted with recipe {recipe!r}", base, after, (f"layers.{i}",), (f"layers.{i}",))
 
@@ -556,7 +568,7 @@ def _child() -> int:
     results = []
     for text in request["specs"]:
         spec = eval(text, namespace)  # noqa: S307 - the parent wrote these reprs
-        model, _ = build_model(spec)
+        model, _ = build_model(spec, float8=backend.convert_float8 if "float8_modules" in backend.capabilities else None)
         if request["reorder"]:
             model = reordered(model, spec)
         results.append({"fingerprint": backend.fingerprint(model, strict=True), "signature": backend.quantization_signature(model, strict=True)})

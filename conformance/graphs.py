@@ -299,7 +299,7 @@ def trace_with_oracle(backend, model, args, quantized_fqns, is_backward) -> tupl
         gm = backend.trace_joint(model, args)
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"backend {backend.name!r}: trace_joint returned {type(gm).__qualname__}, expected torch.fx.GraphModule")
-    issued_by, call_of, by_seq = {}, {}, {}
+    issued_by, call_of, first_by_seq = {}, {}, {}
     backward_nodes = []
     for node in gm.graph.nodes:
         call = _take_oracle_keys(node)
@@ -309,13 +309,15 @@ def trace_with_oracle(backend, model, args, quantized_fqns, is_backward) -> tupl
             backward_nodes.append(node)
         else:
             issued_by[node], call_of[node] = (call[0] if call else None), call
-            by_seq.setdefault(node.meta.get("seq_nr"), set()).add(call)
+            # The first forward op of a sequence number is the one whose autograd node took it;
+            # later ops may carry it too (a cast under no_grad, made by the next call, keeps the
+            # number of the autograd node before it) without being what the backward differentiates.
+            first_by_seq.setdefault(node.meta.get("seq_nr"), call)
     for node in backward_nodes:
         # A backward node differentiates the forward op of its seq_nr, so the same call.
-        issuers = {c for c in by_seq.get(node.meta.get("seq_nr"), ()) if c is not None}
-        call_of[node] = next(iter(issuers)) if len(issuers) == 1 else None
+        call_of[node] = first_by_seq.get(node.meta.get("seq_nr"))
         issued_by[node] = call_of[node][0] if call_of[node] else None
-    return gm, Oracle(issued_by, frozenset(k for k in by_seq if k is not None), call_of)
+    return gm, Oracle(issued_by, frozenset(k for k in first_by_seq if k is not None), call_of)
 
 
 def _take_oracle_keys(node) -> tuple[str, int] | None:

@@ -37,7 +37,7 @@ from conformance.models import ModelSpec, build_model
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
-    "require_subject", "compute_counts_that_run",
+    "require_subject", "compute_counts_that_run", "owns_float8", "float8_converter",
 ]
 
 #: The backend the running test checks, set by :func:`serving` (for reproducers only).
@@ -53,12 +53,28 @@ def serving(backend, device: str = "cpu"):
     ``scaled_grouped_mm_v2``), built on ``device``, and failing models print as code that
     builds them with it."""
     token, device_token = _SERVED.set(backend), _DEVICE.set(device)
+    own = owns_float8(backend)
     try:
-        with strategies.supported_kinds(supported_kinds(backend), grouped_v2="scaled_grouped_mm_v2" in backend.capabilities):
+        with strategies.supported_kinds(
+            supported_kinds(backend), grouped_v2="scaled_grouped_mm_v2" in backend.capabilities,
+            float8_recipes=backend.float8_recipes if own else strategies.FLOAT8_RECIPES,
+            float8_emulation=backend.float8_emulation if own else True,
+        ):
             yield
     finally:
         _SERVED.reset(token)
         _DEVICE.reset(device_token)
+
+
+def owns_float8(backend) -> bool:
+    """Whether ``backend`` builds the float8 linears of the models it is shown (it claims
+    ``float8_modules``: ``Backend.convert_float8``); TorchAO builds them otherwise."""
+    return "float8_modules" in backend.capabilities
+
+
+def float8_converter(backend):
+    """What builds ``backend``'s float8 linears: its ``convert_float8``, or None for TorchAO."""
+    return backend.convert_float8 if owns_float8(backend) else None
 
 
 def device() -> str:
@@ -83,7 +99,8 @@ def fail(property_id: str, message: str, spec: ModelSpec | None = None) -> None:
     if model is not None:
         backend = _SERVED.get()
         source = None if backend is None else f"{type(backend).__module__}:{type(backend).__qualname__}"
-        code = model.to_python(backend=source)
+        own = backend is not None and owns_float8(backend) and getattr(model, "has_float8", lambda: False)()
+        code = model.to_python(backend=source, own_float8=True) if own else model.to_python(backend=source)
     if spec is not None:
         text += "\n\nMinimal model (runnable):\n" + code
     # What the failure names, for the report's root causes: several properties failing on one
@@ -229,11 +246,12 @@ class _NotBuilt(Exception):
 def _trace(backend, spec: ModelSpec, device: str) -> TracedCase:
     try:
         if hasattr(spec, "build"):  # a model family (conformance.families)
-            model, args = spec.build(device)
+            model, args = spec.build(device, float8=float8_converter(backend))
         else:
             model, args = build_model(
                 spec, device, mx=backend.convert_mx if "mx" in backend.capabilities else None,
                 scaled_mm=backend.convert_scaled_mm if "scaled_mm_v2" in backend.capabilities else None,
+                float8=float8_converter(backend),
             )
     except Exception as exc:
         raise _NotBuilt(f"{type(exc).__name__}: {exc}") from exc
@@ -251,7 +269,7 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
     try:
         cached = _trace(backend, spec, device())
     except _NotBuilt as exc:
-        fail(property_id, f"backend {backend.name!r}: building the drawn model (MX layers through convert_mx(), scaled-matmul layers through convert_scaled_mm()) raised {exc}", spec)
+        fail(property_id, f"backend {backend.name!r}: building the drawn model (its own float8 linears through convert_float8(), MX layers through convert_mx(), scaled-matmul layers through convert_scaled_mm()) raised {exc}", spec)
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: trace_joint() raised {type(exc).__name__}: {exc}", spec)
     gm, oracle = fresh_copy(cached)

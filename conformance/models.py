@@ -35,7 +35,7 @@ import dataclasses
 
 __all__ = [
     "LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model", "MX_RECIPES", "PARENT", "kind_of",
-    "spec_code", "recipe_compute_counts", "SCALED_MM_RECIPES", "base_recipe",
+    "spec_code", "recipe_compute_counts", "SCALED_MM_RECIPES", "base_recipe", "adapted",
 ]
 
 ACTIVATIONS = ("none", "relu", "gelu")
@@ -200,11 +200,19 @@ class ModelSpec:
             width = layer.width
         return linears, parameters
 
-    def to_python(self, backend: str | None = None) -> str:
+    def has_float8(self) -> bool:
+        """Whether a layer or nested adapter is a float8 linear (kind ``float8_linear``)."""
+        return any(kind == "float8_linear" for kind, _recipe, _emulate in self.quantized_modules().values())
+
+    def to_python(self, backend: str | None = None, *, own_float8: bool = False) -> str:
         """The model as code that builds it, one layer per line. ``backend``
-        (``"package.module:Class"``) converts its MX and scaled-matmul layers; a model with
-        TorchAO's float8 layers only needs none."""
-        converters = [("mx", "convert_mx")] * self.has_mx() + [("scaled_mm", "convert_scaled_mm")] * self.has_scaled_mm()
+        (``"package.module:Class"``) converts its MX and scaled-matmul layers, and its float8
+        layers when ``own_float8`` (it claims ``float8_modules``); a model with TorchAO's float8
+        layers only needs none."""
+        converters = (
+            [("float8", "convert_float8")] * (own_float8 and self.has_float8())
+            + [("mx", "convert_mx")] * self.has_mx() + [("scaled_mm", "convert_scaled_mm")] * self.has_scaled_mm()
+        )
         if not converters:
             return "import torch\nfrom conformance.models import *\n\n" + spec_code(self) + "model, args = build_model(spec)\n"
         return reproducer("conformance.models", "build_model", self, backend, *converters)
@@ -300,7 +308,7 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-_CACHE: dict[str, type] = {}
+_CACHE: dict[str, object] = {}
 
 
 def _adapted_class_cached():
@@ -332,6 +340,41 @@ def _drawn_model_class():
     return DrawnModel
 
 
+def _convert_own(model, i: int, layer: LayerSpec, float8) -> None:
+    """Convert layer ``i`` (and its nested adapter) with a backend's ``convert_float8``."""
+    import torch
+
+    fqn = f"layers.{i}"
+    float8(model, module_filter_fn=lambda m, name: name == fqn, recipe=layer.recipe, emulate=layer.emulate)
+    if not layer.adapter:
+        return
+    outer = model.layers[i]
+    outer.adapter = torch.nn.Linear(outer.in_features, outer.out_features, bias=False, device=outer.weight.device)
+    own = layer.adapter_config()
+    if own is not None:
+        float8(outer, module_filter_fn=lambda m, name: name == "adapter", recipe=own[0], emulate=own[1])
+    outer.__class__ = adapted(type(outer))
+
+
+def adapted(cls: type) -> type:
+    """The subclass of the quantized linear class ``cls`` whose forward adds its ``adapter``'s
+    output: :class:`AdaptedFloat8Linear` for TorchAO's ``Float8Linear``, one made (once) for any
+    other. Subclassing keeps what the class declares (its protocol method, a registration)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    if cls is Float8Linear:
+        return _adapted_class_cached()
+    key = f"adapted:{cls.__module__}.{cls.__qualname__}"
+    if _CACHE.get(key, (None,))[0] is not cls:
+
+        def forward(self, input):
+            return super(made, self).forward(input) + self.adapter(input)
+
+        made = type(f"Adapted{cls.__name__}", (cls,), {"forward": forward, "__module__": __name__})
+        _CACHE[key] = (cls, made)
+    return _CACHE[key][1]
+
+
 def apply_layer(layer_spec: LayerSpec, layer, x):
     """Run one drawn layer on ``x``: its calls, residual and activation."""
     import torch
@@ -348,13 +391,17 @@ def apply_layer(layer_spec: LayerSpec, layer, x):
     return x
 
 
-def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, scaled_mm=None, float8_all_gather: bool = False):
+def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, scaled_mm=None, float8=None, float8_all_gather: bool = False):
     """Build the model of ``spec``; return ``(model, args)``.
 
     ``float8_all_gather``: convert the float8 layers with TorchAO's
     ``enable_fsdp_float8_all_gather`` on (for a data-parallel step, capability ``distributed``).
 
-    Float8 layers are converted with TorchAO. MX layers are converted by ``mx``, called as
+    Float8 layers are converted with TorchAO, or by ``float8`` when given, called as
+    ``float8(model, module_filter_fn=..., recipe=..., emulate=...)`` with the contract of
+    ``Backend.convert_float8`` (pass ``backend.convert_float8``); a nested adapter is then
+    converted by a second call on its parent, whose class becomes a subclass adding the
+    adapter's output (:func:`adapted`). MX layers are converted by ``mx``, called as
     ``mx(model, module_filter_fn=..., recipe=...)`` with the contract of ``Backend.convert_mx``
     (pass ``backend.convert_mx``); a model with MX layers and no ``mx`` is a ValueError. Layers
     on the second scaled-matmul API are converted by ``scaled_mm`` alike (``Backend.convert_scaled_mm``,
@@ -385,6 +432,11 @@ def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, scaled_mm=None
             continue
         if layer.recipe in SCALED_MM_RECIPES:
             scaled_mm(model, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}", recipe=base_recipe(layer.recipe))
+            continue
+        if float8 is not None:
+            if float8_all_gather:
+                raise ValueError("float8_all_gather is TorchAO's setting: it builds no backend's own float8 linears")
+            _convert_own(model, i, layer, float8)
             continue
         config = _float8_config(layer.recipe, layer.emulate, fqn=f"layers.{i}")
         if float8_all_gather:

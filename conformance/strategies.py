@@ -52,16 +52,16 @@ import hypothesis
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from conformance.api.types import FLOAT8_RECIPES
 from conformance.families import variants
 from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, SCALED_MM_RECIPES, LayerSpec, ModelSpec, base_recipe, kind_of
 
 __all__ = [
     "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
-    "Constraints", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_left_out", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "grouped_v2_runs",
+    "Constraints", "served", "served_spec", "float8_left_out", "float8_recipes", "float8_emulation", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_left_out", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "grouped_v2_runs",
     "sharded_specs",
 ]
 
-FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 WIDTHS = (16, 32, 48)
 #: Quantized module kinds a model may draw: ``kinds=ALL_KINDS`` opts into MX layers and linears on
 #: ``F.scaled_mm`` (each drawn only for a backend that converts it).
@@ -138,14 +138,17 @@ def kinds_left_out(device: str = "cpu") -> str | None:
 @st.composite
 def layer_specs(
     draw, in_width: int, *, recipes=FLOAT8_RECIPES, emulate: bool | None = None, quantized=None, reuse=True, nesting=True,
-    kinds=(FLOAT8_KIND,), widths=WIDTHS,
+    kinds=(FLOAT8_KIND,), widths=WIDTHS, float8_recipes=None, float8_emulation: bool = True,
 ):
     """One layer taking ``in_width`` features. With the default ``kinds`` the draws are exactly those
     of a float8-only suite; a quantized layer becomes MX when ``kinds`` allows it and ``in_width``
     is a multiple of 32, a scaled-matmul layer when ``kinds`` allows it, ``recipes`` hold one of
     its recipes and ``emulate`` is not True (the kind drawn when several are possible).
-    ``emulate`` None draws it."""
+    ``emulate`` None draws it. ``float8_recipes`` (default ``recipes``) and ``float8_emulation``
+    narrow what float8 layers and adapters take: a backend's own float8 linears."""
     draw_emulate = st.booleans() if emulate is None else st.just(emulate)
+    float8_recipes = recipes if float8_recipes is None else float8_recipes
+    float8_emulate = draw_emulate if float8_emulation else st.just(False)
     quantize = quantized or (quantized is None and draw(st.booleans()))
     kind = None
     if quantize:
@@ -157,13 +160,13 @@ def layer_specs(
     elif kind == SCALED_MM_KIND:
         recipe = draw(st.sampled_from(_scaled_mm_recipes(recipes)), label="scaled_mm recipe")
     else:
-        recipe = draw(st.sampled_from(recipes)) if quantize else None
+        recipe = draw(st.sampled_from(float8_recipes)) if quantize else None
     square = draw(st.booleans())
     width = in_width if square else draw(st.sampled_from(MX_WIDTHS if mx else widths))
     layer = LayerSpec(
         width=width,
         recipe=recipe,
-        emulate=(recipe == "mxfp8_emulated") if mx else (draw(draw_emulate) if kind == FLOAT8_KIND else False),
+        emulate=(recipe == "mxfp8_emulated") if mx else (draw(float8_emulate) if kind == FLOAT8_KIND else False),
         bias=draw(st.booleans()),
         activation=draw(st.sampled_from(ACTIVATIONS)),
         residual=width == in_width and draw(st.booleans()),
@@ -178,8 +181,8 @@ def layer_specs(
     if config == "plain":
         return dataclasses.replace(layer, adapter_recipe=None)
     if config == "own":
-        own_recipe = draw(st.sampled_from(recipes), label="adapter recipe")
-        return dataclasses.replace(layer, adapter_recipe=own_recipe, adapter_emulate=draw(draw_emulate, label="adapter emulate"))
+        own_recipe = draw(st.sampled_from(float8_recipes), label="adapter recipe")
+        return dataclasses.replace(layer, adapter_recipe=own_recipe, adapter_emulate=draw(float8_emulate, label="adapter emulate"))
     return layer
 
 
@@ -209,8 +212,11 @@ class Constraints:
     quantized adapter (one layer both, when both are required); ``kinds``: the quantized module
     kinds. ``recipes`` and ``emulate`` hold for nested adapters too. ``families``: the model
     families (``conformance.families``) the property runs first, each in the variant these
-    constraints admit (:func:`conformance.families.family_examples`), and draws now and then
-    under a profile that is not derandomized.
+    constraints admit (:func:`conformance.family_examples.family_examples`), and draws now and then
+    under a profile that is not derandomized. ``float8_recipes`` (None: ``recipes``) and
+    ``float8_emulation`` narrow the float8 layers to what a backend's own float8 linears have
+    (``Backend.float8_recipes``, ``Backend.float8_emulation``); the suite sets them, from the
+    backend under test, when a property draws (:func:`supported_kinds`).
     """
 
     max_layers: int = 3
@@ -222,6 +228,13 @@ class Constraints:
     require_nesting: bool = False
     kinds: tuple[str, ...] = (FLOAT8_KIND,)
     families: tuple[str, ...] = ()
+    float8_recipes: tuple[str, ...] | None = None
+    float8_emulation: bool = True
+
+    @property
+    def float8_choices(self) -> tuple[str, ...]:
+        """The recipes a float8 layer (or nested adapter) may take."""
+        return self.recipes if self.float8_recipes is None else self.float8_recipes
 
     def admits(self, spec: ModelSpec) -> bool:
         """Whether :func:`model_specs` under these constraints could draw ``spec``."""
@@ -242,7 +255,8 @@ class Constraints:
             and (MX_KIND in self.kinds or not mx)
             and (SCALED_MM_KIND in self.kinds or not scaled_mm)
             and (FLOAT8_KIND in self.kinds or not float8)
-            and all(recipe in self.recipes for recipe, _ in float8)
+            and all(recipe in self.float8_choices for recipe, _ in float8)
+            and (self.float8_emulation or not any(emulate for _, emulate in float8))
             and all(base_recipe(layer.recipe) in self.recipes for layer in scaled_mm)
             and (self.emulate is None or all(emulate == self.emulate for _kind, _recipe, emulate in configs))
             and (self.reuse or all(layer.calls == 1 for layer in spec.layers))
@@ -275,7 +289,8 @@ def _drawn_specs(draw, c: Constraints):
         layer = draw(
             layer_specs(
                 width, recipes=c.recipes, emulate=c.emulate, quantized=True if i == forced else None, reuse=c.reuse,
-                nesting=c.nesting, kinds=layer_kinds, widths=widths,
+                nesting=c.nesting, kinds=layer_kinds, widths=widths, float8_recipes=c.float8_recipes,
+                float8_emulation=c.float8_emulation,
             )
         )
         if i == forced and c.require_reuse and layer.calls == 1:
@@ -401,27 +416,98 @@ _SUPPORTED_KINDS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextV
 _GROUPED_V2: contextvars.ContextVar[bool] = contextvars.ContextVar("experts on F.scaled_grouped_mm", default=True)
 
 
+#: The recipes and emulation of the float8 linears of the backend under test (its own, with
+#: ``float8_modules``: ``Backend.float8_recipes``, ``Backend.float8_emulation``); TorchAO's all.
+_FLOAT8: contextvars.ContextVar[tuple[tuple[str, ...], bool]] = contextvars.ContextVar(
+    "float8 recipes and emulation", default=(FLOAT8_RECIPES, True)
+)
+
+
 @contextlib.contextmanager
-def supported_kinds(kinds, *, grouped_v2: bool = True):
+def supported_kinds(kinds, *, grouped_v2: bool = True, float8_recipes=FLOAT8_RECIPES, float8_emulation: bool = True):
     """Within: :func:`model_specs` draws only quantized layers of ``kinds``, whatever a property
-    allows (the kinds a backend converts: ``conformance.harness.supported_kinds``), and
+    allows (the kinds a backend converts: ``conformance.harness.supported_kinds``), float8
+    layers only of ``float8_recipes`` and emulated only with ``float8_emulation``, and
     :func:`moe_specs` draws experts on ``F.scaled_grouped_mm`` only when ``grouped_v2``."""
+    recipes = tuple(r for r in FLOAT8_RECIPES if r in set(float8_recipes))
     token, v2_token = _SUPPORTED_KINDS.set(tuple(kinds)), _GROUPED_V2.set(bool(grouped_v2))
+    float8_token = _FLOAT8.set((recipes, bool(float8_emulation)))
     try:
         yield
     finally:
         _SUPPORTED_KINDS.reset(token)
         _GROUPED_V2.reset(v2_token)
+        _FLOAT8.reset(float8_token)
 
 
-def _supported(c: Constraints) -> Constraints:
+def float8_left_out(c: Constraints) -> str | None:
+    """Why the backend under test gets no float8 layer of a property asking ``c``, or None: none of
+    the recipes ``c`` allows is one its float8 linears have, or ``c`` asks for emulated modules
+    only and they have no emulated mode."""
+    recipes, emulation = _FLOAT8.get()
+    if FLOAT8_KIND not in c.kinds:
+        return None
+    if not any(r in recipes for r in c.recipes):
+        return f"the property draws float8 recipes {list(c.recipes)}; the backend's float8 linears have {list(recipes)}"
+    if c.emulate is True and not emulation:
+        return "the property draws emulated float8 linears only; the backend's have no emulated mode"
+    return None
+
+
+def float8_recipes() -> tuple[str, ...]:
+    """The recipes the float8 linears of the backend under test have (all of TorchAO's)."""
+    return _FLOAT8.get()[0]
+
+
+def float8_emulation() -> bool:
+    """Whether the float8 linears of the backend under test have an emulated mode."""
+    return _FLOAT8.get()[1]
+
+
+def served_spec(spec: ModelSpec) -> ModelSpec:
+    """A fixed model of the suite's (not drawn: an artifact's, a cross-process check's) as the
+    backend under test can build it: each float8 layer or adapter of a recipe its float8 linears
+    lack takes their first recipe, and is real where they have no emulated mode. ``spec`` itself
+    for TorchAO's float8 linears."""
+    recipes, emulation = _FLOAT8.get()
+
+    def fit(recipe, emulate):
+        if recipe is None or recipe == PARENT or kind_of(recipe) != FLOAT8_KIND:
+            return recipe, emulate
+        return (recipe if recipe in recipes else recipes[0]), (emulate and emulation)
+
+    layers = []
+    for layer in spec.layers:
+        recipe, emulate = fit(layer.recipe, layer.emulate)
+        adapter_recipe, adapter_emulate = fit(layer.adapter_recipe, layer.adapter_emulate)
+        layers.append(dataclasses.replace(
+            layer, recipe=recipe, emulate=emulate, adapter_recipe=adapter_recipe, adapter_emulate=adapter_emulate,
+        ))
+    return dataclasses.replace(spec, layers=tuple(layers))
+
+
+def served(c: Constraints) -> Constraints:
+    """``c`` narrowed to what the backend under test converts (:func:`supported_kinds`). A
+    property left with nothing to draw is ``not_supported`` (a skip saying why): a missing recipe
+    or emulated mode is what the backend declares, never a failure."""
     supported = _SUPPORTED_KINDS.get()
-    kinds = tuple(k for k in c.kinds if k in supported)
+    recipes, emulation = _FLOAT8.get()
+    left_out = float8_left_out(c)
+    kinds = tuple(k for k in c.kinds if k in supported and (k != FLOAT8_KIND or left_out is None))
     if not kinds:
+        if left_out is not None:
+            import pytest
+
+            from conformance.plugin.gating import NOT_SUPPORTED
+
+            pytest.skip(f"{NOT_SUPPORTED} {left_out}")
         raise InvalidArgument(
             f"a property drawing only {list(c.kinds)} runs against a backend that converts only {list(supported)}"
         )
-    return dataclasses.replace(c, kinds=kinds)
+    own = tuple(r for r in c.recipes if r in recipes)
+    return dataclasses.replace(
+        c, kinds=kinds, float8_recipes=None if own == c.recipes else own, float8_emulation=emulation and c.float8_emulation,
+    )
 
 
 @functools.cache
@@ -441,7 +527,7 @@ def _smallest_first(c: Constraints, where: Callable[[ModelSpec], bool] | None, n
 def _specs(draw, c: Constraints, where: Callable[[ModelSpec], bool] | None):
     # Resolved at each draw, not when the test module is imported: the backend's kinds are
     # known only once its test runs.
-    c = _supported(c)
+    c = served(c)
     profile = hypothesis.settings.default
     if profile.derandomize:
         return draw(st.sampled_from(_smallest_first(c, where, profile.max_examples)))
@@ -462,7 +548,7 @@ def model_specs(*, where: Callable[[ModelSpec], bool] | None = None, **constrain
     """
     c = Constraints(**constraints)
     strategy = _specs(c, where)
-    # Read by conformance.families.family_examples, which runs the families first.
+    # Read by conformance.family_examples.family_examples, which runs the families first.
     strategy.constraints, strategy.where = c, where
     return strategy
 

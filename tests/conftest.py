@@ -12,8 +12,10 @@ from fp8conf.log import library_notices_quieted
 with library_notices_quieted():
     import torchao  # noqa: F401
 
-# The mutant backends live in tests/mutants and are loaded by name (mutants.backends:Class).
+# The mutant backends live in tests/mutants and are loaded by name (mutants.backends:Class); the
+# worked example backend and the trainer module it converts with live in docs/examples.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs" / "examples"))
 
 # Under -n, the tests of one xdist_group run on one worker (tests/xdist_groups.py says why here).
 pytest_plugins = ["xdist_groups", "timings"]

@@ -7,9 +7,9 @@ reference's own: the mutants of one area take the same smallest models first, an
 property with and without a capability draw the same ones. :func:`install` lets those sessions
 share the traces, keyed by what tracing a model involves:
 
-* the functions the backend's class gives ``trace_joint`` and ``is_backward``, and ``convert_mx``
-  and ``convert_scaled_mm`` where it claims ``mx`` / ``scaled_mm_v2`` and the model holds layers
-  they build (they build them), plus every attribute of the class those functions name, transitively (a mutant that
+* the functions the backend's class gives ``trace_joint`` and ``is_backward``, and ``convert_mx``,
+  ``convert_scaled_mm`` and ``convert_float8`` where it claims ``mx`` / ``scaled_mm_v2`` /
+  ``float8_modules`` and the model holds layers they build (they build them), plus every attribute of the class those functions name, transitively (a mutant that
   overrides a helper the tracer calls traces on its own);
 * the drawn model's spec and the device.
 
@@ -38,10 +38,14 @@ def tracing_identity(backend, spec=None):
     if any(not _is_watched_method(cls, name, value) for name, value in vars(backend).items()):
         return None
     names = {"trace_joint", "is_backward"}
-    needs = {"mx": spec is None or _holds(spec, "has_mx"), "scaled_mm_v2": spec is None or _holds(spec, "has_scaled_mm")}
+    needs = {
+        "mx": spec is None or _holds(spec, "has_mx"), "scaled_mm_v2": spec is None or _holds(spec, "has_scaled_mm"),
+        "float8_modules": spec is None or _holds(spec, "has_float8"),
+    }
     capabilities = frozenset(c for c in backend.capabilities if needs.get(c))
     names |= {"convert_mx"} if "mx" in capabilities else set()
     names |= {"convert_scaled_mm"} if "scaled_mm_v2" in capabilities else set()
+    names |= {"convert_float8", "float8_recipes", "float8_emulation"} if "float8_modules" in capabilities else set()
     todo = list(names)
     while todo:
         code = getattr(getattr(cls, todo.pop(), None), "__code__", None)

@@ -144,7 +144,8 @@ def run_suites(runs: list[Run], directory: Path, *, guard_s: float = HANG_GUARD_
     directory.mkdir(parents=True, exist_ok=True)
     plan = directory / "plan.json"
     plan.write_text(json.dumps([dataclasses.asdict(run) for run in runs], indent=1))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    path = [str(TESTS), str(ROOT / "docs" / "examples"), os.environ.get("PYTHONPATH")]  # mutants, the worked example
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "suite_runs", str(plan)],

@@ -25,7 +25,8 @@ import torch._inductor.compile_fx  # noqa: F401
 import conformance
 import conformance.harness  # noqa: F401  (imported before the in-process run, which patches its evidence)
 from conformance import evidence
-from conformance.families import FAMILIES, FamilySpec, family_specs, user_annotations
+from conformance.families import FAMILIES, FamilySpec, user_annotations
+from conformance.family_examples import family_specs
 from conformance.graphs import trace_with_oracle
 
 pytest_plugins = ["pytester"]
@@ -165,3 +166,44 @@ def test_the_hard_shapes_are_forced_first():
     for pid in ("MOE-006", "MOE-007"):
         specs = [kwargs["spec"] for kwargs in _explicit(tests[pid])]
         assert any(0 in spec.groups and spec.padding in spec.groups for spec in specs), f"{pid} forces no group of padding alone"
+
+
+# --- a backend's own float8 linears (float8_modules) --------------------------------------------
+
+
+def test_a_family_property_runs_the_variant_of_the_backends_own_recipes():
+    from conformance.family_examples import served_variant
+    from conformance.strategies import model_specs, supported_kinds
+
+    strategy = model_specs(families=FAMILIES)
+    shown = family_specs(strategy)
+    assert "tensorwise" in {s.recipe for s in shown}  # what is fixed at import, for TorchAO
+    with supported_kinds(("float8_linear",), float8_recipes=("rowwise_with_gw_hp",), float8_emulation=False):
+        served = [served_variant(strategy, s) for s in shown]
+    assert [s.family for s in served] == [s.family for s in shown]
+    assert all(s.recipe == "rowwise_with_gw_hp" and s.sibling_recipe in (None, "rowwise_with_gw_hp") and s.emulate is False for s in served), served
+    assert [served_variant(strategy, s) for s in shown] == list(shown)
+
+
+def test_a_backends_own_linear_takes_a_nested_adapter_and_its_declaration():
+    import trainer_float8
+
+    import fp8conf
+    from conformance.models import LayerSpec, ModelSpec, build_model
+
+    def convert(model, *, module_filter_fn, recipe, emulate):
+        trainer_float8.convert(model, recipe=recipe, emulate=emulate, module_filter_fn=module_filter_fn)
+
+    spec = ModelSpec(32, (LayerSpec(32, "rowwise", adapter=True, adapter_recipe="rowwise_with_gw_hp"),))
+    model, (x,) = build_model(spec, float8=convert)
+    outer = model.layers[0]
+    assert isinstance(outer, trainer_float8.TrainerFloat8Linear) and type(outer) is not trainer_float8.TrainerFloat8Linear
+    assert type(outer.adapter) is trainer_float8.TrainerFloat8Linear and outer.adapter.recipe == "rowwise_with_gw_hp"
+    inner_out = trainer_float8.TrainerFloat8Linear.forward(outer, x) + outer.adapter(x)
+    torch.testing.assert_close(outer(x), inner_out)
+    # The subclass keeps what the class declares to fp8conf (docs/examples/own_module_walkthrough.py).
+    import own_module_walkthrough  # noqa: F401  (registers the describer)
+
+    from fp8conf.quantized.protocol import quantization_config_of
+
+    assert quantization_config_of(outer).recipe == "rowwise"

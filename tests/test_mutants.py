@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.api.spec import PROPERTIES
-from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, peers, power_table, regions, scaled_mm_v2  # tests/ is on sys.path (tests/conftest.py)
+from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, own_modules, peers, power_table, regions, scaled_mm_v2  # tests/ is on sys.path (tests/conftest.py)
 from suite_runs import Run, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
 from timings import SESSIONS
 
@@ -25,6 +25,7 @@ MUTANTS = (
     backends.MUTANTS + regions.MUTANTS + e8m0.MUTANTS + graphpp.MUTANTS + peers.MUTANTS + moe.MUTANTS + families.MUTANTS
     + distributed.MUTANTS
     + scaled_mm_v2.MUTANTS
+    + own_modules.MUTANTS
 )
 #: Mutants of the makefx backend: the properties they break pass on makefx (tests/test_makefx.py).
 ALL_MUTANTS = MUTANTS + peers.MAKEFX_MUTANTS
@@ -53,6 +54,10 @@ _REFERENCE_TESTS = (
     "test_the_reference_run_shows_the_moe_properties_experts_on_the_second_grouped_api",
 )
 _WITHOUT_V2_TEST = "test_the_v2_mutants_pass_their_property_when_no_v2_linear_is_drawn"
+_EXAMPLE_TEST = "test_the_worked_example_backend_passes_every_must_it_claims"
+#: The worked example backend (docs/examples/trainer_backend.py): a trainer's own float8 linears,
+#: rowwise recipes only.
+EXAMPLE_BACKEND = "trainer_backend:TrainerBackend"
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +69,7 @@ def verdicts(request, tmp_path_factory):
     names = {getattr(item, "originalname", item.name) for item in selected}
     mutants = {item.callspec.params["mutant"] for item in selected if getattr(item, "originalname", None) == "test_mutant_is_caught_by_its_property"}
     runs = [Run("reference", "reference")] if names & set(_REFERENCE_TESTS) else []
+    runs += [Run("trainer-example", EXAMPLE_BACKEND)] if _EXAMPLE_TEST in names else []
     runs += [_run(m) for m in ALL_MUTANTS if m in mutants]
     if _WITHOUT_V2_TEST in names and _has_v2():
         runs += [_run(m) for m in scaled_mm_v2.WITHOUT_V2]
@@ -124,6 +130,23 @@ def test_mutant_is_caught_by_its_property(mutant, verdicts, record_property):
     record_property(SESSIONS, (f"mutants-{area_of(mutant.KILLED_BY)}", verdict.seconds or 0.0))
     _, out = verdict.require()
     assert status == "fail", f"{mutant.name} survived {mutant.KILLED_BY} (status {status}):\n{out[-4000:]}"
+
+
+@reads_shared_run(GROUP)
+def test_the_worked_example_backend_passes_every_must_it_claims(verdicts, record_property):
+    # A trainer whose own float8 linears have rowwise and rowwise_with_gw_hp only: every float8
+    # layer is built by its convert_float8, none is tensorwise, and nothing it lacks fails.
+    from trainer_backend import TrainerBackend
+
+    verdict = verdicts["trainer-example"]
+    record_property(SESSIONS, ("suite-trainer-example", verdict.seconds or 0.0))
+    statuses, out = verdict.require()
+    failing = {k: v["status"] for k, v in statuses.items() if v["status"] not in ("pass", "not_supported", "skipped")}
+    assert not failing, f"the worked example fails {failing}:\n{out[-4000:]}"
+    claimed = {p.id for p in PROPERTIES.values() if p.level == "MUST" and p.capability in TrainerBackend.capabilities}
+    passed = {k for k, v in statuses.items() if v["status"] == "pass"}
+    # FPR-006 varies a backend's own job configurations; the example declares none.
+    assert claimed - passed <= {"FPR-006"}, f"MUST properties it claims that did not pass: {sorted(claimed - passed)}"
 
 
 @reads_shared_run(GROUP)

@@ -127,7 +127,7 @@ class _CachedCast(trainer_float8.TrainerFloat8Linear):
         if getattr(self, "cast", None) is None:
             with torch.no_grad():
                 self.cast = trainer_float8.quantize_rowwise(self.weight)
-        return trainer_float8._Float8LinearFunction.apply(x, self.weight, *self.cast, self.recipe)
+        return trainer_float8._Float8LinearFunction.apply(x, self.weight, *self.cast, self.recipe, self.emulate)
 
 
 class _Step(torch.nn.Module):

@@ -13,7 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.models import LayerSpec, ModelSpec
-from conformance.strategies import ALL_KINDS, CORPUS_SIZE, FLOAT8_RECIPES, Constraints, corpus
+from conformance.strategies import (
+    ALL_KINDS, CORPUS_SIZE, FLOAT8_RECIPES, Constraints, corpus, float8_left_out, served, served_spec, supported_kinds,
+)
 from conformance.strategies import _drawn_specs  # the strategy behind the corpus
 
 pytest_plugins = ["pytester"]
@@ -28,7 +30,13 @@ constraints = st.builds(
     require_reuse=st.booleans(),
     require_nesting=st.booleans(),
     kinds=st.sampled_from([("float8_linear",), ("float8_linear", "float8_scaled_mm_linear"), ALL_KINDS]),
-).filter(lambda c: (c.reuse or not c.require_reuse) and (c.nesting or not c.require_nesting))
+    # What a backend's own float8 linears narrow a property's float8 layers to (served()).
+    float8_recipes=st.sampled_from([None, ("rowwise",), ("rowwise", "rowwise_with_gw_hp")]),
+    float8_emulation=st.booleans(),
+).filter(
+    lambda c: (c.reuse or not c.require_reuse) and (c.nesting or not c.require_nesting)
+    and set(c.float8_choices) <= set(c.recipes) and bool(c.float8_choices) and (c.float8_emulation or c.emulate is not True)
+)
 
 
 @given(c=constraints, data=st.data())
@@ -62,6 +70,9 @@ REAL = LayerSpec(32, "tensorwise")
         (Constraints(kinds=("float8_linear", "mxfp8_linear")), _spec(LayerSpec(32, "scaled_mm_rowwise"))),
         (Constraints(kinds=ALL_KINDS, recipes=("tensorwise",)), _spec(LayerSpec(32, "scaled_mm_rowwise"))),
         (Constraints(kinds=ALL_KINDS, emulate=True), _spec(LayerSpec(32, "scaled_mm_tensorwise"))),
+        (Constraints(float8_recipes=("rowwise",)), _spec(REAL)),  # a backend's own float8 linears lack tensorwise
+        (Constraints(float8_emulation=False), _spec(LayerSpec(32, "rowwise", emulate=True))),
+        (Constraints(float8_recipes=("rowwise",)), _spec(LayerSpec(32, "rowwise", adapter=True, adapter_recipe="tensorwise"))),
     ],
 )
 def test_constraints_reject_models_they_cannot_draw(c, spec):
@@ -147,3 +158,41 @@ def test_a_derandomized_profile_draws_from_the_corpus_and_others_draw_afresh(pyt
     dev = pytester.runpytest_subprocess("--hypothesis-profile=fp8conf-thorough", "-s", "-p", "no:cacheprovider")
     dev.stdout.fnmatch_lines(["*FROM-CORPUS False*"])
     dev.assert_outcomes(passed=3)
+
+
+# --- a backend's own float8 linears (float8_modules) --------------------------------------------
+
+OWN = {"float8_recipes": ("rowwise", "rowwise_with_gw_hp"), "float8_emulation": False}
+
+
+def test_a_backends_own_float8_linears_get_only_their_recipes_and_no_emulation():
+    with supported_kinds(ALL_KINDS, **OWN):
+        c = served(Constraints())
+        models = corpus(c, n=25)
+    assert c.float8_recipes == OWN["float8_recipes"] and not c.float8_emulation
+    assert len(models) == 25
+    float8 = [(recipe, emulate) for m in models for kind, recipe, emulate in m.quantized_modules().values() if kind == "float8_linear"]
+    assert float8 and {r for r, _ in float8} <= set(OWN["float8_recipes"]) and not any(e for _, e in float8)
+    # TorchAO's float8 linears (no backend of its own) keep every recipe and emulation.
+    assert served(Constraints()) == Constraints()
+
+
+@pytest.mark.parametrize("c", [Constraints(recipes=("tensorwise",)), Constraints(emulate=True)])
+def test_a_property_asking_only_for_what_the_backend_lacks_is_not_supported(c):
+    from conformance.plugin.gating import NOT_SUPPORTED
+
+    with supported_kinds(("float8_linear",), **OWN), pytest.raises(pytest.skip.Exception) as skipped:
+        served(c)
+    assert str(skipped.value).startswith(NOT_SUPPORTED), skipped.value
+    assert float8_left_out(c) is None  # outside the backend's run: TorchAO has it all
+
+
+def test_a_fixed_model_is_built_with_the_backends_recipes():
+    fixed = ModelSpec(32, (LayerSpec(32, "tensorwise", adapter=True, adapter_recipe="rowwise_with_gw_hp", adapter_emulate=True),
+                           LayerSpec(32, "rowwise", emulate=True), LayerSpec(32, "mxfp8")))
+    with supported_kinds(ALL_KINDS, **OWN):
+        served_model = served_spec(fixed)
+    assert [(l.recipe, l.emulate, l.adapter_recipe, l.adapter_emulate) for l in served_model.layers] == [
+        ("rowwise", False, "rowwise_with_gw_hp", False), ("rowwise", False, "parent", None), ("mxfp8", False, "parent", None),
+    ]
+    assert served_spec(fixed) == fixed

@@ -11,6 +11,7 @@ from conformance.api.spec import PROPERTIES, SPEC_VERSION, Property, get_propert
 from conformance.api.types import (
     CAPABILITIES,
     FINGERPRINT_SCOPES,
+    FLOAT8_RECIPES,
     PASSES,
     Compiled,
     Finding,
@@ -25,6 +26,7 @@ __all__ = [
     "Backend",
     "CAPABILITIES",
     "FINGERPRINT_SCOPES",
+    "FLOAT8_RECIPES",
     "PASSES",
     "Provenance",
     "Finding",

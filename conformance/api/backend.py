@@ -25,7 +25,10 @@ Calling conventions:
   cannot be cut), ``FingerprintMismatch`` (``load_artifact``) and ``UnsupportedConfig`` (a
   model whose quantization config the backend's jobs cannot express). The suite catches exactly
   those; a backend whose passes raise their own maps them in its adapter.
-* Models the suite draws hold float8 layers (TorchAO's ``Float8Linear``) and, only for a
+* Models the suite draws hold float8 layers: TorchAO's ``Float8Linear`` or, for a backend that
+  claims ``float8_modules``, the backend's own float8 linears, built by
+  :meth:`Backend.convert_float8` with only the recipes it declares (:attr:`Backend.float8_recipes`,
+  emulated only when :attr:`Backend.float8_emulation`); and, only for a
   backend that claims ``mx``, MX layers that the backend converts itself (:meth:`Backend.convert_mx`);
   for a backend that claims ``moe``, mixture-of-experts layers whose experts it converts itself
   (:meth:`Backend.convert_grouped_experts`); for a backend that claims ``scaled_mm_v2``, linears
@@ -71,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.api.spec import SPEC_VERSION
 from conformance.api.types import (
-    CAPABILITIES, FINGERPRINT_SCOPES, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport,
+    CAPABILITIES, FINGERPRINT_SCOPES, FLOAT8_RECIPES, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport,
 )
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
@@ -105,6 +108,14 @@ class Backend(abc.ABC):
     #: None for every field. A trainer that builds configs from recipe names declares
     #: ``frozenset()``: the suite then draws no config-field change for it.
     expressible_config_fields: frozenset[str] | None = None
+    #: The recipes of the backend's own float8 linears (capability ``float8_modules``), a
+    #: non-empty subset of :data:`~conformance.api.types.FLOAT8_RECIPES`. The suite draws float8
+    #: layers of these recipes only; a property asking only for others is ``not_supported``.
+    float8_recipes: frozenset[str] = frozenset(FLOAT8_RECIPES)
+    #: Whether the backend's own float8 linears have an emulated mode (capability
+    #: ``float8_modules``): without one the suite draws no emulated float8 layer, and a property
+    #: about emulated modules only is ``not_supported``.
+    float8_emulation: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -117,6 +128,11 @@ class Backend(abc.ABC):
         if cls.fingerprint_scope not in FINGERPRINT_SCOPES:
             raise TypeError(
                 f"{cls.__qualname__}.fingerprint_scope is {cls.fingerprint_scope!r}; known: {list(FINGERPRINT_SCOPES)}"
+            )
+        recipes = cls.float8_recipes
+        if isinstance(recipes, str) or not recipes or not set(recipes) <= set(FLOAT8_RECIPES):
+            raise TypeError(
+                f"{cls.__qualname__}.float8_recipes must be a non-empty set of {list(FLOAT8_RECIPES)}, got {recipes!r}"
             )
         fields = cls.expressible_config_fields
         if fields is not None and (isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
@@ -218,6 +234,24 @@ class Backend(abc.ABC):
         whose quantization config the backend's jobs cannot express may raise
         :class:`~conformance.api.errors.UnsupportedConfig` instead."""
         raise NotImplementedError(f"backend {self.name!r} does not implement load_artifact()")
+
+    # -- the backend's own float8 linears ------------------------------------------------------
+    def convert_float8(self, model: torch.nn.Module, *, module_filter_fn, recipe: str, emulate: bool) -> None:
+        """Convert, in place, the ``nn.Linear`` submodules of ``model`` that
+        ``module_filter_fn(module, fqn)`` accepts into the backend's own float8 linears
+        (capability ``float8_modules``; kind ``float8_linear``). ``recipe`` is one of
+        :attr:`float8_recipes`; ``emulate`` True (only when :attr:`float8_emulation`) computes in
+        high precision on purpose (no FP8 compute). A call issues the FP8 matmuls of TorchAO's
+        recipe of that name: one forward; in the backward one for grad_input when the call's
+        input needs a gradient, and one for grad_weight unless the recipe is
+        ``rowwise_with_gw_hp`` (whose weight gradient is high precision). Provenance: kind
+        ``float8_linear``, the recipe's name, ``emulate``. How the module quantizes, which
+        scaled-matmul API it calls and its autograd are the backend's. The suite calls it again
+        on a converted module to nest a linear inside it (an adapter the module's forward adds):
+        it converts the accepted ``nn.Linear`` and leaves converted ones alone. A backend that
+        claims ``float8_modules`` gets every float8 layer the suite draws through this method,
+        in every property but the sharded ones (DP), whose contract names TorchAO's modules."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement convert_float8()")
 
     # -- MX layers ----------------------------------------------------------------------------
     def convert_mx(self, model: torch.nn.Module, *, module_filter_fn, recipe: str) -> None:

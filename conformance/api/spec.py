@@ -35,7 +35,11 @@ __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"
 #: run each model on both grouped APIs where the device runs the second.
 #: 1.4: E8M0-006 (`float8_e8m0fnu` scales are refused or read as the same bytes, compiled too
 #: where Inductor compiles e8m0); E8M0-005 no longer asks that they be refused.
-SPEC_VERSION = "1.4"
+#: 1.5: capability ``float8_modules`` (``Backend.convert_float8``, ``Backend.float8_recipes``,
+#: ``Backend.float8_emulation``): every area but DP builds its float8 layers through the backend
+#: that claims it, of the recipes it declares; backward nodes pair with the first forward op of
+#: their sequence number.
+SPEC_VERSION = "1.5"
 
 
 @dataclasses.dataclass(frozen=True)

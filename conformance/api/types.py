@@ -10,7 +10,7 @@ import dataclasses
 
 __all__ = [
     "CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region", "Compiled", "StageSplit",
-    "JobConfigs", "AOT_SPLIT_FIELDS", "FINGERPRINT_SCOPES",
+    "JobConfigs", "AOT_SPLIT_FIELDS", "FINGERPRINT_SCOPES", "FLOAT8_RECIPES",
 ]
 
 #: Every capability a backend may claim. A property whose capability is not claimed is reported
@@ -33,8 +33,13 @@ CAPABILITIES = frozenset(
         "distributed",
         "scaled_mm_v2",
         "scaled_grouped_mm_v2",
+        "float8_modules",
     }
 )
+
+#: The recipes of float8 linears (kind ``float8_linear``): what ``Backend.float8_recipes`` may
+#: declare and ``Backend.convert_float8`` is asked for.
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 
 #: The two passes of a joint graph.
 PASSES = ("forward", "backward")

@@ -21,7 +21,7 @@ class ReferenceBackend(Backend):
     capabilities = frozenset(
         {
             "provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp",
-            "fingerprint", "artifacts", "e8m0", "mx", "moe", "distributed",
+            "fingerprint", "artifacts", "e8m0", "mx", "moe", "distributed", "float8_modules",
         }
         | ({"scaled_mm_v2"} if has_scaled_mm_v2() else set())
         | ({"scaled_grouped_mm_v2"} if has_scaled_grouped_mm_v2() else set())
@@ -95,6 +95,15 @@ class ReferenceBackend(Backend):
         # the graph stays eager, not cut into compiled pieces of its own.
         compiled = fp8conf.compile_joint(gm, mode=mode, strict=True, cudagraph=cudagraph, remainder="eager")
         return Compiled(compiled, compiled.compiled_nodes, compiled.eager_nodes)
+
+    def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
+        # fp8conf's float8 linears are TorchAO's, converted from the recipe's config.
+        import dataclasses
+
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
+        convert_to_float8_training(model, config=config, module_filter_fn=module_filter_fn)
 
     def convert_mx(self, model, *, module_filter_fn, recipe):
         from fp8conf import convert_to_mx_training

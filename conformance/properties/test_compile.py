@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 
 from conformance.dispatch import BlockScaledCalls, always_generated, dispatches_per_node, equal_computations, observed
-from conformance.families import LLAMA_ATTENTION, family_examples
+from conformance.families import LLAMA_ATTENTION
+from conformance.family_examples import family_examples
 from conformance.graphs import is_fp8_cast, live_nodes, tagged_groups
 from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, traced
 from conformance.notes import note
@@ -346,9 +347,10 @@ def test_NUM_004_cuda_graph_replays_match_eager(fp8_backend, spec):
     buffers, so replays repeat the capture's result. The capture and two replays with fresh
     inputs must each match eager."""
     from conformance.graphs import trace_with_oracle
+    from conformance.harness import float8_converter
     from conformance.models import build_model
 
-    model, args = build_model(spec, device="cuda")
+    model, args = build_model(spec, device="cuda", float8=float8_converter(fp8_backend))
     gm, _ = trace_with_oracle(fp8_backend, model, args, list(spec.quantized_modules()), fp8_backend.is_backward)
     compiled = call_backend("NUM-004", fp8_backend, "compile", gm, mode="regional", cudagraph=True, expect=Compiled)
     for step in range(3):  # capture, then replays with fresh inputs

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import rewrites
-from conformance.families import FAMILIES, family_examples
+from conformance.families import FAMILIES
+from conformance.family_examples import family_examples
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import call_backend, check, device, fail, fp8_ops, names_module, strict_error, traced, traced_graph
 from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes

@@ -49,11 +49,11 @@ from conformance.fingerprints import (
     reordered,
     unrelated_changes,
 )
-from conformance.harness import call_backend, check, fail
+from conformance.harness import call_backend, check, fail, float8_converter, owns_float8
 from conformance.models import LayerSpec, ModelSpec, build_model
 from conformance.notes import note
 from conformance.plugin.gating import NOT_SUPPORTED
-from conformance.strategies import FLOAT8_RECIPES, model_specs
+from conformance.strategies import FLOAT8_RECIPES, model_specs, served_spec
 
 
 def _fingerprint(property_id, backend, variant: Variant, model=None) -> tuple[str, str]:
@@ -103,6 +103,12 @@ def _config_fields(fp8_backend, kind, *, inexpressible=False):
     first example, before any change is drawn."""
     if kind not in CONFIG_KINDS:
         return None
+    if owns_float8(fp8_backend):
+        note(f"{kind} changes not_supported: the backend builds its own float8 linears (float8_modules), which have no Float8LinearConfig")
+        pytest.skip(
+            f"{NOT_SUPPORTED} backend {fp8_backend.name!r} builds its own float8 linears (float8_modules): "
+            f"{kind} changes flip TorchAO's Float8LinearConfig, which they do not have"
+        )
     fields = drawable_config_fields(None if inexpressible else getattr(fp8_backend, "expressible_config_fields", None))
     flips = [(n,) for n in fields] if kind == "config_field" else [(a, b) for a in fields for b in fields if a != b]
     if not any(flippable(recipe, names) for recipe in FLOAT8_RECIPES for names in flips):
@@ -123,9 +129,19 @@ def _what_else(name: str, before: str, after: str) -> str:
 def _build(property_id, backend, variant: Variant):
     """Build ``variant``'s model; its MX layers, if any, through the backend's ``convert_mx``."""
     try:
-        return variant.build(mx=backend.convert_mx if "mx" in backend.capabilities else None)
+        return variant.build(mx=backend.convert_mx if "mx" in backend.capabilities else None, float8=float8_converter(backend))
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: building the model ({variant.describe()}) raised {type(exc).__name__}: {exc}", variant.spec)
+
+
+def _built(backend, spec):
+    """``build_model(spec)``, the float8 layers the backend's own where it claims ``float8_modules``."""
+    return build_model(spec, float8=float8_converter(backend))
+
+
+def _artifact_spec() -> ModelSpec:
+    """The artifact's model as the backend under test builds it (``served_spec``)."""
+    return served_spec(ARTIFACT_SPEC)
 
 
 def _fail(property_id, message, change) -> None:
@@ -179,7 +195,7 @@ def test_FPR_002_equal_configs_give_equal_fingerprints_in_any_registration_order
     variant = Variant(spec)
     first = _fingerprint("FPR-002", fp8_backend, variant)
     second = _fingerprint("FPR-002", fp8_backend, variant)
-    fresh, _ = build_model(spec)
+    fresh, _ = _built(fp8_backend, spec)
     turned = _fingerprint("FPR-002", fp8_backend, variant, model=reordered(fresh, spec))
     check(first[0] == second[0], "FPR-002",
           f"two builds of one model give different fingerprints: {first[0]} vs {second[0]} ({_what_else('signature', first[1], second[1])})", spec)
@@ -227,17 +243,18 @@ def test_FPR_002_equal_fingerprints_across_processes_and_hash_seeds(fp8_backend)
     ``"whole_step"`` fingerprint of the reversed model is compared with this process's of the
     reversed model, so the hash seed is still checked for it."""
     order_free = promises_of(fp8_backend).registration_order
-    here = [_fingerprint("FPR-002", fp8_backend, Variant(spec)) for spec in CROSS_PROCESS_SPECS]
+    specs = [served_spec(spec) for spec in CROSS_PROCESS_SPECS]
+    here = [_fingerprint("FPR-002", fp8_backend, Variant(spec)) for spec in specs]
     here_reversed = here if order_free else [
-        _fingerprint("FPR-002", fp8_backend, Variant(spec), model=reordered(build_model(spec)[0], spec)) for spec in CROSS_PROCESS_SPECS
+        _fingerprint("FPR-002", fp8_backend, Variant(spec), model=reordered(_built(fp8_backend, spec)[0], spec)) for spec in specs
     ]
     try:
-        children = fingerprints_in_subprocess(fp8_backend, CROSS_PROCESS_SPECS, hash_seeds=("0", "1"))
+        children = fingerprints_in_subprocess(fp8_backend, specs, hash_seeds=("0", "1"))
     except Exception as exc:
         fail("FPR-002", f"backend {fp8_backend.name!r}: fingerprinting in a child process failed: {exc}")
     for child in children:
         mine = here_reversed if child["reordered"] else here
-        for spec, (_, signature), (fingerprint, _), theirs in zip(CROSS_PROCESS_SPECS, here, mine, child["results"]):
+        for spec, (_, signature), (fingerprint, _), theirs in zip(specs, here, mine, child["results"]):
             order = "reverse" if child["reordered"] else "the same"
             check(
                 theirs["fingerprint"] == fingerprint,
@@ -294,7 +311,7 @@ def _saved_artifact(backend) -> str:
     directory = tempfile.mkdtemp(prefix="fp8conf-fpr-")
     atexit.register(shutil.rmtree, directory, True)
     path = f"{directory}/artifact.fp8"
-    model, args = build_model(ARTIFACT_SPEC)
+    model, args = _built(backend, _artifact_spec())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         backend.save_artifact(path, model, args, strict=True)
@@ -305,7 +322,7 @@ def _artifact(backend) -> str:
     try:
         return _saved_artifact(backend)
     except Exception as exc:
-        fail("FPR-004", f"backend {backend.name!r}: save_artifact() raised {type(exc).__name__}: {exc}", ARTIFACT_SPEC)
+        fail("FPR-004", f"backend {backend.name!r}: save_artifact() raised {type(exc).__name__}: {exc}", _artifact_spec())
 
 
 def _relative_error(a, b) -> float:
@@ -323,20 +340,20 @@ def test_FPR_004_an_artifact_loads_and_runs_under_its_own_fingerprint(fp8_backen
     import torch
 
     path = _artifact(fp8_backend)
-    model, args = build_model(ARTIFACT_SPEC)
+    model, args = _built(fp8_backend, _artifact_spec())
     run = call_backend("FPR-004", fp8_backend, "load_artifact", path, model, strict=True)
-    check(callable(run), "FPR-004", f"load_artifact() returned {type(run).__qualname__}, not a callable", ARTIFACT_SPEC)
-    grad_outputs = (torch.ones(ARTIFACT_SPEC.batch, ARTIFACT_SPEC.layers[-1].width),)
+    check(callable(run), "FPR-004", f"load_artifact() returned {type(run).__qualname__}, not a callable", _artifact_spec())
+    grad_outputs = (torch.ones(_artifact_spec().batch, _artifact_spec().layers[-1].width),)
     try:
         outputs, grads = run(args, grad_outputs)
     except Exception as exc:
-        fail("FPR-004", f"the loaded artifact raised {type(exc).__name__}: {exc}", ARTIFACT_SPEC)
+        fail("FPR-004", f"the loaded artifact raised {type(exc).__name__}: {exc}", _artifact_spec())
     gm = call_backend("FPR-004", fp8_backend, "trace_joint", model, args)
     eager_outputs, eager_grads = call_backend("FPR-004", fp8_backend, "run_joint", gm, model, args, grad_outputs)
-    check(sorted(grads) == sorted(eager_grads), "FPR-004", f"the loaded artifact gives gradients of {sorted(grads)}, the joint graph of {sorted(eager_grads)}", ARTIFACT_SPEC)
+    check(sorted(grads) == sorted(eager_grads), "FPR-004", f"the loaded artifact gives gradients of {sorted(grads)}, the joint graph of {sorted(eager_grads)}", _artifact_spec())
     for name, got, want in [("output", o, e) for o, e in zip(outputs, eager_outputs)] + [(k, grads[k], eager_grads[k]) for k in sorted(grads)]:
         error = _relative_error(got, want)
-        check(error <= 3e-2, "FPR-004", f"the loaded artifact's {name} differs from the joint graph's by relative norm {error:.3g} (> 3e-2)", ARTIFACT_SPEC)
+        check(error <= 3e-2, "FPR-004", f"the loaded artifact's {name} differs from the joint graph's by relative norm {error:.3g} (> 3e-2)", _artifact_spec())
 
 
 @pytest.mark.fp8_property("FPR-004")
@@ -348,10 +365,10 @@ def test_FPR_004_loading_under_another_fingerprint_fails_naming_the_fields(fp8_b
     ``load_artifact`` must raise ``FingerprintMismatch`` naming the changed module and field,
     after loading under the unchanged configuration (so refusing everything fails). Refusing a
     config the backend's jobs cannot express (``UnsupportedConfig``) is not_supported."""
-    # The one artifact is of ARTIFACT_SPEC as converted: a change from a custom config would not
+    # The one artifact is of _artifact_spec() as converted: a change from a custom config would not
     # start from it, so FPR-001 alone flips from custom configs.
     path = _artifact(fp8_backend)
-    change = data.draw(quantization_changes(kind, specs=st.just(ARTIFACT_SPEC), strict=True, fields=_config_fields(fp8_backend, kind)), label="change")
+    change = data.draw(quantization_changes(kind, specs=st.just(_artifact_spec()), strict=True, fields=_config_fields(fp8_backend, kind)), label="change")
     # It loads under its own configuration (so a loader that refuses everything cannot pass) ...
     same, _ = _build("FPR-004", fp8_backend, change.before)
     with change.before.patched():
@@ -489,7 +506,7 @@ def test_FPR_006_the_backends_job_configuration_reaches_the_signature(fp8_backen
         fail("FPR-006", f"backend {fp8_backend.name!r}: job_configs() returned {type(configs).__qualname__}, expected conformance.JobConfigs or None")
     if not configs.relevant:
         fail("FPR-006", f"backend {fp8_backend.name!r}: job_configs() names no quantization-relevant variant: nothing to check")
-    model, _ = build_model(spec)
+    model, _ = _built(fp8_backend, spec)
     variants = [(label, config, True) for label, config in sorted(configs.relevant.items())]
     variants += [(label, config, False) for label, config in sorted(configs.unrelated.items())]
     label, config, relevant = data.draw(st.sampled_from(variants), label="job configuration variant")

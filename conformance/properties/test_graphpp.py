@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import rewrites
-from conformance.families import FAMILIES, family_examples
+from conformance.families import FAMILIES
+from conformance.family_examples import family_examples
 from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, live_nodes, tagged_groups
 from conformance.api.errors import SplitFailure, ValidationFailure
 from conformance.harness import (

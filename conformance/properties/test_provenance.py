@@ -7,7 +7,8 @@ import collections
 import pytest
 from hypothesis import given
 
-from conformance.families import FAMILIES, family_examples
+from conformance.families import FAMILIES
+from conformance.family_examples import family_examples
 from conformance.graphs import fp8_compute_nodes, no_fp8_compute_reason, surely_backward, tangent_placeholders
 from conformance.harness import call_backend, check, fail, fp8_ops, fresh_args as _fresh_args, grad_outputs as _grad_outputs, traced, traced_graph
 from conformance.notes import note

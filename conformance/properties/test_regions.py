@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import rewrites
-from conformance.families import FAMILIES, family_examples, user_annotations
+from conformance.families import FAMILIES, user_annotations
+from conformance.family_examples import family_examples
 from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, non_convexity, tagged_groups
 from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, require_subject, traced, traced_graph
 from conformance.strategies import ALL_KINDS

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from conformance import rewrites
 from conformance.evidence import is_named
-from conformance.families import FAMILIES, family_examples
+from conformance.families import FAMILIES
+from conformance.family_examples import family_examples
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import (
     call_backend, check, compute_counts_that_run, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error, traced, traced_graph,
