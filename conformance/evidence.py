@@ -19,7 +19,7 @@ import re
 from typing import Any, Iterable
 
 __all__ = [
-    "drawn", "drawn_model", "example_key", "is_named", "named_modules", "named_nodes", "record_failure",
+    "built", "drawn", "drawn_model", "example_key", "take_built", "is_named", "named_modules", "named_nodes", "record_failure",
     "start_example", "take_failure",
 ]
 
@@ -31,6 +31,8 @@ _SEEN_LIMIT = 400
 
 _PENDING: list[dict[str, Any]] = []
 _DRAWN: list[Any] = []
+#: What the models of the test running now were built with, as :func:`built` noted it.
+_BUILT: dict[tuple[str, ...], None] = {}
 
 
 def start_example() -> None:
@@ -42,6 +44,21 @@ def start_example() -> None:
 def drawn(model: Any) -> None:
     """Note ``model`` as the model of the example running now."""
     _DRAWN[:] = [model]
+
+
+def built(entries: Iterable[tuple[str, ...]]) -> None:
+    """Note what a model of the test running now was built with: ``(family, kind, module class,
+    recipe, built by)`` per quantized module, as seen on the built model. The report lists them
+    per family (which modules, which recipes, whose conversion)."""
+    for entry in entries:
+        _BUILT.setdefault(tuple(entry), None)
+
+
+def take_built() -> list[tuple[str, ...]]:
+    """The entries :func:`built` noted since the last call, cleared."""
+    found = list(_BUILT)
+    _BUILT.clear()
+    return found
 
 
 def drawn_model() -> Any:

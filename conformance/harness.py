@@ -37,7 +37,7 @@ from conformance.models import ModelSpec, build_model
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
-    "require_subject", "compute_counts_that_run", "owns_float8", "float8_converter",
+    "require_subject", "compute_counts_that_run", "owns_float8", "float8_converter", "built_with",
 ]
 
 #: The backend the running test checks, set by :func:`serving` (for reproducers only).
@@ -236,6 +236,33 @@ class TracedCase:
     args: tuple
     gm: object
     oracle: Oracle
+    #: What the model's quantized modules were built with (:func:`built_with`).
+    built: tuple = ()
+
+
+#: Who builds the quantized modules of each kind, when the backend does not (TorchAO).
+_CONVERTERS = {
+    "float8_linear": "convert_float8", "mxfp8_linear": "convert_mx", "float8_scaled_mm_linear": "convert_scaled_mm",
+}
+
+
+def built_with(backend, spec, model) -> tuple[tuple[str, ...], ...]:
+    """``(family, kind, module class, recipe, built by)`` of each quantized module of ``spec``,
+    read off the built ``model``: the class is what the module is, observed, not what was asked
+    for. Noted for the report (:func:`conformance.evidence.built`) by every property that
+    builds one."""
+    family = getattr(spec, "family", None) or "stacks"
+    found = []
+    for fqn, (kind, recipe, _emulate) in spec.quantized_modules().items():
+        try:
+            cls = type(model.get_submodule(fqn))
+        except AttributeError:
+            continue  # a backend that moved the module: the property that needs it says so
+        by = _CONVERTERS.get(kind, "")
+        if kind == "float8_linear" and not owns_float8(backend):
+            by = "TorchAO"
+        found.append((family, kind, f"{cls.__module__}.{cls.__qualname__}", recipe, by))
+    return tuple(dict.fromkeys(found))
 
 
 class _NotBuilt(Exception):
@@ -255,8 +282,9 @@ def _trace(backend, spec: ModelSpec, device: str) -> TracedCase:
             )
     except Exception as exc:
         raise _NotBuilt(f"{type(exc).__name__}: {exc}") from exc
+    built = built_with(backend, spec, model)
     gm, oracle = trace_with_oracle(backend, model, args, list(spec.quantized_modules()), backend.is_backward)
-    return TracedCase(spec, model, args, gm, oracle)
+    return TracedCase(spec, model, args, gm, oracle, built)
 
 
 def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
@@ -272,6 +300,7 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
         fail(property_id, f"backend {backend.name!r}: building the drawn model (its own float8 linears through convert_float8(), MX layers through convert_mx(), scaled-matmul layers through convert_scaled_mm()) raised {exc}", spec)
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: trace_joint() raised {type(exc).__name__}: {exc}", spec)
+    evidence.built(cached.built)
     gm, oracle = fresh_copy(cached)
     return dataclasses.replace(cached, gm=gm, oracle=oracle)
 

@@ -486,3 +486,34 @@ def test_fp8conf_check_passes_the_new_options(monkeypatch):
     assert {"--fp8-expectations=x.json", "--fp8-spec-version=1.0", "--fp8-timeout=60"} <= set(seen[0])
     assert cli.main(["check"]) == 0
     assert not [a for a in seen[1] if a.startswith(("--fp8-expectations", "--fp8-spec-version", "--fp8-timeout"))]
+
+
+BUILT_TESTS = """
+    import pytest
+    from conformance import evidence
+
+    @pytest.mark.fp8_property("PROV-001")
+    def test_PROV_001_builds(fp8_backend):
+        evidence.built([("stacks", "float8_linear", "mytrainer.Float8Linear", "rowwise", "convert_float8")])
+
+    @pytest.mark.fp8_property("PROV-002")
+    def test_PROV_002_builds(fp8_backend):
+        evidence.built([("stacks", "float8_linear", "mytrainer.Float8Linear", "rowwise_with_gw_hp", "convert_float8"),
+                        ("llama", "float8_linear", "torchao.Float8Linear", "tensorwise", "TorchAO")])
+"""
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist"])
+def test_the_report_names_the_modules_each_family_was_built_with(suite, xdist):
+    suite.makepyfile(test_props=BUILT_TESTS)
+    args = [FAKE, "--fp8-report=out/conf.json", "test_props.py"]
+    result = run(suite, "-n", "2", *args, subprocess=True) if xdist else run(suite, *args)
+    result.assert_outcomes(passed=2)
+    assert read_report(suite)["built_with"] == [
+        {"family": "llama", "kind": "float8_linear", "module": "torchao.Float8Linear", "built_by": "TorchAO",
+         "recipes": ["tensorwise"], "properties": ["PROV-002"]},
+        {"family": "stacks", "kind": "float8_linear", "module": "mytrainer.Float8Linear", "built_by": "convert_float8",
+         "recipes": ["rowwise", "rowwise_with_gw_hp"], "properties": ["PROV-001", "PROV-002"]},
+    ]
+    result.stdout.fnmatch_lines(["built  stacks: float8_linear as mytrainer.Float8Linear (built by convert_float8; recipes rowwise, rowwise_with_gw_hp)"])
+    assert "| stacks | float8_linear | `mytrainer.Float8Linear` | convert_float8 | rowwise, rowwise_with_gw_hp |" in (suite.path / "out/conf.md").read_text()

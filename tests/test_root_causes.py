@@ -22,7 +22,7 @@ from conformance.plugin.causes import decide
 from conformance.plugin.report import (
     EXAMPLE_OUTCOMES_KEY, PROPERTY_KEY, TestRecord, build_report, property_row, record_outcome,
 )
-from conformance.strategies import ALL_KINDS, Constraints, _smallest_first, _supported, model_specs
+from conformance.strategies import ALL_KINDS, Constraints, _smallest_first, model_specs, served
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -247,7 +247,7 @@ def test_a_failing_property_shows_the_smallest_model_it_was_seen_failing_on():
     property's sample: the smallest of those it ran, not the first failing one in the corpus's
     order (varied, large models first)."""
     settings.load_profile("fp8conf-ci")  # derandomized: models from the shared corpus
-    sample = _smallest_first(_supported(Constraints(kinds=ALL_KINDS)), None, settings.default.max_examples)
+    sample = _smallest_first(served(Constraints(kinds=ALL_KINDS)), None, settings.default.max_examples)
     assert [spec.size() for spec in sample] == sorted(spec.size() for spec in sample)
     failures = []
 

@@ -27,6 +27,7 @@ from hypothesis.statistics import collector
 from conformance import evidence, notes, replay, watchdog
 from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS, DEFAULT_SHRINKS
 from conformance.plugin.report import (
+    BUILT_KEY,
     DEVICE_KEY,
     EXAMPLE_OUTCOMES_KEY,
     EXAMPLES_KEY,
@@ -264,6 +265,7 @@ def annotate_report(
         if item.stash.get(_OUTCOMES_KEY, None):
             extra.append((EXAMPLE_OUTCOMES_KEY, _carried_outcomes(item)))
         extra.extend((NOTE_KEY, text) for text in notes.take())
+        extra.extend((BUILT_KEY, list(entry)) for entry in evidence.take_built())
         info = device_info() if send_device else None
         if info is not None:
             device_sent = True

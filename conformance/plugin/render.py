@@ -193,6 +193,8 @@ def print_summary(terminal: Terminal, report: dict[str, Any], report_path: Path 
             terminal.write_line(_table_line(cells))
         for line in unsupported_lines(report):
             terminal.write_line(line)
+        for line in built_with_lines(report):
+            terminal.write_line(f"built  {line}")
     else:
         terminal.write_line("no fp8_property test ran")
     for line in root_cause_lines(report):
@@ -291,6 +293,28 @@ def _failure(
     return lines + _own_model(row, defect, models)
 
 
+def built_with_lines(report: dict[str, Any]) -> list[str]:
+    """One line per family, kind and module class the run's models were built with."""
+    return [
+        f"{entry['family']}: {entry['kind']} as {entry['module']} (built by {entry['built_by'] or 'the suite'}; "
+        f"recipes {', '.join(map(str, entry['recipes']))})"
+        for entry in report.get("built_with", ())
+    ]
+
+
+def _built_with(report: dict[str, Any]) -> list[str]:
+    entries = report.get("built_with", ())
+    if not entries:
+        return []
+    lines = ["## Models built", "", "| Family | Kind | Module | Built by | Recipes | Properties |", "|---|---|---|---|---|---|"]
+    for e in entries:
+        lines.append(
+            f"| {e['family']} | {e['kind']} | `{e['module']}` | {e['built_by'] or 'the suite'} "
+            f"| {', '.join(map(str, e['recipes']))} | {_cell(', '.join(e['properties']))} |"
+        )
+    return lines + [""]
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as a Markdown page: header, table, score, notes, then each failure."""
     lines = _header(report) + [
@@ -315,6 +339,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| 0 | {_cell(_reason(rows[0][1]))} |"
         )
     lines += ["", f"**{score_line(report)}**", ""]
+    lines += _built_with(report)
     lines += _notes(report)
     order = [pid for pid, _ in ordered_rows(report)]
     failures = sorted(failing_rows(report), key=lambda item: order.index(item[0]))

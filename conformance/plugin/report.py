@@ -22,6 +22,7 @@ from conformance.plugin.gating import GPU_MARKERS, NOT_IN_SPEC, NOT_SUPPORTED
 __all__ = [
     "PROPERTY_KEY",
     "REPORT_SCHEMA_VERSION",
+    "built_with",
     "STATUSES",
     "TestRecord",
     "build_report",
@@ -53,6 +54,7 @@ TIMEOUT_KEY = "fp8_timeout"
 EXPECTATION_KEY = "fp8_expectation"
 DEVICE_KEY = "fp8_device"
 NOTE_KEY = "fp8_note"
+BUILT_KEY = "fp8_built"
 
 
 @dataclasses.dataclass
@@ -68,6 +70,8 @@ class TestRecord:
     reason: str | None = None
     expectations: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    #: ``(family, kind, module class, recipe, built by)`` of the quantized modules its models had.
+    built: tuple[tuple[str, ...], ...] = ()
     #: Example key -> ``"pass"``, or for a failing example what the failure named:
     #: ``{"modules", "nodes", "seen", "size", "code"}`` (``conformance.evidence``).
     example_outcomes: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -123,6 +127,8 @@ def record_outcome(records: dict[str, TestRecord], report: Any) -> dict[str, Any
             record.expectations += (value,)
         elif key == NOTE_KEY and value not in record.notes:
             record.notes += (value,)
+        elif key == BUILT_KEY and tuple(value) not in record.built:
+            record.built += (tuple(value),)
         elif key == DEVICE_KEY and device is None:
             device = dict(value)
     status = outcome_status(report)
@@ -281,7 +287,25 @@ def build_report(
         "properties": rows,
         "untested": [pid for pid in properties if pid not in rows],
         "models": _failing_models(records, rows),
+        "built_with": built_with(records),
     }
+
+
+def built_with(records: Mapping[str, TestRecord]) -> list[dict[str, Any]]:
+    """What the quantized modules of the run's models were, per family and kind: the module
+    classes seen on the built models, their recipes and whose conversion built them (the
+    backend's ``convert_*`` or TorchAO), and the properties that built them."""
+    groups: dict[tuple[str, str, str, str], dict[str, set]] = {}
+    for record in records.values():
+        for family, kind, module, recipe, by in record.built:
+            group = groups.setdefault((family, kind, module, by), {"recipes": set(), "properties": set()})
+            group["recipes"].add(recipe)
+            group["properties"].update(record.property_ids)
+    return [
+        {"family": family, "kind": kind, "module": module, "built_by": by,
+         "recipes": sorted(g["recipes"]), "properties": sorted(g["properties"])}
+        for (family, kind, module, by), g in sorted(groups.items())
+    ]
 
 
 def _failing_models(records: Mapping[str, TestRecord], rows: Mapping[str, Any]) -> dict[str, Any]:

@@ -49,7 +49,8 @@ from conformance.fingerprints import (
     reordered,
     unrelated_changes,
 )
-from conformance.harness import call_backend, check, fail, float8_converter, owns_float8
+from conformance import evidence
+from conformance.harness import built_with, call_backend, check, fail, float8_converter, owns_float8
 from conformance.models import LayerSpec, ModelSpec, build_model
 from conformance.notes import note
 from conformance.plugin.gating import NOT_SUPPORTED
@@ -129,9 +130,11 @@ def _what_else(name: str, before: str, after: str) -> str:
 def _build(property_id, backend, variant: Variant):
     """Build ``variant``'s model; its MX layers, if any, through the backend's ``convert_mx``."""
     try:
-        return variant.build(mx=backend.convert_mx if "mx" in backend.capabilities else None, float8=float8_converter(backend))
+        model, args = variant.build(mx=backend.convert_mx if "mx" in backend.capabilities else None, float8=float8_converter(backend))
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: building the model ({variant.describe()}) raised {type(exc).__name__}: {exc}", variant.spec)
+    evidence.built(built_with(backend, variant.spec, model))
+    return model, args
 
 
 def _built(backend, spec):
