@@ -314,16 +314,17 @@ def _classes() -> dict[str, type]:
 _CLASSES: dict[str, type] = {}
 
 
-def build_family(spec: FamilySpec, device: str = "cpu", *, float8=None):
+def build_family(spec: FamilySpec, device: str = "cpu", *, float8=None, plain: bool = False):
     """Build ``spec``'s model, every quantized linear converted by
     ``torchao.float8.convert_to_float8_training`` with its own config, or by ``float8`` (a
-    backend's ``convert_float8``) when given; return ``(model, args)``."""
+    backend's ``convert_float8``) when given, or left a plain ``nn.Linear`` when ``plain`` (the
+    model in high precision); return ``(model, args)``."""
     import torch
     from torchao.float8 import convert_to_float8_training
 
     torch.manual_seed(spec.seed)
     model = _classes()["FamilyLlama" if spec.llama else "Siblings"](spec)
-    for fqn, (_kind, recipe, emulate) in spec.quantized_modules().items():
+    for fqn, (_kind, recipe, emulate) in ({} if plain else spec.quantized_modules()).items():
         def accept(m, name, fqn=fqn):
             return name == fqn
 

@@ -38,7 +38,8 @@ __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"
 #: 1.5: capability ``float8_modules`` (``Backend.convert_float8``, ``Backend.float8_recipes``,
 #: ``Backend.float8_emulation``): every area but DP builds its float8 layers through the backend
 #: that claims it, of the recipes it declares; backward nodes pair with the first forward op of
-#: their sequence number.
+#: their sequence number. EMU-004 (no silent fallback: a real FP8 step holds its recipes' FP8 compute
+#: by the suite's count and is neither bit-identical to nor far from the high-precision step).
 SPEC_VERSION = "1.5"
 
 
@@ -94,6 +95,7 @@ _ALL = [
     _p("EMU-001", "MUST", "emulation", "An all-emulated model issues no FP8 compute and passes strict validation."),
     _p("EMU-002", "MUST", "emulation", "Next to an emulated module, a non-emulated module that lost its FP8 compute still fails strict validation, named."),
     _p("EMU-003", "SHOULD", "emulation", "One quantized layer, emulated and real, agree in output and gradients: relative norm of the difference at most 1e-5 (tensorwise) or 3e-2 (rowwise recipes) on CPU; on CUDA 1e-4 (tensorwise) or 3e-2."),
+    _p("EMU-004", "MUST", "emulation", "On a model whose quantized modules are all real, the step is no silent high-precision step: every module issues its recipe's FP8 compute by the suite's own count; the step's output and gradients are not all bit-identical to the same weights' high-precision step (the quantized linears plain), nor is the weight gradient of a module that computes it in FP8; and each is closer to it than zero is (relative norm of the difference below 1).", since="1.5"),
     _p("REG-001", "MUST", "regions", "Every FP8 compute node lies in exactly one of the regions the backend reports."),
     _p("REG-002", "MUST", "regions", "All call_function nodes of a region were issued by one quantized module (the suite's own ground truth) in one call and one pass; nodes tagged with one region id come from one module call in one pass: the forward and backward regions of a call, and the two calls of a reused module, never share an id."),
     _p("REG-003", "MUST", "regions", "A region is convex: no path from a region node through nodes outside it comes back into it."),

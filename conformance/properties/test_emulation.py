@@ -12,8 +12,14 @@ from conformance import rewrites
 from conformance.families import FAMILIES
 from conformance.family_examples import family_examples
 from conformance.graphs import fp8_compute_nodes
-from conformance.harness import call_backend, check, device, fail, fp8_ops, names_module, strict_error, traced, traced_graph
-from conformance.strategies import ALL_KINDS, model_specs, runnable_recipes
+from conformance.harness import (
+    call_backend, check, compute_counts_that_run, device, fail, fp8_ops, grad_outputs, names_module, strict_error, traced,
+    traced_graph,
+)
+from conformance.strategies import ALL_KINDS, FLOAT8_KIND, SCALED_MM_KIND, model_specs, runnable_kinds, runnable_recipes
+
+#: The kinds of layers whose FP8 matmuls this torch runs on the device (EMU-004 runs the step).
+RUNNABLE_KINDS = tuple(k for k in (FLOAT8_KIND, SCALED_MM_KIND) if k in runnable_kinds())
 
 
 
@@ -93,3 +99,122 @@ def test_EMU_003_emulated_and_real_models_agree(fp8_backend, spec):
         tolerance = _TOLERANCE["cuda" if device().startswith("cuda") else "cpu"][spec.layers[0].recipe]
         if not error <= tolerance:
             fail("EMU-003", f"{label}: real and emulated differ by {error:.3g} in relative norm (tolerance {tolerance:g} on {device()})", spec)
+
+
+# --- EMU-004: no silent fallback -------------------------------------------------------------------
+
+#: The FP8 step must be closer to the high-precision step than zero is, in every output and
+#: gradient: the relative norm of the difference below 1. e4m3 keeps 3 mantissa bits and a
+#: gradient through a few layers and ReLUs compounds the rounding (the reference's worst over 200
+#: drawn models on CPU: 0.49, an early layer's weight gradient under tensorwise scales; a trainer's
+#: own rowwise linear's: 0.42), so a tighter bound would fail sound steps. Below 1 still catches
+#: what is wrong rather than imprecise: a scale applied the wrong way round (off by its own
+#: magnitude), a transposed or wrong operand (about 1.4), a zeroed or negated gradient (1 and 2).
+_FALLBACK_TOLERANCE = 1.0
+
+
+def _high_precision_twin(spec, model):
+    """``spec``'s model with every quantized linear a plain ``nn.Linear`` holding the FP8 model's
+    parameters (by FQN): the step the FP8 step stands in for."""
+    import torch
+
+    from conformance.families import build_family
+    from conformance.models import build_model
+
+    if hasattr(spec, "family"):
+        twin, _ = build_family(spec, device(), plain=True)
+    else:
+        plain = dataclasses.replace(spec, layers=tuple(dataclasses.replace(l, recipe=None, emulate=False) for l in spec.layers))
+        twin, _ = build_model(plain, device())
+    theirs = dict(model.named_parameters())
+    missing = [name for name, _ in twin.named_parameters() if name not in theirs or theirs[name].shape != _.shape]
+    if missing:
+        fail("EMU-004", f"the quantized model has no parameters {missing} of the shapes the plain model's have: the "
+                        "suite compares gradients by parameter FQN, which a converted linear must keep", spec)
+    with torch.no_grad():
+        for name, p in twin.named_parameters():
+            p.copy_(theirs[name])
+    return twin
+
+
+def _eager_step(model, args, grad_outputs):
+    """Outputs and gradients (``run_joint``'s convention) of ``model`` run eagerly with autograd."""
+    import torch
+
+    args = tuple(a.detach().clone().requires_grad_(a.requires_grad) if a.is_floating_point() else a for a in args)
+    outputs = model(*args)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    torch.autograd.backward(outputs, grad_outputs)
+    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    grads.update({f"input.{i}": a.grad for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.grad is not None})
+    return outputs, grads
+
+
+def _suites_counts(backend, gm, oracle) -> dict:
+    """FP8 compute per (module, pass), by the suite's own attribution (its oracle), not the backend's."""
+    counts: dict = {}
+    for node in fp8_compute_nodes(gm, fp8_ops("EMU-004", backend)):
+        key = (oracle.issued_by.get(node), "backward" if backend.is_backward(node) else "forward")
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.fp8_property("EMU-004")
+@family_examples
+@given(spec=model_specs(recipes=runnable_recipes(), kinds=RUNNABLE_KINDS, emulate=False, nesting=False, families=FAMILIES))
+def test_EMU_004_a_real_fp8_step_is_no_silent_high_precision_step(fp8_backend, spec):
+    """Cheapest defects: a quantized module that computes in high precision while declaring FP8
+    (a fast path that forgot to quantize), one that issues its FP8 matmul and returns the
+    high-precision result beside it, and one whose FP8 matmul is wrong (a scale the wrong way
+    round). On a model whose quantized modules are all real: every module issues its recipe's
+    FP8 compute by the suite's own count; the step's output and gradients are not all
+    bit-identical to the same weights' high-precision step, nor is the weight gradient of a
+    module that computes it in FP8; and each is closer to it than zero is (relative norm of the
+    difference below 1)."""
+    import torch
+
+    case = traced("EMU-004", fp8_backend, spec)
+    expected, kept = compute_counts_that_run("EMU-004", fp8_backend, spec, case.gm, case.oracle)
+    seen = _suites_counts(fp8_backend, case.gm, case.oracle)
+    check(
+        seen == {k: v for k, v in expected.items() if v},
+        "EMU-004",
+        f"the FP8 compute the traced step holds per (module, pass), by the suite's own count, is {seen}; the "
+        f"recipes issue {expected}" + (f" (kept only for in-place ops: {kept})" if kept else "")
+        + ": a module that issues less computes in high precision",
+        spec,
+    )
+    grad_out = grad_outputs(spec, 7)
+    outputs, grads = call_backend("EMU-004", fp8_backend, "run_joint", case.gm, case.model, case.args, grad_out)
+    twin = _high_precision_twin(spec, case.model)
+    hp_outputs, hp_grads = _eager_step(twin, case.args, grad_out)
+    missing = sorted(set(hp_grads) - set(grads))
+    check(not missing, "EMU-004", f"run_joint() returned no gradients for {missing}, which the high-precision step has", spec)
+    pairs = [(f"output {i}", o, hp) for i, (o, hp) in enumerate(zip(outputs, hp_outputs))]
+    pairs += [(f"gradient of {name}", grads[name], hp) for name, hp in sorted(hp_grads.items())]
+    check(
+        not all(torch.equal(a, b) for _, a, b in pairs),
+        "EMU-004",
+        "the FP8 step's output and every gradient are bit-identical to the high-precision step's: its FP8 compute "
+        "does not reach the result (a silent fallback)",
+        spec,
+    )
+    for fqn, (_kind, recipe, _emulate) in spec.quantized_modules().items():
+        name = f"{fqn}.weight"
+        if recipe != "rowwise_with_gw_hp" and name in hp_grads:
+            check(
+                not torch.equal(grads[name], hp_grads[name]),
+                "EMU-004",
+                f"module {fqn!r} ({recipe}) computes its weight gradient with FP8 matmuls, yet the gradient of {name} is "
+                "bit-identical to the high-precision step's",
+                spec,
+            )
+    for label, got, want in pairs:
+        error = ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-12)).item()
+        check(
+            error < _FALLBACK_TOLERANCE,
+            "EMU-004",
+            f"{label}: the FP8 step differs from the high-precision step by {error:.3g} in relative norm (below "
+            f"{_FALLBACK_TOLERANCE:g}: closer to it than zero is): its FP8 compute is wrong, not merely imprecise",
+            spec,
+        )

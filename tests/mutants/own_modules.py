@@ -12,7 +12,10 @@ import torch
 import trainer_backend  # docs/examples, on sys.path for fp8conf's tests (tests/conftest.py, tests/suite_runs.py)
 import trainer_float8
 
-__all__ = ["MUTANTS", "SilentHighPrecisionLinear"]
+from conformance.api.types import Provenance
+from conformance.backends.reference import ReferenceBackend
+
+__all__ = ["MUTANTS", "EmulatesWithoutSaying", "HighPrecisionResultKept", "InverseScaleForgotten", "SilentHighPrecisionLinear"]
 
 
 class _HighPrecisionGwHp(trainer_float8.TrainerFloat8Linear):
@@ -39,4 +42,74 @@ class SilentHighPrecisionLinear(trainer_backend.TrainerBackend):
                 module.__class__ = _HighPrecisionGwHp
 
 
-MUTANTS = [SilentHighPrecisionLinear]
+class _InverseScaleForgotten(trainer_float8.TrainerFloat8Linear):
+    """The trainer's linear whose scaled matmuls get the quantization scale where its inverse
+    belongs: every structure right, every value off by the scales' magnitude."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        original = trainer_float8.quantize_rowwise
+
+        def wrong(t):
+            data, inverse = original(t)
+            return data, inverse.reciprocal()
+
+        trainer_float8.quantize_rowwise = wrong
+        try:
+            return super().forward(x)
+        finally:
+            trainer_float8.quantize_rowwise = original
+
+
+class InverseScaleForgotten(trainer_backend.TrainerBackend):
+    """Its own float8 linear multiplies by the scale instead of its inverse."""
+
+    name = "mutant-own-linear-inverse-scale-forgotten"
+    KILLED_BY = "EMU-004"
+
+    def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
+        super().convert_float8(model, module_filter_fn=module_filter_fn, recipe=recipe, emulate=emulate)
+        for module in model.modules():
+            if type(module) is trainer_float8.TrainerFloat8Linear:
+                module.__class__ = _InverseScaleForgotten
+
+
+class _HighPrecisionResultKept(trainer_float8.TrainerFloat8Linear):
+    """The trainer's linear that issues its FP8 matmul and returns the high-precision one: the
+    FP8 op stays in the graph (its result is added times zero), the numbers are high precision."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fp8 = super().forward(x)
+        out = x @ self.weight.t()
+        out = out if self.bias is None else out + self.bias.to(out.dtype)
+        return out + 0 * fp8
+
+
+class HighPrecisionResultKept(trainer_backend.TrainerBackend):
+    """Its own float8 linear computes in FP8 and in high precision and returns the latter."""
+
+    name = "mutant-own-linear-high-precision-result-kept"
+    KILLED_BY = "EMU-004"
+
+    def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
+        super().convert_float8(model, module_filter_fn=module_filter_fn, recipe=recipe, emulate=emulate)
+        for module in model.modules():
+            if type(module) is trainer_float8.TrainerFloat8Linear and not module.emulate:
+                module.__class__ = _HighPrecisionResultKept
+
+
+class EmulatesWithoutSaying(ReferenceBackend):
+    """Converts every float8 linear emulated, as a trainer does when it finds no FP8 kernel,
+    without saying so: its provenance still reports the module as real."""
+
+    name = "mutant-float8-emulated-without-saying"
+    KILLED_BY = "EMU-004"
+
+    def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
+        super().convert_float8(model, module_filter_fn=module_filter_fn, recipe=recipe, emulate=True)
+
+    def provenance(self, node):
+        found = super().provenance(node)
+        return None if found is None else Provenance(found.module_fqn, found.kind, found.recipe, False)
+
+
+MUTANTS = [SilentHighPrecisionLinear, InverseScaleForgotten, HighPrecisionResultKept, EmulatesWithoutSaying]
