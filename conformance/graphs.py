@@ -30,6 +30,8 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 
+from conformance.api.types import TORCH_COMPUTE_OPS, ComputeOp
+
 __all__ = [
     "Fp8Ops",
     "is_fp8_dtype",
@@ -38,6 +40,9 @@ __all__ = [
     "trace_with_oracle",
     "copy_graph_module",
     "fp8_compute_nodes",
+    "is_low_precision_dtype",
+    "undeclared_low_precision_compute",
+    "declared_on_high_precision",
     "grouped_offsets",
     "unjudged_scaled_mms",
     "no_fp8_compute_reason",
@@ -55,35 +60,49 @@ __all__ = [
 ORACLE_KEY = "conformance.issued_by"
 #: Which call of the module issued a node: the module's own call counter while tracing.
 ORACLE_CALL_KEY = "conformance.call"
-#: torch's scaled matmuls, in every overload.
-_TORCH_SCALED_MM = ("aten._scaled_mm.", "aten._scaled_mm_v2.", "aten._scaled_grouped_mm.", "aten._scaled_grouped_mm_v2.")
-
-
 @dataclasses.dataclass(frozen=True)
 class Fp8Ops:
-    """The ops whose call is FP8 compute when both matrix operands are FP8.
+    """The ops whose call is FP8 compute when its two matrix operands are low precision.
 
-    torch's scaled matmuls always; a backend's own block-scaled op only when it names it through
-    the contract (capability ``e8m0``: :meth:`conformance.api.Backend.e8m0_op`). The suite builds
-    one per backend (:func:`conformance.harness.fp8_ops`), so no op name is wired in here and two
+    torch's scaled matmuls always (:data:`conformance.api.types.TORCH_COMPUTE_OPS`); a backend's
+    own ops only when it declares them through the contract (``Backend.fp8_compute_ops``, and
+    its ``e8m0_op`` with capability ``e8m0``). The suite builds one per backend
+    (:func:`conformance.harness.fp8_ops`), so no op name of a backend's is wired in here and two
     backends never see each other's.
     """
 
-    prefixes: tuple[str, ...] = _TORCH_SCALED_MM
+    ops: tuple[ComputeOp, ...] = TORCH_COMPUTE_OPS
 
     @classmethod
     def of(cls, backend) -> Fp8Ops:
-        if "e8m0" not in backend.capabilities:
-            return cls()
-        op = backend.e8m0_op()
-        # Any overload of the backend's op computes the same thing: match its packet.
-        packet = getattr(op, "overloadpacket", None)
-        if packet is None:
-            raise TypeError(f"backend {backend.name!r}: e8m0_op() returned {op!r}, expected a torch._ops.OpOverload")
-        return cls(_TORCH_SCALED_MM + (f"{packet}.",))
+        declared = list(TORCH_COMPUTE_OPS)
+        for op in backend.fp8_compute_ops():
+            if not isinstance(op, ComputeOp):
+                raise TypeError(f"backend {backend.name!r}: fp8_compute_ops() holds {op!r}, not a conformance.ComputeOp")
+            declared.append(op)
+        if "e8m0" in backend.capabilities:
+            op = backend.e8m0_op()
+            # Any overload of the backend's op computes the same thing: match its packet.
+            packet = getattr(op, "overloadpacket", None)
+            if packet is None:
+                raise TypeError(f"backend {backend.name!r}: e8m0_op() returned {op!r}, expected a torch._ops.OpOverload")
+            declared.append(ComputeOp(packet, (0, 1), (2, 3)))
+        return cls(tuple(dict.fromkeys(declared)))
+
+    @classmethod
+    def declared_by(cls, backend) -> Fp8Ops:
+        """What ``backend`` itself declares FP8 compute (``fp8_compute_ops`` and its e8m0 op),
+        without the suite's own knowledge of torch's scaled matmuls: what VAL-008 holds it to."""
+        everything = cls.of(backend)
+        own = tuple(backend.fp8_compute_ops())
+        return cls(tuple(op for op in everything.ops if op in own or op not in TORCH_COMPUTE_OPS))
+
+    def find(self, target) -> ComputeOp | None:
+        """The declaration of ``target``, or None for an op that is no compute op."""
+        return next((op for op in self.ops if op.matches(target)), None)
 
     def matches(self, target) -> bool:
-        return str(target).startswith(self.prefixes)
+        return self.find(target) is not None
 
 
 def is_fp8_dtype(dtype) -> bool:
@@ -96,21 +115,38 @@ def _is_fp8(value) -> bool:
     return is_fp8_dtype(getattr(value.meta.get("val") if isinstance(value, torch.fx.Node) else value, "dtype", None))
 
 
+def is_low_precision_dtype(dtype) -> bool:
+    """FP8 (:func:`is_fp8_dtype`) or packed FP4 (``float4_e2m1fn_x2``): what low-precision
+    compute multiplies."""
+    return is_fp8_dtype(dtype) or (dtype is not None and "float4" in str(dtype))
+
+
+def _is_low_precision(value) -> bool:
+    return is_low_precision_dtype(getattr(value.meta.get("val") if isinstance(value, torch.fx.Node) else value, "dtype", None))
+
+
 def is_fp8_compute(node: torch.fx.Node, ops: Fp8Ops) -> bool:
-    return (
-        node.op == "call_function"
-        and ops.matches(node.target)
-        and len(node.args) >= 2
-        and _is_fp8(node.args[0])
-        and _is_fp8(node.args[1])
-    )
+    """A call of a compute op whose two matrix operands (at its declared positions) are both low
+    precision: FP8 or packed FP4."""
+    if node.op != "call_function":
+        return False
+    found = ops.find(node.target)
+    if found is None:
+        return False
+    first, second = found.operands
+    return len(node.args) > max(first, second) and _is_low_precision(node.args[first]) and _is_low_precision(node.args[second])
 
 
-def scale_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+def scale_operands(node: torch.fx.Node, ops: Fp8Ops | None = None) -> list[torch.fx.Node]:
     """The scales a scaled matmul reads: ``args[2]`` and ``args[3]`` of the first API; the
     tensors of the ``scale_a`` and ``scale_b`` lists (``args[2]``, ``args[5]``) of the second
-    (``_scaled_mm_v2``, ``_scaled_grouped_mm_v2``, what ``F.scaled_mm`` lowers to)."""
-    if str(node.target).split(".")[-2].endswith("_v2"):
+    (``_scaled_mm_v2``, ``_scaled_grouped_mm_v2``, what ``F.scaled_mm`` lowers to); of an op a
+    backend declares (in ``ops``), the arguments at its declared scale positions."""
+    declared = ops.find(node.target) if ops is not None else None
+    if declared is not None and not any(op is declared for op in TORCH_COMPUTE_OPS):
+        values = [node.args[i] for i in declared.scales if len(node.args) > i]
+        values = [v for group in values for v in (group if isinstance(group, (list, tuple)) else [group])]
+    elif str(node.target).split(".")[-2].endswith("_v2"):
         picked = [node.args[i] if len(node.args) > i else node.kwargs.get(k) for i, k in ((2, "scale_a"), (5, "scale_b"))]
         values = [v for group in picked for v in (group if isinstance(group, (list, tuple)) else [group])]
     else:
@@ -227,6 +263,29 @@ def live_nodes(gm: torch.fx.GraphModule) -> set:
 def output_dependencies(gm: torch.fx.GraphModule) -> set:
     """The nodes the graph's outputs depend on (the output node included)."""
     return _with_inputs(gm.graph.find_nodes(op="output"))
+
+
+def undeclared_low_precision_compute(gm: torch.fx.GraphModule, declared: Fp8Ops) -> list[torch.fx.Node]:
+    """The nodes of ``gm`` that compute in low precision, judged by dtypes alone (two or more FP8
+    or packed FP4 tensors in, a high-precision floating tensor out), whose op ``declared`` does
+    not hold."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or declared.matches(node.target):
+            continue
+        inputs = [a for a in node.all_input_nodes if _is_low_precision(a)]
+        outputs = node.meta.get("val")
+        outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+        high = [v for v in outputs if getattr(v, "dtype", None) is not None and v.dtype.is_floating_point and not is_low_precision_dtype(v.dtype)]
+        if len(inputs) >= 2 and high:
+            found.append(node)
+    return found
+
+
+def declared_on_high_precision(gm: torch.fx.GraphModule, declared: Fp8Ops) -> list[torch.fx.Node]:
+    """The calls in ``gm`` of an op ``declared`` holds whose matrix operands are not both low
+    precision: a declared FP8 op computing in high precision."""
+    return [n for n in gm.graph.nodes if n.op == "call_function" and declared.matches(n.target) and not is_fp8_compute(n, declared)]
 
 
 def run_for_side_effects_only(gm: torch.fx.GraphModule) -> set:
@@ -357,7 +416,7 @@ def incompleteness(nodes: set, is_backward, ops: Fp8Ops) -> str | None:
     if not computes:
         return "it holds no FP8 compute"
     entering = [(n, i) for n in nodes for i in n.all_input_nodes if i not in nodes and _is_fp8(i)]
-    entering += [(c, a) for c in computes for a in scale_operands(c) if a not in nodes]
+    entering += [(c, a) for c in computes for a in scale_operands(c, ops) if a not in nodes]
     for consumer, value in entering:
         if value.op == "placeholder" or is_backward(value) != is_backward(consumer):
             continue

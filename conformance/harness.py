@@ -37,7 +37,7 @@ from conformance.models import ModelSpec, build_model
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
-    "require_subject", "compute_counts_that_run", "owns_float8", "float8_converter", "built_with",
+    "require_subject", "compute_counts_that_run", "declared_ops", "owns_float8", "float8_converter", "built_with",
 ]
 
 #: The backend the running test checks, set by :func:`serving` (for reproducers only).
@@ -190,6 +190,19 @@ def fp8_ops(property_id: str, backend) -> Fp8Ops:
         return _fp8_ops(backend)
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: e8m0_op() raised or returned no op: {type(exc).__name__}: {exc}")
+
+
+@functools.lru_cache(maxsize=None)
+def _declared_ops(backend) -> Fp8Ops:
+    return Fp8Ops.declared_by(backend)
+
+
+def declared_ops(property_id: str, backend) -> Fp8Ops:
+    """The ops ``backend`` itself declares FP8 compute (``fp8_compute_ops``, its e8m0 op)."""
+    try:
+        return _declared_ops(backend)
+    except Exception as exc:
+        fail(property_id, f"backend {backend.name!r}: fp8_compute_ops() or e8m0_op() raised or returned no op: {type(exc).__name__}: {exc}")
 
 
 def compute_counts_that_run(property_id: str, backend, spec, gm, oracle: Oracle) -> tuple[dict, dict]:

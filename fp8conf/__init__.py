@@ -25,7 +25,7 @@ _EXPORTS = {
     "fp8conf.quantized.scaled_mm": ("ScaledMMLinear", "convert_to_scaled_mm_training"),
     "fp8conf.graph.trace": ("JointSignature", "TraceInfo", "copy_graph_module", "joint_signature", "run_joint", "trace_info", "trace_joint"),
     "fp8conf.graph.provenance": ("PROVENANCE_META_KEY", "CallRecord", "Provenance", "get_provenance", "node_passes"),
-    "fp8conf.graph.roles": ("OpRole", "classify_node", "is_fp8_compute", "op_roles"),
+    "fp8conf.graph.roles": ("OpRole", "classify_node", "is_fp8_compute", "op_roles", "register_compute_op"),
     "fp8conf.graph.validate": ("Finding", "ValidationReport", "validate_fp8_graph"),
     "fp8conf.graph.regions": ("Region", "identify_fp8_regions", "tag_fp8_regions"),
     "fp8conf.graph.split": ("StageSplit", "split_stage"),
@@ -88,6 +88,7 @@ __all__ = [
     "classify_node",
     "is_fp8_compute",
     "op_roles",
+    "register_compute_op",
     # validate (fp8conf.graph.validate)
     "validate_fp8_graph",
     "ValidationReport",

@@ -87,3 +87,52 @@ def test_mixed_or_high_precision_operands_are_not_low_precision_compute():
     })
     mm = graph.call_function(torch.ops.aten._scaled_mm.default, (n["a"], n["b"], n["s"], n["s"]))
     assert compute_format(mm) is None and not fp8conf.is_fp8_compute(mm)
+
+
+def _trainer_scaled_addmm():
+    """``fp8conf_tests::scaled_addmm_(acc, a, b, scale_a, scale_b)``: a trainer's own in-place
+    weight-gradient accumulation, ``acc += (a * scale_a) @ (b * scale_b)``, defined once."""
+    try:
+        return torch.ops.fp8conf_tests.scaled_addmm_.default
+    except (AttributeError, RuntimeError):
+        pass
+
+    @torch.library.custom_op("fp8conf_tests::scaled_addmm_", mutates_args=("acc",))
+    def scaled_addmm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> None:
+        acc.add_(((a.float() * scale_a) @ (b.float() * scale_b)).to(acc.dtype))
+
+    return torch.ops.fp8conf_tests.scaled_addmm_.default
+
+
+def test_a_trainers_own_op_is_compute_once_registered_and_the_suite_holds_it_to_its_declaration():
+    from conformance.api import TORCH_COMPUTE_OPS, ComputeOp
+    from conformance.graphs import Fp8Ops, declared_on_high_precision, is_fp8_compute, undeclared_low_precision_compute
+
+    op = _trainer_scaled_addmm()
+    graph, n = _graph({
+        "acc": lambda: torch.empty(16, 32, dtype=torch.bfloat16),
+        "a": lambda: torch.empty(16, 64, dtype=E4M3),
+        "b": lambda: torch.empty(64, 32, dtype=E4M3),
+        "sa": lambda: torch.empty(16, 1),
+        "sb": lambda: torch.empty(1, 32),
+        "ha": lambda: torch.empty(16, 64, dtype=torch.bfloat16),
+    })
+    fused = graph.call_function(op, (n["acc"], n["a"], n["b"], n["sa"], n["sb"]))
+    fused.meta["val"] = torch.empty(16, 32, dtype=torch.bfloat16, device="meta")  # as a functionalized accumulation returns
+    on_high = graph.call_function(op, (n["acc"], n["ha"], n["ha"], n["sa"], n["sb"]))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert not fp8conf.is_fp8_compute(fused)  # an op fp8conf does not know
+    fp8conf.register_compute_op(torch.ops.fp8conf_tests.scaled_addmm_, operands=(1, 2), scales=((3, "scale_a"), (4, "scale_b")))
+    assert fp8conf.is_fp8_compute(fused) and scale_operands(fused) == [n["sa"], n["sb"]]
+    assert op_roles(graph)[fused] is fp8conf.OpRole.COMPUTE and not fp8conf.is_fp8_compute(on_high)
+    # The suite finds the low-precision compute by dtypes whatever is declared; declared (by its
+    # name, with the positions fp8conf was given), it is compute, and its call on high-precision
+    # operands is named.
+    assert undeclared_low_precision_compute(gm, Fp8Ops(TORCH_COMPUTE_OPS)) == [fused]
+    declared = Fp8Ops(TORCH_COMPUTE_OPS + (ComputeOp("fp8conf_tests::scaled_addmm_", (1, 2), (3, 4)),))
+    assert undeclared_low_precision_compute(gm, declared) == [] and is_fp8_compute(fused, declared)
+    assert declared_on_high_precision(gm, declared) == [on_high]
+    # The reference adapter declares what fp8conf was given.
+    from conformance.backends.reference import ReferenceBackend
+
+    assert ComputeOp(op, (1, 2), (3, 4)) in ReferenceBackend().fp8_compute_ops()

@@ -10,6 +10,8 @@ from conformance.api.errors import ContractError, FingerprintMismatch, SplitFail
 from conformance.api.spec import PROPERTIES, SPEC_VERSION, Property, get_property
 from conformance.api.types import (
     CAPABILITIES,
+    TORCH_COMPUTE_OPS,
+    ComputeOp,
     FINGERPRINT_SCOPES,
     FLOAT8_RECIPES,
     PASSES,
@@ -25,6 +27,8 @@ from conformance.api.types import (
 __all__ = [
     "Backend",
     "CAPABILITIES",
+    "ComputeOp",
+    "TORCH_COMPUTE_OPS",
     "FINGERPRINT_SCOPES",
     "FLOAT8_RECIPES",
     "PASSES",

@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.api.spec import SPEC_VERSION
 from conformance.api.types import (
-    CAPABILITIES, FINGERPRINT_SCOPES, FLOAT8_RECIPES, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport,
+    CAPABILITIES, FINGERPRINT_SCOPES, FLOAT8_RECIPES, TORCH_COMPUTE_OPS, ComputeOp, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport,
 )
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
@@ -165,6 +165,18 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def is_backward(self, node: torch.fx.Node) -> bool:
         """Whether ``node`` belongs to the backward pass of the joint graph."""
+
+    def fp8_compute_ops(self) -> tuple[ComputeOp, ...]:
+        """The ops that are FP8 compute in the backend's graphs, what its passes count and keep
+        as such: torch's scaled matmuls by default (:data:`~conformance.api.types.TORCH_COMPUTE_OPS`),
+        and a trainer's own ops (a fused weight-gradient accumulation, a kernel of its own),
+        each with its operand and scale positions. The suite counts a declared op as FP8 compute
+        where its operands are low precision (its own ground truth), and VAL-008 checks the
+        declaration against the graphs: low-precision compute (two FP8 or packed FP4 tensors into
+        a high-precision result) the backend does not declare, or a declared op the step calls
+        on high-precision operands, fails. The e8m0 op (:meth:`e8m0_op`) counts without being
+        listed."""
+        return TORCH_COMPUTE_OPS
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self, gm: torch.fx.GraphModule, *, strict: bool) -> ValidationReport:

@@ -40,6 +40,8 @@ __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"
 #: that claims it, of the recipes it declares; backward nodes pair with the first forward op of
 #: their sequence number. EMU-004 (no silent fallback: a real FP8 step holds its recipes' FP8 compute
 #: by the suite's count and is neither bit-identical to nor far from the high-precision step).
+#: VAL-008 and ``Backend.fp8_compute_ops`` (the FP8 compute ops a backend declares, its own
+#: custom ops included, checked against the low-precision compute the suite finds by dtypes).
 SPEC_VERSION = "1.5"
 
 
@@ -92,6 +94,7 @@ _ALL = [
     _p("VAL-005", "MUST", "validation", "Validation, strict or not, changes neither the graph's code nor any node's or the graph module's meta."),
     _p("VAL-006", "SHOULD", "validation", "Non-strict validation reports the finding strict mode raises, warns once per finding and gives a summary that states the number of findings and names the module the suite broke and every module a finding names."),
     _p("VAL-007", "MUST", "validation", "The report's FP8 compute counts per `(module, pass)` equal those of what runs: the recipe's, plus a grad_input matmul the step does not need that the graph keeps for an in-place op; a duplicated compute node fails strict validation naming its module."),
+    _p("VAL-008", "MUST", "validation", "Low-precision compute is the compute the backend declares: every op of the traced step that takes two or more FP8 or packed FP4 tensors and returns a high-precision floating tensor is one of the ops `Backend.fp8_compute_ops` declares (torch's scaled matmuls by default), and every call of a declared op takes low-precision tensors at its declared operand positions.", since="1.5"),
     _p("EMU-001", "MUST", "emulation", "An all-emulated model issues no FP8 compute and passes strict validation."),
     _p("EMU-002", "MUST", "emulation", "Next to an emulated module, a non-emulated module that lost its FP8 compute still fails strict validation, named."),
     _p("EMU-003", "SHOULD", "emulation", "One quantized layer, emulated and real, agree in output and gradients: relative norm of the difference at most 1e-5 (tensorwise) or 3e-2 (rowwise recipes) on CPU; on CUDA 1e-4 (tensorwise) or 3e-2."),

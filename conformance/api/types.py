@@ -7,10 +7,11 @@ serialise them whatever a backend keeps in ``node.meta``.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 __all__ = [
     "CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region", "Compiled", "StageSplit",
-    "JobConfigs", "AOT_SPLIT_FIELDS", "FINGERPRINT_SCOPES", "FLOAT8_RECIPES",
+    "JobConfigs", "AOT_SPLIT_FIELDS", "FINGERPRINT_SCOPES", "FLOAT8_RECIPES", "ComputeOp", "TORCH_COMPUTE_OPS",
 ]
 
 #: Every capability a backend may claim. A property whose capability is not claimed is reported
@@ -59,6 +60,55 @@ PASSES = ("forward", "backward")
 #: Every scope is sensitive to every quantization input, and equal for equal models built alike
 #: in any process.
 FINGERPRINT_SCOPES = ("quantization", "whole_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeOp:
+    """An op that is FP8 compute in a backend's graphs (``Backend.fp8_compute_ops``): a call of it
+    is low-precision compute when its two matrix operands, the arguments at ``operands``, are
+    FP8 or packed FP4 tensors; ``scales`` are the positions of its scale arguments (each a tensor
+    or a list of tensors), which an FP8 region keeps with it.
+
+    ``op`` names it: a ``torch._ops.OpOverload`` (that overload), an ``OpOverloadPacket`` (every
+    overload), or its qualified name as text, ``"aten._scaled_mm"`` or ``"mylib::scaled_addmm_"``
+    (every overload) or ``"mylib::scaled_addmm_.default"`` (one)."""
+
+    op: Any
+    operands: tuple[int, int] = (0, 1)
+    scales: tuple[int, ...] = (2, 3)
+
+    def __post_init__(self):
+        ops = self.operands
+        if not (isinstance(ops, tuple) and len(ops) == 2 and all(isinstance(i, int) and i >= 0 for i in ops) and ops[0] != ops[1]):
+            raise TypeError(f"ComputeOp({self.op!r}): operands must be two distinct argument positions, got {ops!r}")
+        if not (isinstance(self.scales, tuple) and all(isinstance(i, int) and i >= 0 for i in self.scales)):
+            raise TypeError(f"ComputeOp({self.op!r}): scales must be a tuple of argument positions, got {self.scales!r}")
+
+    @property
+    def name(self) -> str:
+        """The op as ``str(node.target)`` reads: ``"mylib.scaled_addmm_.default"``, or for every
+        overload the packet's name with a trailing dot (``"aten._scaled_mm."``)."""
+        if isinstance(self.op, str):
+            text = self.op.replace("::", ".")
+            return text if text.count(".") >= 2 or text.endswith(".") else text + "."
+        if hasattr(self.op, "overloadpacket"):  # an OpOverload
+            return str(self.op)
+        return f"{self.op}."
+
+    def matches(self, target) -> bool:
+        name, text = self.name, str(target)
+        return text.startswith(name) if name.endswith(".") else text == name
+
+
+#: torch's scaled matmuls, what a backend declares unless it says otherwise: the first API
+#: (``torch._scaled_mm``, its grouped form) with scales at 2 and 3, the second (``F.scaled_mm``,
+#: ``F.scaled_grouped_mm``) with its scale lists at 2 and 5.
+TORCH_COMPUTE_OPS = (
+    ComputeOp("aten._scaled_mm", (0, 1), (2, 3)),
+    ComputeOp("aten._scaled_grouped_mm", (0, 1), (2, 3)),
+    ComputeOp("aten._scaled_mm_v2", (0, 1), (2, 5)),
+    ComputeOp("aten._scaled_grouped_mm_v2", (0, 1), (2, 5)),
+)
 
 
 @dataclasses.dataclass(frozen=True)

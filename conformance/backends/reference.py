@@ -96,6 +96,13 @@ class ReferenceBackend(Backend):
         compiled = fp8conf.compile_joint(gm, mode=mode, strict=True, cudagraph=cudagraph, remainder="eager")
         return Compiled(compiled, compiled.compiled_nodes, compiled.eager_nodes)
 
+    def fp8_compute_ops(self):
+        # torch's scaled matmuls, and every op a trainer declared to fp8conf's passes.
+        from conformance.api.types import TORCH_COMPUTE_OPS, ComputeOp
+        from fp8conf.graph.roles import registered_compute_ops
+
+        return TORCH_COMPUTE_OPS + tuple(ComputeOp(op, operands, scales) for op, operands, scales in registered_compute_ops())
+
     def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
         # fp8conf's float8 linears are TorchAO's, converted from the recipe's config.
         import dataclasses

@@ -12,9 +12,9 @@ from conformance import rewrites
 from conformance.evidence import is_named
 from conformance.families import FAMILIES
 from conformance.family_examples import family_examples
-from conformance.graphs import fp8_compute_nodes
+from conformance.graphs import declared_on_high_precision, fp8_compute_nodes, undeclared_low_precision_compute
 from conformance.harness import (
-    call_backend, check, compute_counts_that_run, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error, traced, traced_graph,
+    call_backend, check, compute_counts_that_run, declared_ops, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error, traced, traced_graph,
 )
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
@@ -223,5 +223,36 @@ def test_VAL_007_compute_counts_per_call_match_the_recipe(fp8_backend, spec, dat
         "VAL-007",
         f"'{twin.name}' duplicates '{node.name}' of {oracle.issued_by[node]!r}, one FP8 matmul more than the recipe issues; "
         f"strict validation must fail naming that module, saw: {exc!r}",
+        spec,
+    )
+
+
+@pytest.mark.fp8_property("VAL-008")
+@family_examples
+@given(spec=model_specs())
+def test_VAL_008_low_precision_compute_is_the_compute_the_backend_declares(fp8_backend, spec):
+    """Cheapest defects: a backend whose passes know torch's first scaled-matmul API while its
+    graphs call the second (or a kernel of its own), so they count, tag and keep nothing of it;
+    and an op declared FP8 compute that the step calls on dequantized, high-precision operands.
+    The suite finds low-precision compute by dtypes alone (two FP8 or packed FP4 tensors into a
+    high-precision result): every such node must be an op the backend declares
+    (``fp8_compute_ops``), and every declared op the step calls must take low-precision
+    operands at its declared positions."""
+    gm, oracle = traced_graph("VAL-008", fp8_backend, spec)
+    declared = declared_ops("VAL-008", fp8_backend)
+    undeclared = undeclared_low_precision_compute(gm, declared)
+    check(
+        not undeclared,
+        "VAL-008",
+        "low-precision compute the backend does not declare (fp8_compute_ops): "
+        + ", ".join(f"node '{n.name}' ({n.target}) of {oracle.issued_by.get(n)!r}" for n in undeclared),
+        spec,
+    )
+    high = declared_on_high_precision(gm, declared)
+    check(
+        not high,
+        "VAL-008",
+        "a declared FP8 compute op called on high-precision operands: "
+        + ", ".join(f"node '{n.name}' ({n.target}) of {oracle.issued_by.get(n)!r}" for n in high),
         spec,
     )

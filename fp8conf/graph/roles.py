@@ -4,7 +4,8 @@ A role is decided by the node's target *and* the dtypes of its operands, never b
 
 * ``compute``: a scaled matmul (``aten._scaled_mm``, ``_scaled_mm_v2``, ``_scaled_grouped_mm``,
   ``_scaled_grouped_mm_v2``, the weight-gradient accumulation ``_scaled_addmm_`` where torch has
-  it, ``fp8conf.scaled_mm_e8m0``) whose two matrix operands both have a low-precision dtype: FP8
+  it, ``fp8conf.scaled_mm_e8m0``, and a trainer's own ops declared with
+  :func:`register_compute_op`) whose two matrix operands both have a low-precision dtype: FP8
   (e4m3, e5m2) or packed FP4 (``float4_e2m1fn_x2``, NVFP4 with e4m3 block scales);
   :func:`compute_format` says which. A scaled op fed a high-precision operand, or merely
   carrying an FP8 scale, is not low-precision compute;
@@ -26,9 +27,10 @@ import torch
 import torch.fx
 
 from fp8conf.arguments import require
+from fp8conf.errors import FP8ConfigError
 
 __all__ = [
-    "OpRole", "FP8_DTYPES", "FP4_DTYPES", "SCALED_MM_TARGETS", "is_fp8_dtype", "is_low_precision_dtype", "is_fp8_compute",
+    "OpRole", "FP8_DTYPES", "FP4_DTYPES", "register_compute_op", "registered_compute_ops", "is_fp8_dtype", "is_low_precision_dtype", "is_fp8_compute",
     "compute_format", "operand_positions", "matrix_operands", "scale_operands", "classify_node", "op_roles",
 ]
 
@@ -71,8 +73,47 @@ _OPERANDS = {
     "aten._scaled_addmm.default": ((1, 2), ((3, "scale_a"), (4, "scale_b"))),
 }
 
-#: Targets (as ``str(node.target)``) of the scaled matmuls that can be low-precision compute.
-SCALED_MM_TARGETS = frozenset(_OPERANDS)
+#: The ops :func:`register_compute_op` declared, as their overloads.
+_REGISTERED: dict[str, object] = {}
+
+
+def register_compute_op(op, *, operands: tuple[int, int] = (0, 1), scales=((2, "scale_a"), (3, "scale_b"))) -> None:
+    """Declare a trainer's own op a scaled matmul: low-precision compute where its two matrix
+    operands (the positions ``operands``) are both FP8 or packed FP4, and ``scales`` the
+    ``(position, keyword)`` pairs of its scale arguments (a tensor or a list of them), which the
+    regions keep with it. ``op`` is a ``torch._ops.OpOverload`` or, for every overload, its
+    ``OpOverloadPacket`` (``torch.ops.mytrainer.scaled_addmm_``). Every pass of fp8conf then
+    attributes, counts, tags and keeps it as it does torch's scaled matmuls; registering an op
+    again replaces what it declared."""
+    overloads = _overloads(op)
+    if (
+        not isinstance(operands, tuple) or len(operands) != 2 or not all(isinstance(i, int) and i >= 0 for i in operands)
+        or operands[0] == operands[1]
+    ):
+        raise FP8ConfigError(f"register_compute_op(operands=...): expected two distinct argument positions, got {operands!r}")
+    scales = tuple(scales)
+    if not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], int) and p[0] >= 0 and isinstance(p[1], str) for p in scales):
+        raise FP8ConfigError(f"register_compute_op(scales=...): expected (position, keyword) pairs, got {scales!r}")
+    for overload in overloads:
+        _OPERANDS[str(overload)] = (operands, scales)
+        _REGISTERED[str(overload)] = overload
+
+
+def registered_compute_ops() -> tuple[tuple[object, tuple[int, int], tuple[int, ...]], ...]:
+    """``(overload, operand positions, scale positions)`` of every op :func:`register_compute_op`
+    declared, in registration order: what an adapter declares to the conformance suite."""
+    return tuple((op, _OPERANDS[name][0], tuple(p for p, _ in _OPERANDS[name][1])) for name, op in _REGISTERED.items())
+
+
+def _overloads(op) -> list:
+    if isinstance(op, torch._ops.OpOverload):
+        return [op]
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return [getattr(op, name) for name in op.overloads()]
+    raise FP8ConfigError(
+        f"register_compute_op(op=...): expected a torch._ops.OpOverload or OpOverloadPacket "
+        f"(torch.ops.mylib.my_scaled_mm), got {type(op).__qualname__}"
+    )
 
 _AMAX_TARGETS = frozenset({"aten.abs.default", "aten.amax.default", "aten.max.default", "aten.max.dim"})
 
@@ -94,7 +135,7 @@ def is_low_precision_dtype(dtype) -> bool:
 
 def is_scaled_mm(node: torch.fx.Node) -> bool:
     """A call of one of the scaled matmuls, whatever its operands."""
-    return node.op == "call_function" and str(node.target) in SCALED_MM_TARGETS
+    return node.op == "call_function" and str(node.target) in _OPERANDS
 
 
 def operand_positions(target: str) -> tuple[int, int] | None:
