@@ -38,6 +38,9 @@ __all__ = [
     "is_fp8_compute",
     "Oracle",
     "trace_with_oracle",
+    "trace_and_rewrite",
+    "Rewritten",
+    "RewriteFailed",
     "copy_graph_module",
     "fp8_compute_nodes",
     "is_low_precision_dtype",
@@ -354,10 +357,50 @@ def _annotate_modules(model: torch.nn.Module, fqns):
 
 def trace_with_oracle(backend, model, args, quantized_fqns, is_backward) -> tuple[torch.fx.GraphModule, Oracle]:
     """Let ``backend`` trace ``model`` while the suite records its own ground truth."""
+    return _with_oracle(_traced(backend, model, args, quantized_fqns), is_backward)
+
+
+class RewriteFailed(Exception):
+    """The backend's ``rewrite()`` raised or returned something other than a graph module."""
+
+
+@dataclasses.dataclass
+class Rewritten:
+    """A traced graph and the backend's rewrite of it, each with the suite's oracle."""
+
+    gm: torch.fx.GraphModule
+    oracle: Oracle
+    traced_gm: torch.fx.GraphModule
+    traced_oracle: Oracle
+
+
+def trace_and_rewrite(backend, model, args, quantized_fqns, is_backward) -> Rewritten:
+    """As :func:`trace_with_oracle`, then the backend's post-trace passes (``Backend.rewrite``,
+    capability ``rewrites``) on the traced graph. The suite's annotation of who issued each node
+    is still in the nodes' ``meta["custom"]`` while the rewrite runs: a rewrite that copies node
+    metadata, as it must for provenance, carries it to the nodes it makes; one that does not
+    leaves them issued by no module, as it leaves them without provenance."""
+    gm = _traced(backend, model, args, quantized_fqns)
+    before = _with_oracle(copy_graph_module(gm), is_backward)
+    try:
+        rewritten = backend.rewrite(gm)
+    except Exception as exc:
+        raise RewriteFailed(f"rewrite() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(rewritten, torch.fx.GraphModule):
+        raise RewriteFailed(f"rewrite() returned {type(rewritten).__qualname__}, expected torch.fx.GraphModule")
+    return Rewritten(*_with_oracle(rewritten, is_backward), *before)
+
+
+def _traced(backend, model, args, quantized_fqns) -> torch.fx.GraphModule:
     with fx_traceback.preserve_node_meta(), _annotate_modules(model, quantized_fqns):
         gm = backend.trace_joint(model, args)
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"backend {backend.name!r}: trace_joint returned {type(gm).__qualname__}, expected torch.fx.GraphModule")
+    return gm
+
+
+def _with_oracle(gm: torch.fx.GraphModule, is_backward) -> tuple[torch.fx.GraphModule, Oracle]:
+    """``gm`` without the suite's annotations, and the oracle they make."""
     issued_by, call_of, first_by_seq = {}, {}, {}
     backward_nodes = []
     for node in gm.graph.nodes:

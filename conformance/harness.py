@@ -31,13 +31,15 @@ import pytest
 from conformance import evidence, strategies
 from conformance.api.errors import ValidationFailure
 from conformance.api.spec import get_property
-from conformance.graphs import Fp8Ops, Oracle, copy_graph_module, fp8_compute_nodes, run_for_side_effects_only, trace_with_oracle
+from conformance.graphs import (
+    Fp8Ops, Oracle, RewriteFailed, copy_graph_module, fp8_compute_nodes, run_for_side_effects_only, trace_and_rewrite, trace_with_oracle,
+)
 from conformance.models import ModelSpec, build_model
 
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
-    "require_subject", "compute_counts_that_run", "declared_ops", "owns_float8", "float8_converter", "built_with",
+    "require_subject", "compute_counts_that_run", "declared_ops", "traced_before_rewrite", "owns_float8", "float8_converter", "built_with",
 ]
 
 #: The backend the running test checks, set by :func:`serving` (for reproducers only).
@@ -251,6 +253,9 @@ class TracedCase:
     oracle: Oracle
     #: What the model's quantized modules were built with (:func:`built_with`).
     built: tuple = ()
+    #: ``(gm, oracle)`` of the graph as traced, before the backend's rewrite (capability
+    #: ``rewrites``; ``gm`` is then the rewritten graph), else None.
+    before: tuple | None = None
 
 
 #: Who builds the quantized modules of each kind, when the backend does not (TorchAO).
@@ -296,7 +301,11 @@ def _trace(backend, spec: ModelSpec, device: str) -> TracedCase:
     except Exception as exc:
         raise _NotBuilt(f"{type(exc).__name__}: {exc}") from exc
     built = built_with(backend, spec, model)
-    gm, oracle = trace_with_oracle(backend, model, args, list(spec.quantized_modules()), backend.is_backward)
+    fqns = list(spec.quantized_modules())
+    if "rewrites" in backend.capabilities:
+        done = trace_and_rewrite(backend, model, args, fqns, backend.is_backward)
+        return TracedCase(spec, model, args, done.gm, done.oracle, built, (done.traced_gm, done.traced_oracle))
+    gm, oracle = trace_with_oracle(backend, model, args, fqns, backend.is_backward)
     return TracedCase(spec, model, args, gm, oracle, built)
 
 
@@ -309,6 +318,8 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
     evidence.drawn(spec)
     try:
         cached = _trace(backend, spec, device())
+    except RewriteFailed as exc:
+        fail(property_id, f"backend {backend.name!r}: {exc}", spec)
     except _NotBuilt as exc:
         fail(property_id, f"backend {backend.name!r}: building the drawn model (its own float8 linears through convert_float8(), MX layers through convert_mx(), scaled-matmul layers through convert_scaled_mm()) raised {exc}", spec)
     except Exception as exc:
@@ -316,6 +327,15 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
     evidence.built(cached.built)
     gm, oracle = fresh_copy(cached)
     return dataclasses.replace(cached, gm=gm, oracle=oracle)
+
+
+def traced_before_rewrite(property_id: str, backend, spec: ModelSpec):
+    """``(gm, oracle)``: a copy of ``spec``'s graph as the backend traced it, before its rewrite
+    (capability ``rewrites``)."""
+    case = traced(property_id, backend, spec)
+    if case.before is None:
+        fail(property_id, f"backend {backend.name!r} claims no rewrites: there is no graph before a rewrite", spec)
+    return fresh_copy(dataclasses.replace(case, gm=case.before[0], oracle=case.before[1]))
 
 
 def traced_graph(property_id: str, backend, spec: ModelSpec):

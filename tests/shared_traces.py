@@ -9,7 +9,8 @@ share the traces, keyed by what tracing a model involves:
 
 * the functions the backend's class gives ``trace_joint`` and ``is_backward``, and ``convert_mx``,
   ``convert_scaled_mm`` and ``convert_float8`` where it claims ``mx`` / ``scaled_mm_v2`` /
-  ``float8_modules`` and the model holds layers they build (they build them), plus every attribute of the class those functions name, transitively (a mutant that
+  ``float8_modules`` and the model holds layers they build (they build them), and ``rewrite``
+  where it claims ``rewrites`` (the case holds the rewritten graph), plus every attribute of the class those functions name, transitively (a mutant that
   overrides a helper the tracer calls traces on its own);
 * the drawn model's spec and the device.
 
@@ -42,10 +43,12 @@ def tracing_identity(backend, spec=None):
         "mx": spec is None or _holds(spec, "has_mx"), "scaled_mm_v2": spec is None or _holds(spec, "has_scaled_mm"),
         "float8_modules": spec is None or _holds(spec, "has_float8"),
     }
+    needs["rewrites"] = True  # the cached case holds the rewritten graph
     capabilities = frozenset(c for c in backend.capabilities if needs.get(c))
     names |= {"convert_mx"} if "mx" in capabilities else set()
     names |= {"convert_scaled_mm"} if "scaled_mm_v2" in capabilities else set()
     names |= {"convert_float8", "float8_recipes", "float8_emulation"} if "float8_modules" in capabilities else set()
+    names |= {"rewrite"} if "rewrites" in capabilities else set()
     todo = list(names)
     while todo:
         code = getattr(getattr(cls, todo.pop(), None), "__code__", None)

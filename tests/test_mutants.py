@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.api.spec import PROPERTIES
-from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, own_modules, peers, power_table, regions, scaled_mm_v2  # tests/ is on sys.path (tests/conftest.py)
+from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, own_modules, peers, power_table, regions, rewrites, scaled_mm_v2  # tests/ is on sys.path (tests/conftest.py)
 from suite_runs import Run, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
 from timings import SESSIONS
 
@@ -26,6 +26,7 @@ MUTANTS = (
     + distributed.MUTANTS
     + scaled_mm_v2.MUTANTS
     + own_modules.MUTANTS
+    + rewrites.MUTANTS
 )
 #: Mutants of the makefx backend: the properties they break pass on makefx (tests/test_makefx.py).
 ALL_MUTANTS = MUTANTS + peers.MAKEFX_MUTANTS
@@ -37,11 +38,13 @@ def _run(mutant) -> Run:
 
 def test_every_must_property_of_a_claimed_capability_has_a_mutant():
     from conformance.backends.reference import ReferenceBackend
+    from trainer_backend import TrainerBackend
 
     # MOE-008's mutant needs an sm90 GPU, like cudagraph's; it lives with the GPU run too.
     covered = {m.KILLED_BY for m in ALL_MUTANTS + moe.GPU_MUTANTS}
     # cudagraph (NUM-004) needs a GPU, which CI machines lack; its mutants live with the GPU run.
-    claimed = ReferenceBackend.capabilities - {"cudagraph"}
+    # The worked example claims what the reference does not (rewrites).
+    claimed = (ReferenceBackend.capabilities | TrainerBackend.capabilities) - {"cudagraph"}
     wanted = {p.id for p in PROPERTIES.values() if p.level == "MUST" and p.capability in claimed}
     assert wanted <= covered, f"MUST properties without a mutant: {sorted(wanted - covered)}"
 

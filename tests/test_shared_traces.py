@@ -77,3 +77,12 @@ def test_a_trace_is_shared_across_sessions_until_a_session_changes_its_model():
         assert harness.traced("PROV-001", ReferenceBackend(), SPEC).model is not first.model
     finally:
         harness._trace = original
+
+
+def test_backends_whose_rewrites_differ_share_no_trace():
+    import trainer_backend
+    from mutants.rewrites import RewriteReordersInputs
+
+    from shared_traces import tracing_identity
+
+    assert tracing_identity(trainer_backend.TrainerBackend()) != tracing_identity(RewriteReordersInputs())

@@ -178,6 +178,18 @@ class Backend(abc.ABC):
         listed."""
         return TORCH_COMPUTE_OPS
 
+    # -- post-trace rewrites ------------------------------------------------------------------
+    def rewrite(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        """The passes the backend runs on a traced joint graph before anything else reads it
+        (capability ``rewrites``): fusions, FP8 op rewrites, common-subexpression elimination.
+        Returns the rewritten graph (``gm`` itself, changed in place, will do). With it claimed,
+        every property runs on the rewritten graph, and the RWR properties compare it with the
+        graph as traced: each module's FP8 compute and provenance, the GraphPP placement of its
+        compute and the FP8 values the stages pass, the graph's inputs, and what the step
+        computes. ``run_joint`` and every other method take the rewritten graph as they take a
+        traced one."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement rewrite()")
+
     # -- validation ---------------------------------------------------------------------------
     def validate(self, gm: torch.fx.GraphModule, *, strict: bool) -> ValidationReport:
         """Check the FP8 rules on ``gm`` (capability ``validation``)."""

@@ -42,6 +42,8 @@ __all__ = ["SPEC_VERSION", "Property", "PROPERTIES", "get_property", "relied_on"
 #: by the suite's count and is neither bit-identical to nor far from the high-precision step).
 #: VAL-008 and ``Backend.fp8_compute_ops`` (the FP8 compute ops a backend declares, its own
 #: custom ops included, checked against the low-precision compute the suite finds by dtypes).
+#: The RWR area, capability ``rewrites`` (``Backend.rewrite``): every property runs on the
+#: rewritten graph, and RWR-001..004 compare it with the graph as traced.
 SPEC_VERSION = "1.5"
 
 
@@ -142,6 +144,10 @@ _ALL = [
     _p("E8M0-004", "MUST", "e8m0", "A step calling `scaled_mm_e8m0` compiles under `torch.compile(fullgraph=True)` with CPU Inductor into one graph (no graph break) holding exactly one `e8m0_op()` node, which Inductor's output code calls once as an extern op; no e8m0 dtype (`float8_e8m0fnu`) appears in that code; the result equals eager bitwise."),
     _p("E8M0-005", "MUST", "e8m0", "Non-e4m3 operands, K not a multiple of 32, and scales of the wrong shape or dtype (float, int8/int32) raise an exception whose message names the argument (`a`, `b`, `a_scale` or `b_scale`, quoted or after the word `argument`)."),
     _p("E8M0-006", "MUST", "e8m0", "Scales given as `float8_e8m0fnu` (either or both) are refused with an exception naming the argument, or read as the same bytes: the result equals, NaN for NaN, the one their `uint8` view gives (bytes 0, 1, 127, 254 and 255 included), in eager and, where the installed torch's CPU Inductor compiles e8m0, compiled under `torch.compile(fullgraph=True)`.", since="1.4"),
+    _p("RWR-001", "MUST", "rewrites", "A rewrite keeps every module's FP8 compute and its provenance: per (module, pass) the rewritten graph holds, by the suite's count, the FP8 compute the traced graph holds, and each of its FP8 compute nodes carries the provenance of the module that issued it.", since="1.5"),
+    _p("RWR-002", "MUST", "rewrites", "A rewrite keeps where a GraphPP split puts each module's FP8 compute: `split_stage` of the rewritten graph puts as much FP8 compute of each module, and as many high-precision matmuls, in the forward, dI and dW callables as `split_stage` of the traced graph does (with capability `graphpp`).", since="1.5"),
+    _p("RWR-003", "MUST", "rewrites", "A rewrite keeps the graph's inputs: the rewritten graph's placeholders are the traced graph's, as many, in order, each of the same dtype and shape (FP8 ones included).", since="1.5"),
+    _p("RWR-004", "MUST", "rewrites", "A rewritten step computes what the traced step did: run on fresh inputs, every output and gradient of the rewritten graph is within 1e-3 in relative norm of the traced graph's.", since="1.5"),
 ]
 
 PROPERTIES: dict[str, Property] = {p.id: p for p in _ALL}

@@ -35,6 +35,7 @@ CAPABILITIES = frozenset(
         "scaled_mm_v2",
         "scaled_grouped_mm_v2",
         "float8_modules",
+        "rewrites",
     }
 )
 

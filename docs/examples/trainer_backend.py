@@ -10,7 +10,11 @@ The trainer's module is :class:`trainer_float8.TrainerFloat8Linear` (recipes ``r
   that asks only for tensorwise as ``not_supported``;
 * the module is declared to fp8conf from outside (``fp8conf.register_quantized_module``, in
   ``own_module_walkthrough.py``), as the trainer's own code cannot import fp8conf;
-* its provenance maps the trainer's kind onto the contract's neutral ``float8_linear``.
+* its provenance maps the trainer's kind onto the contract's neutral ``float8_linear``;
+* it claims ``rewrites``: the trainer's post-trace pass (:func:`to_second_api`) moves the
+  backward's ``torch._scaled_mm`` calls onto the second scaled-matmul API, so that one API's
+  kernels run the whole step; every property runs on the rewritten graph, and the RWR
+  properties compare it with the graph as traced.
 
 Run the suite against it from the repository root::
 
@@ -24,15 +28,43 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import torch  # noqa: E402
 import trainer_float8  # noqa: E402
 from conformance.api import Provenance  # noqa: E402
 from conformance.backends.reference import ReferenceBackend  # noqa: E402
 from own_module_walkthrough import describe  # noqa: E402,F401  (declares the module to fp8conf, from outside)
 
-__all__ = ["TrainerBackend"]
+__all__ = ["TrainerBackend", "to_second_api"]
 
 #: The kind fp8conf's provenance names the trainer's module by (the walkthrough's declaration).
 TRAINER_KIND = "trainer_float8_linear"
+
+
+#: ``ScalingType`` and the empty swizzle list as ``aten._scaled_mm_v2`` takes them.
+_TENSORWISE, _ROWWISE = 0, 1
+
+
+def to_second_api(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rewrite, in place, every ``aten._scaled_mm`` call with tensorwise or rowwise scales into
+    the ``aten._scaled_mm_v2`` call ``F.scaled_mm`` makes: the same operands, scales and output
+    dtype, each scale's scaling named from its shape. Node metadata moves to the new node
+    (provenance, the pass the node belongs to, its autograd sequence number)."""
+    for node in list(gm.graph.find_nodes(op="call_function", target=torch.ops.aten._scaled_mm.default)):
+        a, b, scale_a, scale_b, *rest = node.args
+        bias = rest[0] if rest else node.kwargs.get("bias")
+        out_dtype = rest[2] if len(rest) > 2 else node.kwargs.get("out_dtype")
+        scaling = [_TENSORWISE if s.meta["val"].numel() == 1 else _ROWWISE for s in (scale_a, scale_b)]
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(
+                torch.ops.aten._scaled_mm_v2.default,
+                (a, b, [scale_a], [scaling[0]], [], [scale_b], [scaling[1]], [], bias, out_dtype),
+            )
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
 
 
 class TrainerBackend(ReferenceBackend):
@@ -40,7 +72,7 @@ class TrainerBackend(ReferenceBackend):
     capabilities = frozenset(
         {
             "provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "graphpp",
-            "fingerprint", "artifacts", "float8_modules",
+            "fingerprint", "artifacts", "float8_modules", "rewrites",
         }
     )
     float8_recipes = frozenset(trainer_float8.RECIPES)
@@ -48,6 +80,9 @@ class TrainerBackend(ReferenceBackend):
 
     def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
         trainer_float8.convert(model, recipe=recipe, emulate=emulate, module_filter_fn=module_filter_fn)
+
+    def rewrite(self, gm):
+        return to_second_api(gm)
 
     def provenance(self, node):
         found = super().provenance(node)
