@@ -17,11 +17,12 @@ class ReferenceBackend(Backend):
     name = "reference"
     version = fp8conf.__version__
     # ``scaled_mm_v2`` and ``scaled_grouped_mm_v2`` where this torch has F.scaled_mm and
-    # F.scaled_grouped_mm (2.12 and newer).
+    # F.scaled_grouped_mm (2.12 and newer). Not ``float8_modules``: fp8conf's float8 linears are
+    # TorchAO's, which the suite builds itself, config-field changes included.
     capabilities = frozenset(
         {
             "provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp",
-            "fingerprint", "artifacts", "e8m0", "mx", "moe", "distributed", "float8_modules",
+            "fingerprint", "artifacts", "e8m0", "mx", "moe", "distributed",
         }
         | ({"scaled_mm_v2"} if has_scaled_mm_v2() else set())
         | ({"scaled_grouped_mm_v2"} if has_scaled_grouped_mm_v2() else set())
@@ -102,15 +103,6 @@ class ReferenceBackend(Backend):
         from fp8conf.graph.roles import registered_compute_ops
 
         return TORCH_COMPUTE_OPS + tuple(ComputeOp(op, operands, scales) for op, operands, scales in registered_compute_ops())
-
-    def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
-        # fp8conf's float8 linears are TorchAO's, converted from the recipe's config.
-        import dataclasses
-
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
-        convert_to_float8_training(model, config=config, module_filter_fn=module_filter_fn)
 
     def convert_mx(self, model, *, module_filter_fn, recipe):
         from fp8conf import convert_to_mx_training

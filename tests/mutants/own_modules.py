@@ -101,14 +101,20 @@ class HighPrecisionResultKept(trainer_backend.TrainerBackend):
 
 
 class EmulatesWithoutSaying(ReferenceBackend):
-    """Converts every float8 linear emulated, as a trainer does when it finds no FP8 kernel,
-    without saying so: its provenance still reports the module as real."""
+    """Builds TorchAO's float8 linears itself and converts every one emulated, as a trainer does
+    when it finds no FP8 kernel, without saying so: its provenance still reports them real."""
 
     name = "mutant-float8-emulated-without-saying"
     KILLED_BY = "EMU-004"
+    capabilities = ReferenceBackend.capabilities | {"float8_modules"}
 
     def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
-        super().convert_float8(model, module_filter_fn=module_filter_fn, recipe=recipe, emulate=True)
+        import dataclasses
+
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+        convert_to_float8_training(model, config=config, module_filter_fn=module_filter_fn)
 
     def provenance(self, node):
         found = super().provenance(node)
