@@ -9,7 +9,9 @@ runner, its job configuration into :class:`~conformance.api.types.JobConfigs` fo
 vary, and what its fingerprint is: the trainer's whole-step artifact key
 (``fingerprint_scope = "whole_step"``), over configs its jobs build from recipe names only
 (``expressible_config_fields = frozenset()``; another config is refused with
-:class:`~conformance.api.errors.UnsupportedConfig`).
+:class:`~conformance.api.errors.UnsupportedConfig`). Its float8 linears are its own
+(``float8_modules``, :class:`~conformance.backends.makefx_linear.Float8TrainerLinear`), as are its
+linears on ``F.scaled_mm``.
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ def _has_scaled_mm() -> bool:
 class MakeFxBackend(Backend):
     name = "makefx"
     version = "0.1"
-    #: ``scaled_mm_v2``: the trainer's own linears on F.scaled_mm (torch 2.12 and newer).
+    #: ``scaled_mm_v2`` and ``float8_modules``: the trainer's own linears on F.scaled_mm (torch
+    #: 2.12 and newer), its float8 linears among them.
     capabilities = frozenset({"provenance", "validation", "emulation", "regions", "graphpp", "fingerprint"}) | (
-        {"scaled_mm_v2"} if _has_scaled_mm() else set()
+        {"scaled_mm_v2", "float8_modules"} if _has_scaled_mm() else set()
     )
+    float8_recipes = frozenset({"tensorwise", "rowwise", "rowwise_with_gw_hp"})
+    float8_emulation = True
     provenance_has_recipe = False
     #: The fingerprint is the trainer's artifact key: it covers the parameters' and buffers'
     #: names, shapes and registration order and the whole job configuration, and the signature
@@ -124,6 +129,11 @@ class MakeFxBackend(Backend):
         from conformance.backends.makefx_linear import convert_linears
 
         convert_linears(model, module_filter_fn=module_filter_fn, recipe=recipe)
+
+    def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
+        from conformance.backends.makefx_linear import convert_float8
+
+        convert_float8(model, module_filter_fn=module_filter_fn, recipe=recipe, emulate=emulate)
 
     def job_configs(self):
         base = self.config

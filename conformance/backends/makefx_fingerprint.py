@@ -50,7 +50,11 @@ def module_recipes(model: torch.nn.Module) -> dict[str, dict]:
     named = [recipe.value for recipe in Float8LinearRecipeName]
     found = {}
     for fqn, info in quantized_modules(model).items():
-        config = model.get_submodule(fqn).config
+        module = model.get_submodule(fqn)
+        if not hasattr(module, "config"):  # the trainer's own linears: built from a recipe name
+            found[fqn] = {"kind": info.kind, "recipe": module.recipe, "emulate": info.emulate}
+            continue
+        config = module.config
         recipe = next(
             (name for name in named if dataclasses.replace(Float8LinearConfig.from_recipe_name(name), emulate=config.emulate) == config),
             None,

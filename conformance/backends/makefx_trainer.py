@@ -109,17 +109,22 @@ class Fp8CheckReport:
 
 
 def quantized_modules(model: torch.nn.Module) -> dict[str, QuantizedModule]:
-    """The model's TorchAO ``Float8Linear`` modules and the trainer's own linears on
-    ``F.scaled_mm`` (:mod:`conformance.backends.makefx_linear`, all three matmuls in FP8) by FQN."""
+    """The model's TorchAO ``Float8Linear`` modules and the trainer's own linears
+    (:mod:`conformance.backends.makefx_linear`: on ``F.scaled_mm`` with all three matmuls in FP8,
+    and its float8 linears of TorchAO's recipe names) by FQN."""
     from torchao.float8.config import ScalingType
     from torchao.float8.float8_linear import Float8Linear
 
-    from conformance.backends.makefx_linear import KIND, ScaledMMTrainerLinear
+    from conformance.backends.makefx_linear import FLOAT8_KIND, KIND, Float8TrainerLinear, ScaledMMTrainerLinear
 
     found = {}
     for fqn, module in model.named_modules():
         if isinstance(module, ScaledMMTrainerLinear):
             found[fqn] = QuantizedModule(fqn, KIND, False, fp8_grad_input=True, fp8_grad_weight=True)
+        elif isinstance(module, Float8TrainerLinear):
+            found[fqn] = QuantizedModule(
+                fqn, FLOAT8_KIND, module.emulate, fp8_grad_input=True, fp8_grad_weight=module.recipe != "rowwise_with_gw_hp",
+            )
         elif isinstance(module, Float8Linear):
             config = module.config
             found[fqn] = QuantizedModule(
@@ -287,16 +292,16 @@ def _tag_phases(gm, num_tangents: int) -> None:
 
 
 def _copy_provenance_to_backward(gm) -> None:
-    by_seq_nr: dict[int, set] = collections.defaultdict(set)
+    # A backward op differentiates the forward op that took its sequence number: the first one
+    # carrying it (later ops, made under no_grad or before the next autograd node, may carry it too).
+    first: dict[int, tuple] = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.meta[PHASE_KEY] == "forward" and "seq_nr" in node.meta:
-            by_seq_nr[node.meta["seq_nr"]].add((module_provenance(node), module_call(node)))
+            first.setdefault(node.meta["seq_nr"], (module_provenance(node), module_call(node)))
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.meta[PHASE_KEY] != "backward":
             continue
-        issued = by_seq_nr.get(node.meta.get("seq_nr"), set())
-        # Two modules behind one sequence number would make the copy a guess: leave it bare.
-        found = next(iter(issued)) if len(issued) == 1 else None
+        found = first.get(node.meta.get("seq_nr"))
         custom = {k: v for k, v in (node.meta.get("custom") or {}).items() if k not in (FQN, KIND, EMULATE, CALL)}
         if found is not None and found[0] is not None:
             (fqn, kind, emulate), call = found

@@ -104,12 +104,6 @@ def _config_fields(fp8_backend, kind, *, inexpressible=False):
     first example, before any change is drawn."""
     if kind not in CONFIG_KINDS:
         return None
-    if owns_float8(fp8_backend):
-        note(f"{kind} changes not_supported: the backend builds its own float8 linears (float8_modules), which have no Float8LinearConfig")
-        pytest.skip(
-            f"{NOT_SUPPORTED} backend {fp8_backend.name!r} builds its own float8 linears (float8_modules): "
-            f"{kind} changes flip TorchAO's Float8LinearConfig, which they do not have"
-        )
     fields = drawable_config_fields(None if inexpressible else getattr(fp8_backend, "expressible_config_fields", None))
     flips = [(n,) for n in fields] if kind == "config_field" else [(a, b) for a in fields for b in fields if a != b]
     if not any(flippable(recipe, names) for recipe in FLOAT8_RECIPES for names in flips):
@@ -118,6 +112,12 @@ def _config_fields(fp8_backend, kind, *, inexpressible=False):
         pytest.skip(
             f"{NOT_SUPPORTED} backend {fp8_backend.name!r}'s jobs express no {kind} change: "
             f"expressible_config_fields is {declared}"
+        )
+    if owns_float8(fp8_backend):
+        note(f"{kind} changes not_supported: the backend builds its own float8 linears (float8_modules), which have no Float8LinearConfig")
+        pytest.skip(
+            f"{NOT_SUPPORTED} backend {fp8_backend.name!r} builds its own float8 linears (float8_modules): "
+            f"{kind} changes flip TorchAO's Float8LinearConfig, which they do not have"
         )
     return fields
 
