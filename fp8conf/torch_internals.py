@@ -88,6 +88,7 @@ INTERNALS: tuple[str, ...] = (
     "torch._meta_registrations",
     "torch._meta_registrations._meta_grouped_mm_common",
     "torch._ops.OpOverload",
+    "torch._ops.OpOverloadPacket",
     "torch._scaled_grouped_mm",
     "torch._scaled_mm",
     "torch._subclasses",
