@@ -57,10 +57,7 @@ _REFERENCE_TESTS = (
     "test_the_reference_run_shows_the_moe_properties_experts_on_the_second_grouped_api",
 )
 _WITHOUT_V2_TEST = "test_the_v2_mutants_pass_their_property_when_no_v2_linear_is_drawn"
-_EXAMPLE_TEST = "test_the_worked_example_backend_passes_every_must_it_claims"
-#: The worked example backend (docs/examples/trainer_backend.py): a trainer's own float8 linears,
-#: rowwise recipes only.
-EXAMPLE_BACKEND = "trainer_backend:TrainerBackend"
+
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +69,6 @@ def verdicts(request, tmp_path_factory):
     names = {getattr(item, "originalname", item.name) for item in selected}
     mutants = {item.callspec.params["mutant"] for item in selected if getattr(item, "originalname", None) == "test_mutant_is_caught_by_its_property"}
     runs = [Run("reference", "reference")] if names & set(_REFERENCE_TESTS) else []
-    # The worked example passes what the reference does not claim (rewrites) for the mutants built on it.
-    runs += [Run("trainer-example", EXAMPLE_BACKEND)] if names & {_EXAMPLE_TEST, "test_reference_passes_every_property_a_mutant_breaks"} else []
     runs += [_run(m) for m in ALL_MUTANTS if m in mutants]
     if _WITHOUT_V2_TEST in names and _has_v2():
         runs += [_run(m) for m in scaled_mm_v2.WITHOUT_V2]
@@ -100,17 +95,16 @@ def test_reference_passes_every_property_it_claims(reference_run, record_propert
 
 
 @reads_shared_run(GROUP)
-def test_reference_passes_every_property_a_mutant_breaks(verdicts, reference_run):
+def test_reference_passes_every_property_a_mutant_breaks(reference_run):
     # Otherwise a mutant "caught" by a property would only show that the property fails anyway.
     # A property of a capability the reference does not claim (rewrites) is passed by the worked
-    # example, on which its mutants are built.
+    # example, on which its mutants are built (tests/test_worked_example.py).
     from conformance.backends.reference import ReferenceBackend
 
     statuses, out = reference_run.require()
-    example, example_out = verdicts["trainer-example"].require()
     passed = {k for k, v in statuses.items() if v["status"] == "pass"}
-    passed |= {k for k, v in example.items() if v["status"] == "pass" and PROPERTIES[k].capability not in ReferenceBackend.capabilities}
-    assert {m.KILLED_BY for m in MUTANTS} <= passed, f"not passed: {sorted({m.KILLED_BY for m in MUTANTS} - passed)}"
+    wanted = {m.KILLED_BY for m in MUTANTS if PROPERTIES[m.KILLED_BY].capability in ReferenceBackend.capabilities}
+    assert wanted <= passed, f"not passed: {sorted(wanted - passed)}"
 
 
 @reads_shared_run(GROUP)
@@ -140,23 +134,6 @@ def test_mutant_is_caught_by_its_property(mutant, verdicts, record_property):
     record_property(SESSIONS, (f"mutants-{area_of(mutant.KILLED_BY)}", verdict.seconds or 0.0))
     _, out = verdict.require()
     assert status == "fail", f"{mutant.name} survived {mutant.KILLED_BY} (status {status}):\n{out[-4000:]}"
-
-
-@reads_shared_run(GROUP)
-def test_the_worked_example_backend_passes_every_must_it_claims(verdicts, record_property):
-    # A trainer whose own float8 linears have rowwise and rowwise_with_gw_hp only: every float8
-    # layer is built by its convert_float8, none is tensorwise, and nothing it lacks fails.
-    from trainer_backend import TrainerBackend
-
-    verdict = verdicts["trainer-example"]
-    record_property(SESSIONS, ("suite-trainer-example", verdict.seconds or 0.0))
-    statuses, out = verdict.require()
-    failing = {k: v["status"] for k, v in statuses.items() if v["status"] not in ("pass", "not_supported", "skipped")}
-    assert not failing, f"the worked example fails {failing}:\n{out[-4000:]}"
-    claimed = {p.id for p in PROPERTIES.values() if p.level == "MUST" and p.capability in TrainerBackend.capabilities}
-    passed = {k for k, v in statuses.items() if v["status"] == "pass"}
-    # FPR-006 varies a backend's own job configurations; the example declares none.
-    assert claimed - passed <= {"FPR-006"}, f"MUST properties it claims that did not pass: {sorted(claimed - passed)}"
 
 
 @reads_shared_run(GROUP)

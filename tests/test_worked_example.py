@@ -1,0 +1,56 @@
+"""The worked example backend (``docs/examples/trainer_backend.py``): a trainer that owns its float8
+linears (rowwise and rowwise_with_gw_hp only, an emulated mode) and rewrites its traced graph,
+behind fp8conf's passes. The whole suite runs against it once, in a process of its own and an
+xdist group of its own (beside the reference's and the mutants' on the other worker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.api.spec import PROPERTIES
+from mutants import own_modules, rewrites  # tests/ is on sys.path (tests/conftest.py)
+from suite_runs import Run, reads_shared_run, run_suites
+from timings import SESSIONS
+
+GROUP = "suite-trainer-example"
+EXAMPLE_BACKEND = "trainer_backend:TrainerBackend"
+
+
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory):
+    return run_suites([Run("trainer-example", EXAMPLE_BACKEND)], tmp_path_factory.mktemp("trainer-example"))["trainer-example"]
+
+
+@reads_shared_run(GROUP)
+def test_the_worked_example_backend_passes_every_must_it_claims(example_run, record_property):
+    # Every float8 layer is built by its convert_float8, none is tensorwise, every property runs
+    # on its rewritten graph, and nothing it lacks fails.
+    from trainer_backend import TrainerBackend
+
+    record_property(SESSIONS, ("suite-trainer-example", example_run.seconds or 0.0))
+    statuses, out = example_run.require()
+    failing = {k: v["status"] for k, v in statuses.items() if v["status"] not in ("pass", "not_supported", "skipped")}
+    assert not failing, f"the worked example fails {failing}:\n{out[-4000:]}"
+    claimed = {p.id for p in PROPERTIES.values() if p.level == "MUST" and p.capability in TrainerBackend.capabilities}
+    passed = {k for k, v in statuses.items() if v["status"] == "pass"}
+    # FPR-006 varies a backend's own job configurations; the example declares none.
+    assert claimed - passed <= {"FPR-006"}, f"MUST properties it claims that did not pass: {sorted(claimed - passed)}"
+
+
+@reads_shared_run(GROUP)
+def test_the_worked_example_passes_every_property_its_mutants_break(example_run):
+    # The mutants built on it (tests/mutants/own_modules.py, tests/mutants/rewrites.py) are caught
+    # by properties it passes: a defect, not a property failing anyway.
+    from trainer_backend import TrainerBackend
+
+    statuses, _ = example_run.require()
+    passed = {k for k, v in statuses.items() if v["status"] == "pass"}
+    built_on_it = [m for m in own_modules.MUTANTS + rewrites.MUTANTS if issubclass(m, TrainerBackend)]
+    assert built_on_it and {m.KILLED_BY for m in built_on_it} <= passed, sorted({m.KILLED_BY for m in built_on_it} - passed)
+
+
+@reads_shared_run(GROUP)
+def test_the_worked_example_report_names_its_own_linears(example_run):
+    statuses, out = example_run.require()
+    assert "built  stacks: float8_linear as trainer_float8.TrainerFloat8Linear (built by convert_float8" in out, out[-3000:]
+    assert "recipe='tensorwise'" not in out
