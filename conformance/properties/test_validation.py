@@ -240,19 +240,9 @@ def test_VAL_008_low_precision_compute_is_the_compute_the_backend_declares(fp8_b
     operands at its declared positions."""
     gm, oracle = traced_graph("VAL-008", fp8_backend, spec)
     declared = declared_ops("VAL-008", fp8_backend)
-    undeclared = undeclared_low_precision_compute(gm, declared)
-    check(
-        not undeclared,
-        "VAL-008",
-        "low-precision compute the backend does not declare (fp8_compute_ops): "
-        + ", ".join(f"node '{n.name}' ({n.target}) of {oracle.issued_by.get(n)!r}" for n in undeclared),
-        spec,
-    )
-    high = declared_on_high_precision(gm, declared)
-    check(
-        not high,
-        "VAL-008",
-        "a declared FP8 compute op called on high-precision operands: "
-        + ", ".join(f"node '{n.name}' ({n.target}) of {oracle.issued_by.get(n)!r}" for n in high),
-        spec,
-    )
+    for what, nodes in (
+        ("low-precision compute the backend does not declare (fp8_compute_ops)", undeclared_low_precision_compute(gm, declared)),
+        ("a declared FP8 compute op called on high-precision operands", declared_on_high_precision(gm, declared)),
+    ):
+        named = ", ".join(f"node '{n.name}' ({n.target}) of {oracle.issued_by.get(n)!r}" for n in nodes)
+        check(not nodes, "VAL-008", f"{what}: {named}", spec)

@@ -21,6 +21,13 @@ __all__ = [
 ]
 
 
+def _reclass(model, cls, when=lambda module: True) -> None:
+    """Give the trainer's float8 linears of ``model`` that ``when`` accepts the defect of ``cls``."""
+    for module in model.modules():
+        if type(module) is trainer_float8.TrainerFloat8Linear and when(module):
+            module.__class__ = cls
+
+
 class _HighPrecisionGwHp(trainer_float8.TrainerFloat8Linear):
     """The trainer's linear whose ``rowwise_with_gw_hp`` forward takes a fast path that forgot to
     quantize: a plain high-precision matmul, while the module still declares FP8 compute."""
@@ -40,9 +47,7 @@ class SilentHighPrecisionLinear(trainer_backend.TrainerBackend):
 
     def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
         super().convert_float8(model, module_filter_fn=module_filter_fn, recipe=recipe, emulate=emulate)
-        for module in model.modules():
-            if type(module) is trainer_float8.TrainerFloat8Linear and module.recipe == "rowwise_with_gw_hp":
-                module.__class__ = _HighPrecisionGwHp
+        _reclass(model, _HighPrecisionGwHp, lambda m: m.recipe == "rowwise_with_gw_hp")
 
 
 class _InverseScaleForgotten(trainer_float8.TrainerFloat8Linear):
@@ -71,9 +76,7 @@ class InverseScaleForgotten(trainer_backend.TrainerBackend):
 
     def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
         super().convert_float8(model, module_filter_fn=module_filter_fn, recipe=recipe, emulate=emulate)
-        for module in model.modules():
-            if type(module) is trainer_float8.TrainerFloat8Linear:
-                module.__class__ = _InverseScaleForgotten
+        _reclass(model, _InverseScaleForgotten)
 
 
 class _HighPrecisionResultKept(trainer_float8.TrainerFloat8Linear):
@@ -95,9 +98,7 @@ class HighPrecisionResultKept(trainer_backend.TrainerBackend):
 
     def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
         super().convert_float8(model, module_filter_fn=module_filter_fn, recipe=recipe, emulate=emulate)
-        for module in model.modules():
-            if type(module) is trainer_float8.TrainerFloat8Linear and not module.emulate:
-                module.__class__ = _HighPrecisionResultKept
+        _reclass(model, _HighPrecisionResultKept, lambda m: not m.emulate)
 
 
 class EmulatesWithoutSaying(ReferenceBackend):
@@ -179,9 +180,7 @@ class DeclaredKernelOnHighPrecision(trainer_backend.TrainerBackend):
 
     def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
         super().convert_float8(model, module_filter_fn=module_filter_fn, recipe=recipe, emulate=emulate)
-        for module in model.modules():
-            if type(module) is trainer_float8.TrainerFloat8Linear:
-                module.__class__ = _DeclaredKernelOnHighPrecision
+        _reclass(model, _DeclaredKernelOnHighPrecision)
 
 
 class SecondApiUndeclared(ReferenceBackend):
