@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["HANG_GUARD_S", "TEST_TIMEOUT_S", "Run", "Verdict", "reads_shared_run", "run_suite", "run_suites"]
+__all__ = ["HANG_GUARD_S", "TEST_TIMEOUT_S", "Run", "Verdict", "failing", "reads_shared_run", "run_suite", "run_suites"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -134,6 +134,12 @@ class Verdict:
         if self.statuses is None:
             pytest.fail(self.problem, pytrace=False)
         return self.statuses, self.output
+
+
+def failing(statuses: dict) -> dict[str, str]:
+    """Property ID -> status of every property of a run that neither passed nor was left out
+    (``not_supported``, or ``skipped``: a GPU property on a machine without one)."""
+    return {k: v["status"] for k, v in statuses.items() if v["status"] not in ("pass", "not_supported", "skipped")}
 
 
 def run_suites(runs: list[Run], directory: Path, *, guard_s: float = HANG_GUARD_S) -> dict[str, Verdict]:

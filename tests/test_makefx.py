@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from mutants import peers
-from suite_runs import TEST_TIMEOUT_S, Run, reads_shared_run, run_suite, run_suites
+from suite_runs import TEST_TIMEOUT_S, Run, failing, reads_shared_run, run_suite, run_suites
 
 BACKEND = "conformance.backends.makefx:MakeFxBackend"
 CLAIMED_AT_LEAST = {"provenance", "validation", "emulation", "regions", "graphpp", "fingerprint"}
@@ -93,8 +93,8 @@ def makefx_run(tmp_path_factory):
 @reads_shared_run("suite-makefx")
 def test_makefx_passes_every_property_it_claims(makefx_run):
     statuses, out = makefx_run.require()
-    failing = {k: v["status"] for k, v in statuses.items() if v["status"] not in ("pass", "not_supported", "skipped")}
-    assert not failing, f"makefx fails {failing}:\n{out[-4000:]}"
+    failed = failing(statuses)
+    assert not failed, f"makefx fails {failed}:\n{out[-4000:]}"
 
 
 @reads_shared_run("suite-makefx")

@@ -18,7 +18,7 @@ import pytest
 
 from conformance.api.spec import PROPERTIES
 from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, own_modules, peers, power_table, regions, rewrites, scaled_mm_v2  # tests/ is on sys.path (tests/conftest.py)
-from suite_runs import Run, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
+from suite_runs import Run, failing, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
 from timings import SESSIONS
 
 MUTANTS = (
@@ -90,8 +90,8 @@ def test_reference_passes_every_property_it_claims(reference_run, record_propert
     record_property(SESSIONS, ("suite-reference", reference_run.seconds or 0.0))
     statuses, out = reference_run.require()
     # "skipped" is a GPU property on a machine without one; anything else must pass.
-    failing = {k: v["status"] for k, v in statuses.items() if v["status"] not in ("pass", "not_supported", "skipped")}
-    assert not failing, f"reference fails {failing}:\n{out[-4000:]}"
+    failed = failing(statuses)
+    assert not failed, f"reference fails {failed}:\n{out[-4000:]}"
 
 
 @reads_shared_run(GROUP)

@@ -9,7 +9,7 @@ import pytest
 
 from conformance.api.spec import PROPERTIES
 from mutants import own_modules, rewrites  # tests/ is on sys.path (tests/conftest.py)
-from suite_runs import Run, reads_shared_run, run_suites
+from suite_runs import Run, failing, reads_shared_run, run_suites
 from timings import SESSIONS
 
 GROUP = "suite-trainer-example"
@@ -29,8 +29,8 @@ def test_the_worked_example_backend_passes_every_must_it_claims(example_run, rec
 
     record_property(SESSIONS, ("suite-trainer-example", example_run.seconds or 0.0))
     statuses, out = example_run.require()
-    failing = {k: v["status"] for k, v in statuses.items() if v["status"] not in ("pass", "not_supported", "skipped")}
-    assert not failing, f"the worked example fails {failing}:\n{out[-4000:]}"
+    failed = failing(statuses)
+    assert not failed, f"the worked example fails {failed}:\n{out[-4000:]}"
     claimed = {p.id for p in PROPERTIES.values() if p.level == "MUST" and p.capability in TrainerBackend.capabilities}
     passed = {k for k, v in statuses.items() if v["status"] == "pass"}
     # FPR-006 varies a backend's own job configurations; the example declares none.
