@@ -274,12 +274,14 @@ def built_with(backend, spec, model) -> tuple[tuple[str, ...], ...]:
     for fqn, (kind, recipe, _emulate) in spec.quantized_modules().items():
         try:
             cls = type(model.get_submodule(fqn))
+            module = f"{cls.__module__}.{cls.__qualname__}"
         except AttributeError:
-            continue  # a backend that moved the module: the property that needs it says so
+            # A converter that moved the module: the report says so; the property that needs it fails.
+            module = f"(no module at {fqn!r})"
         by = _CONVERTERS.get(kind, "")
         if kind == "float8_linear" and not owns_float8(backend):
             by = "TorchAO"
-        found.append((family, kind, f"{cls.__module__}.{cls.__qualname__}", recipe, by))
+        found.append((family, kind, module, recipe, by))
     return tuple(dict.fromkeys(found))
 
 
