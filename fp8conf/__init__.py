@@ -23,6 +23,7 @@ _EXPORTS = {
     "fp8conf.quantized.mx": ("MXLinear", "convert_to_mx_training"),
     "fp8conf.quantized.grouped": ("Float8GroupedExperts", "convert_to_float8_grouped_experts"),
     "fp8conf.quantized.scaled_mm": ("ScaledMMLinear", "convert_to_scaled_mm_training"),
+    "fp8conf.quantized.nvfp4": ("NVFP4Linear", "convert_to_nvfp4_training"),
     "fp8conf.graph.trace": ("JointSignature", "TraceInfo", "copy_graph_module", "joint_signature", "run_joint", "trace_info", "trace_joint"),
     "fp8conf.graph.provenance": ("PROVENANCE_META_KEY", "CallRecord", "Provenance", "get_provenance", "node_passes"),
     "fp8conf.graph.roles": ("OpRole", "classify_node", "is_fp8_compute", "op_roles", "register_compute_op"),
@@ -69,6 +70,8 @@ __all__ = [
     "convert_to_float8_grouped_experts",
     "ScaledMMLinear",
     "convert_to_scaled_mm_training",
+    "NVFP4Linear",
+    "convert_to_nvfp4_training",
     # trace (fp8conf.graph.trace)
     "trace_joint",
     "run_joint",

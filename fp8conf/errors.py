@@ -60,6 +60,7 @@ __all__ = [
     "MXArgumentError",
     "MXConversionError",
     "ScaledMMConversionError",
+    "NVFP4ConversionError",
     "GroupedExpertsError",
     "FP8ValidationWarning",
 ]
@@ -321,6 +322,19 @@ class MXConversionError(FP8Error, ValueError):
     """
 
     def __init__(self, message: str, *, module_fqn: str):
+        super().__init__(message)
+        self.module_fqn = module_fqn
+
+
+class NVFP4ConversionError(FP8Error, ValueError):
+    """A module that cannot become a :class:`~fp8conf.NVFP4Linear` (or a torch without
+    ``float4_e2m1fn_x2`` or ``F.scaled_mm``), or an argument it cannot take.
+
+    Attributes:
+        module_fqn: fully qualified name of the module, when one is concerned (else None).
+    """
+
+    def __init__(self, message: str, *, module_fqn: str | None = None):
         super().__init__(message)
         self.module_fqn = module_fqn
 
