@@ -88,8 +88,8 @@ def supported_kinds(backend) -> tuple[str, ...]:
     """The quantized module kinds the suite may show ``backend``: ``float8_linear`` always (TorchAO
     converts those), ``mxfp8_linear`` when it claims ``mx`` and so converts MX layers itself,
     ``float8_scaled_mm_linear`` when it claims ``scaled_mm_v2`` and converts linears on
-    ``F.scaled_mm`` itself."""
-    claimed = {strategies.MX_KIND: "mx", strategies.SCALED_MM_KIND: "scaled_mm_v2"}
+    ``F.scaled_mm`` itself, ``nvfp4_linear`` when it claims ``nvfp4``."""
+    claimed = {strategies.MX_KIND: "mx", strategies.SCALED_MM_KIND: "scaled_mm_v2", strategies.NVFP4_KIND: "nvfp4"}
     return tuple(k for k in strategies.ALL_KINDS if claimed.get(k) is None or claimed[k] in backend.capabilities)
 
 
@@ -261,6 +261,7 @@ class TracedCase:
 #: Who builds the quantized modules of each kind, when the backend does not (TorchAO).
 _CONVERTERS = {
     "float8_linear": "convert_float8", "mxfp8_linear": "convert_mx", "float8_scaled_mm_linear": "convert_scaled_mm",
+    "nvfp4_linear": "convert_nvfp4",
 }
 
 
@@ -298,6 +299,7 @@ def _trace(backend, spec: ModelSpec, device: str) -> TracedCase:
             model, args = build_model(
                 spec, device, mx=backend.convert_mx if "mx" in backend.capabilities else None,
                 scaled_mm=backend.convert_scaled_mm if "scaled_mm_v2" in backend.capabilities else None,
+                nvfp4=backend.convert_nvfp4 if "nvfp4" in backend.capabilities else None,
                 float8=float8_converter(backend),
             )
     except Exception as exc:
@@ -323,7 +325,7 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
     except RewriteFailed as exc:
         fail(property_id, f"backend {backend.name!r}: {exc}", spec)
     except _NotBuilt as exc:
-        fail(property_id, f"backend {backend.name!r}: building the drawn model (its own float8 linears through convert_float8(), MX layers through convert_mx(), scaled-matmul layers through convert_scaled_mm()) raised {exc}", spec)
+        fail(property_id, f"backend {backend.name!r}: building the drawn model (its own float8 linears through convert_float8(), MX layers through convert_mx(), scaled-matmul layers through convert_scaled_mm(), NVFP4 layers through convert_nvfp4()) raised {exc}", spec)
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: trace_joint() raised {type(exc).__name__}: {exc}", spec)
     evidence.built(cached.built)
@@ -371,6 +373,43 @@ def fresh_args(spec: ModelSpec, seed: int, device: str | None = None) -> tuple:
     generator = torch.Generator(device).manual_seed(seed)
     x = torch.randn(spec.batch, spec.in_features, device=device, generator=generator)
     return (x.requires_grad_(spec.input_requires_grad),)
+
+
+def high_precision_twin(property_id: str, spec, model):
+    """``spec``'s model with every quantized linear a plain ``nn.Linear`` holding the FP8 model's
+    parameters (by FQN): the step the FP8 step stands in for."""
+    import torch
+
+    from conformance.families import build_family
+    from conformance.models import build_model
+
+    if hasattr(spec, "family"):
+        twin, _ = build_family(spec, device(), plain=True)
+    else:
+        plain = dataclasses.replace(spec, layers=tuple(dataclasses.replace(l, recipe=None, emulate=False) for l in spec.layers))
+        twin, _ = build_model(plain, device())
+    theirs = dict(model.named_parameters())
+    missing = [name for name, _ in twin.named_parameters() if name not in theirs or theirs[name].shape != _.shape]
+    if missing:
+        fail(property_id, f"the quantized model has no parameters {missing} of the shapes the plain model's have: the "
+                        "suite compares gradients by parameter FQN, which a converted linear must keep", spec)
+    with torch.no_grad():
+        for name, p in twin.named_parameters():
+            p.copy_(theirs[name])
+    return twin
+
+
+def eager_step(model, args, grad_outputs):
+    """Outputs and gradients (``run_joint``'s convention) of ``model`` run eagerly with autograd."""
+    import torch
+
+    args = tuple(a.detach().clone().requires_grad_(a.requires_grad) if a.is_floating_point() else a for a in args)
+    outputs = model(*args)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    torch.autograd.backward(outputs, grad_outputs)
+    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    grads.update({f"input.{i}": a.grad for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.grad is not None})
+    return outputs, grads
 
 
 def grad_outputs(spec: ModelSpec, seed: int, device: str | None = None) -> tuple:

@@ -21,8 +21,10 @@ the backend converts itself through the contract's ``Backend.convert_mx``: ``bui
 mx=backend.convert_mx)``, or a linear on torch's second scaled-matmul API (recipes
 ``scaled_mm_tensorwise`` / ``scaled_mm_rowwise``, kind ``float8_scaled_mm_linear``) that the
 backend converts through ``Backend.convert_scaled_mm``: ``build_model(spec,
-scaled_mm=backend.convert_scaled_mm)``. A model with such layers therefore prints with the backend
-that built it.
+scaled_mm=backend.convert_scaled_mm)``, or an NVFP4 layer (recipes ``nvfp4`` / ``nvfp4_emulated``,
+kind ``nvfp4_linear``, in and out features multiples of 32) that the backend converts through
+``Backend.convert_nvfp4``: ``build_model(spec, nvfp4=backend.convert_nvfp4)``. A model with such
+layers therefore prints with the backend that built it.
 A layer may be called twice (module reuse), add its input (residual), apply an activation, and
 carry a nested adapter inside a ``Float8Linear``: a ``Float8Linear`` with its parent's config or
 its own recipe and ``emulate`` flag, or a plain ``nn.Linear`` (a LoRA-style high-precision
@@ -35,7 +37,7 @@ import dataclasses
 
 __all__ = [
     "LayerSpec", "ModelSpec", "DrawnModel", "AdaptedFloat8Linear", "build_model", "MX_RECIPES", "PARENT", "kind_of",
-    "spec_code", "recipe_compute_counts", "SCALED_MM_RECIPES", "base_recipe", "adapted",
+    "spec_code", "recipe_compute_counts", "SCALED_MM_RECIPES", "NVFP4_RECIPES", "base_recipe", "adapted",
 ]
 
 ACTIVATIONS = ("none", "relu", "gelu")
@@ -47,14 +49,20 @@ MX_RECIPES = ("mxfp8", "mxfp8_emulated")
 #: by the backend (``Backend.convert_scaled_mm``) with the recipe named after the prefix.
 SCALED_MM_RECIPES = ("scaled_mm_tensorwise", "scaled_mm_rowwise")
 _SCALED_MM_PREFIX = "scaled_mm_"
+#: Recipes of NVFP4 layers (kind ``nvfp4_linear``), converted by the backend (``Backend.convert_nvfp4``).
+NVFP4_RECIPES = ("nvfp4", "nvfp4_emulated")
 _MX_BLOCK = 32
+#: NVFP4 layers' in and out features are multiples of this (16 bytes of packed float4).
+_NVFP4_ALIGNMENT = 32
 
 
 def kind_of(recipe: str) -> str:
-    """The quantized module kind a recipe builds: ``mxfp8_linear``, ``float8_scaled_mm_linear`` or
-    ``float8_linear``."""
+    """The quantized module kind a recipe builds: ``mxfp8_linear``, ``nvfp4_linear``,
+    ``float8_scaled_mm_linear`` or ``float8_linear``."""
     if recipe in MX_RECIPES:
         return "mxfp8_linear"
+    if recipe in NVFP4_RECIPES:
+        return "nvfp4_linear"
     return "float8_scaled_mm_linear" if recipe in SCALED_MM_RECIPES else "float8_linear"
 
 
@@ -136,6 +144,13 @@ class ModelSpec:
                     raise ValueError(f"layer {i}: MX layers take no nested adapter")
                 if layer.emulate != (layer.recipe == "mxfp8_emulated"):
                     raise ValueError(f"layer {i}: recipe {layer.recipe!r} means emulate={layer.recipe == 'mxfp8_emulated'}")
+            if layer.recipe in NVFP4_RECIPES:
+                if width % _NVFP4_ALIGNMENT or layer.width % _NVFP4_ALIGNMENT:
+                    raise ValueError(f"layer {i}: an NVFP4 layer needs in and out features multiples of 32, got {width} -> {layer.width}")
+                if layer.adapter:
+                    raise ValueError(f"layer {i}: NVFP4 layers take no nested adapter")
+                if layer.emulate != (layer.recipe == "nvfp4_emulated"):
+                    raise ValueError(f"layer {i}: recipe {layer.recipe!r} means emulate={layer.recipe == 'nvfp4_emulated'}")
             if layer.recipe in SCALED_MM_RECIPES and (layer.adapter or layer.emulate):
                 raise ValueError(f"layer {i}: a {layer.recipe!r} layer takes no nested adapter and is never emulated")
             width = layer.width
@@ -175,6 +190,10 @@ class ModelSpec:
     def has_mx(self) -> bool:
         return any(layer.recipe in MX_RECIPES for layer in self.layers)
 
+    def has_nvfp4(self) -> bool:
+        """Whether a layer is an NVFP4 linear (``Backend.convert_nvfp4``)."""
+        return any(layer.recipe in NVFP4_RECIPES for layer in self.layers)
+
     def has_scaled_mm(self) -> bool:
         """Whether a layer is a linear on ``F.scaled_mm`` (``Backend.convert_scaled_mm``)."""
         return any(layer.recipe in SCALED_MM_RECIPES for layer in self.layers)
@@ -212,6 +231,7 @@ class ModelSpec:
         converters = (
             [("float8", "convert_float8")] * (own_float8 and self.has_float8())
             + [("mx", "convert_mx")] * self.has_mx() + [("scaled_mm", "convert_scaled_mm")] * self.has_scaled_mm()
+            + [("nvfp4", "convert_nvfp4")] * self.has_nvfp4()
         )
         if not converters:
             return "import torch\nfrom conformance.models import *\n\n" + spec_code(self) + "model, args = build_model(spec)\n"
@@ -391,7 +411,8 @@ def apply_layer(layer_spec: LayerSpec, layer, x):
     return x
 
 
-def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, scaled_mm=None, float8=None, float8_all_gather: bool = False):
+def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, scaled_mm=None, float8=None, nvfp4=None,
+                float8_all_gather: bool = False):
     """Build the model of ``spec``; return ``(model, args)``.
 
     ``float8_all_gather``: convert the float8 layers with TorchAO's
@@ -405,7 +426,8 @@ def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, scaled_mm=None
     ``mx(model, module_filter_fn=..., recipe=...)`` with the contract of ``Backend.convert_mx``
     (pass ``backend.convert_mx``); a model with MX layers and no ``mx`` is a ValueError. Layers
     on the second scaled-matmul API are converted by ``scaled_mm`` alike (``Backend.convert_scaled_mm``,
-    called with the recipe without its prefix: ``"tensorwise"`` or ``"rowwise"``).
+    called with the recipe without its prefix: ``"tensorwise"`` or ``"rowwise"``), and NVFP4 layers
+    by ``nvfp4`` (``Backend.convert_nvfp4``, called with ``"nvfp4"`` or ``"nvfp4_emulated"``).
     """
     import torch
     from torchao.float8 import convert_to_float8_training
@@ -422,6 +444,12 @@ def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, scaled_mm=None
             f"the model has scaled-matmul layers {', '.join(found)}: pass scaled_mm=backend.convert_scaled_mm of a "
             "backend that claims capability 'scaled_mm_v2' to build them"
         )
+    if nvfp4 is None and spec.has_nvfp4():
+        found = [f"layers.{i} ({layer.recipe})" for i, layer in enumerate(spec.layers) if layer.recipe in NVFP4_RECIPES]
+        raise ValueError(
+            f"the model has NVFP4 layers {', '.join(found)}: pass nvfp4=backend.convert_nvfp4 of a backend that claims "
+            "capability 'nvfp4' to build them"
+        )
     torch.manual_seed(spec.seed)
     model = _drawn_model_class()(spec)
     for i, layer in enumerate(spec.layers):
@@ -432,6 +460,9 @@ def build_model(spec: ModelSpec, device: str = "cpu", *, mx=None, scaled_mm=None
             continue
         if layer.recipe in SCALED_MM_RECIPES:
             scaled_mm(model, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}", recipe=base_recipe(layer.recipe))
+            continue
+        if layer.recipe in NVFP4_RECIPES:
+            nvfp4(model, module_filter_fn=lambda m, fqn, i=i: fqn == f"layers.{i}", recipe=layer.recipe)
             continue
         if float8 is not None:
             if float8_all_gather:

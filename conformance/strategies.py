@@ -8,18 +8,23 @@ MX layers (recipes ``mxfp8`` / ``mxfp8_emulated``, converted by the backend) are
 a property passes ``kinds=ALL_KINDS``, and the backend under test claims capability ``mx``. The
 suite runs each test inside :func:`supported_kinds` with the kinds the backend converts
 (``conformance.harness.serving``), and :func:`model_specs` draws only those: a float8-only
-backend never sees an MX model, and gets as many float8 models as any other. With MX allowed,
-half the models are drawn exactly as without MX; the other half start at width 32 or 64, keep
-widths of 32 or 64 up to their forced quantized layer, which is MX, and may make any later
-quantized layer whose in features allow it MX too. MX layers take no nested adapter.
+backend never sees an MX model, and gets as many float8 models as any other. A model is
+float8-only, drawn exactly as without MX, or adds one other kind, each choice as likely: an MX
+model starts at width 32 or 64, keeps widths of 32 or 64 up to its forced quantized layer, which
+is MX, and may make any later quantized layer whose in features allow it MX too. MX layers take
+no nested adapter.
 
 Linears on torch's second scaled-matmul API (kind ``float8_scaled_mm_linear``, recipes
 ``scaled_mm_tensorwise`` / ``scaled_mm_rowwise``, converted by the backend through
-``Backend.convert_scaled_mm``) are opt-in the same way, through capability ``scaled_mm_v2``. The
-half of the models that is not float8-only is shared among the kinds a backend adds: a model
-adding scaled-matmul layers forces one (its widths are the float8 ones) and may make any later
+``Backend.convert_scaled_mm``) are opt-in the same way, through capability ``scaled_mm_v2``. A
+model adding scaled-matmul layers forces one (its widths are the float8 ones) and may make any later
 quantized layer one too. They take no nested adapter and are never emulated, so a property asking
 for emulated modules only, or for none of their recipes, never draws them.
+
+NVFP4 layers (kind ``nvfp4_linear``, recipes ``nvfp4`` / ``nvfp4_emulated``, converted by the
+backend through ``Backend.convert_nvfp4``) are opt-in through capability ``nvfp4`` and drawn like
+MX layers (widths of 32 or 64, no nested adapter). They trace on any device; the properties that
+run graphs draw them only where torch runs an NVFP4 matmul (:func:`runnable_kinds`: sm100 GPUs).
 
 **One shared corpus under a derandomized profile.** Tracing a model is most of a structural
 property's cost, and traced graphs are cached per model (``conformance.harness.traced``). Under a
@@ -54,19 +59,21 @@ from hypothesis.errors import InvalidArgument
 
 from conformance.api.types import FLOAT8_RECIPES
 from conformance.families import variants
-from conformance.models import ACTIVATIONS, MX_RECIPES, PARENT, SCALED_MM_RECIPES, LayerSpec, ModelSpec, base_recipe, kind_of
+from conformance.models import ACTIVATIONS, MX_RECIPES, NVFP4_RECIPES, PARENT, SCALED_MM_RECIPES, LayerSpec, ModelSpec, base_recipe, kind_of
 
 __all__ = [
-    "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
+    "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "NVFP4_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
     "Constraints", "served", "served_spec", "float8_left_out", "float8_recipes", "float8_emulation", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_left_out", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "grouped_v2_runs",
     "sharded_specs",
 ]
 
 WIDTHS = (16, 32, 48)
-#: Quantized module kinds a model may draw: ``kinds=ALL_KINDS`` opts into MX layers and linears on
-#: ``F.scaled_mm`` (each drawn only for a backend that converts it).
-FLOAT8_KIND, MX_KIND, SCALED_MM_KIND = "float8_linear", "mxfp8_linear", "float8_scaled_mm_linear"
-ALL_KINDS = (FLOAT8_KIND, MX_KIND, SCALED_MM_KIND)
+#: Quantized module kinds a model may draw: ``kinds=ALL_KINDS`` opts into MX layers, linears on
+#: ``F.scaled_mm`` and NVFP4 layers (each drawn only for a backend that converts it).
+FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, NVFP4_KIND = "float8_linear", "mxfp8_linear", "float8_scaled_mm_linear", "nvfp4_linear"
+ALL_KINDS = (FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, NVFP4_KIND)
+#: Kinds whose layers quantize in blocks along both dims: in and out features multiples of 32.
+_BLOCKED_KINDS = (MX_KIND, NVFP4_KIND)
 #: The kinds the fingerprint properties draw (they build their own model changes per kind).
 FLOAT8_AND_MX = (FLOAT8_KIND, MX_KIND)
 #: Widths of MX layers (MXFP8 quantizes both dims in blocks of 32).
@@ -123,7 +130,26 @@ def runnable_kinds(device: str = "cpu") -> tuple[str, ...]:
         tensorwise = F.ScalingType.TensorWise
         if _runs(lambda: F.scaled_mm(a, b, one, tensorwise, one, tensorwise, output_dtype=torch.float32), _V2_ERRORS):
             kinds.append(SCALED_MM_KIND)
+        if _runs(lambda: _nvfp4_matmul(device), _V2_ERRORS):
+            kinds.append(NVFP4_KIND)
     return tuple(kinds)
+
+
+def _nvfp4_matmul(device: str):
+    """A small NVFP4 matmul on ``device`` (raises where torch has no kernel for it: every device
+    but sm100 GPUs)."""
+    import torch
+    import torch.nn.functional as F
+
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        raise NotImplementedError("this torch has no float4_e2m1fn_x2")
+    a = torch.zeros(128, 16, dtype=torch.uint8, device=device).view(torch.float4_e2m1fn_x2)
+    scales = torch.ones(128 * 4, device=device).to(torch.float8_e4m3fn)
+    one = torch.ones((), device=device)
+    recipes = [F.ScalingType.BlockWise1x16, F.ScalingType.TensorWise]
+    swizzles = [F.SwizzleType.SWIZZLE_32_4_4, F.SwizzleType.NO_SWIZZLE]
+    return F.scaled_mm(a, a.t(), [scales, one], recipes, [scales, one], recipes, swizzle_a=swizzles, swizzle_b=swizzles,
+                       output_dtype=torch.bfloat16)
 
 
 def kinds_left_out(device: str = "cpu") -> str | None:
@@ -132,7 +158,7 @@ def kinds_left_out(device: str = "cpu") -> str | None:
     if not missing:
         return None
     return (f"{', '.join(missing)} layers are not drawn by the properties that run graphs: this torch has no {device} "
-            "kernel for their matmuls (aten._scaled_mm_v2)")
+            "kernel for their matmuls (aten._scaled_mm_v2)" + ("; NVFP4 matmuls run on sm100 GPUs only" if NVFP4_KIND in missing else ""))
 
 
 @st.composite
@@ -155,18 +181,21 @@ def layer_specs(
         possible = [k for k in kinds if _possible(k, in_width, recipes, emulate)]
         kind = possible[0] if len(possible) == 1 else draw(st.sampled_from(possible), label="kind")
     mx = kind == MX_KIND
+    blocked = kind in _BLOCKED_KINDS
     if mx:
         recipe = "mxfp8_emulated" if draw(draw_emulate) else "mxfp8"
+    elif kind == NVFP4_KIND:
+        recipe = "nvfp4_emulated" if draw(draw_emulate) else "nvfp4"
     elif kind == SCALED_MM_KIND:
         recipe = draw(st.sampled_from(_scaled_mm_recipes(recipes)), label="scaled_mm recipe")
     else:
         recipe = draw(st.sampled_from(float8_recipes)) if quantize else None
     square = draw(st.booleans())
-    width = in_width if square else draw(st.sampled_from(MX_WIDTHS if mx else widths))
+    width = in_width if square else draw(st.sampled_from(MX_WIDTHS if blocked else widths))
     layer = LayerSpec(
         width=width,
         recipe=recipe,
-        emulate=(recipe == "mxfp8_emulated") if mx else (draw(float8_emulate) if kind == FLOAT8_KIND else False),
+        emulate=recipe in ("mxfp8_emulated", "nvfp4_emulated") if blocked else (draw(float8_emulate) if kind == FLOAT8_KIND else False),
         bias=draw(st.booleans()),
         activation=draw(st.sampled_from(ACTIVATIONS)),
         residual=width == in_width and draw(st.booleans()),
@@ -194,7 +223,7 @@ def _scaled_mm_recipes(recipes) -> list[str]:
 def _possible(kind: str, in_width: int, recipes, emulate: bool | None) -> bool:
     """Whether a quantized layer of ``kind`` taking ``in_width`` features can be drawn under
     ``recipes`` and ``emulate``."""
-    if kind == MX_KIND:
+    if kind in _BLOCKED_KINDS:
         return in_width % 32 == 0
     if kind == SCALED_MM_KIND:
         return emulate is not True and bool(_scaled_mm_recipes(recipes))
@@ -243,6 +272,7 @@ class Constraints:
         quantized = [layer for layer in spec.layers if layer.recipe]
         mx = [layer for layer in quantized if layer.recipe in MX_RECIPES]
         scaled_mm = [layer for layer in quantized if layer.recipe in SCALED_MM_RECIPES]
+        nvfp4 = [layer for layer in quantized if layer.recipe in NVFP4_RECIPES]
         configs = spec.quantized_modules().values()
         float8 = [(recipe, emulate) for kind, recipe, emulate in configs if kind == FLOAT8_KIND]
 
@@ -254,6 +284,7 @@ class Constraints:
             and len(spec.layers) <= self.max_layers
             and (MX_KIND in self.kinds or not mx)
             and (SCALED_MM_KIND in self.kinds or not scaled_mm)
+            and (NVFP4_KIND in self.kinds or not nvfp4)
             and (FLOAT8_KIND in self.kinds or not float8)
             and all(recipe in self.float8_choices for recipe, _ in float8)
             and (self.float8_emulation or not any(emulate for _, emulate in float8))
@@ -269,14 +300,15 @@ class Constraints:
 def _drawn_specs(draw, c: Constraints):
     """A model with at least one quantized layer (the first drawn quantized layer is forced).
 
-    Half the models (all, when float8 layers are not allowed) add one other kind, drawn among
-    those allowed: its layer is the forced one, and later quantized layers may be of it too."""
+    A model is float8-only or adds one other kind among those allowed, each as likely (it always
+    adds one when float8 layers are not allowed): that kind's layer is the forced one, and later
+    quantized layers may be of it too."""
     kinds = c.kinds
-    added = [k for k in (MX_KIND, SCALED_MM_KIND) if k in kinds and (k == MX_KIND or _possible(k, 0, c.recipes, c.emulate))]
-    other = None
-    if added and (FLOAT8_KIND not in kinds or draw(st.booleans(), label="with another kind")):
-        other = added[0] if len(added) == 1 else draw(st.sampled_from(added), label="added kind")
-    with_mx = other == MX_KIND
+    added = [k for k in (MX_KIND, SCALED_MM_KIND, NVFP4_KIND) if k in kinds and (k in _BLOCKED_KINDS or _possible(k, 0, c.recipes, c.emulate))]
+    # Float8 only, or one other kind: each as likely (float8 only first, what shrinking heads for).
+    choices = added if FLOAT8_KIND not in kinds else [None, *added]
+    other = (choices[0] if len(choices) == 1 else draw(st.sampled_from(choices), label="added kind")) if added else None
+    with_mx = other in _BLOCKED_KINDS
     in_features = draw(st.sampled_from(MX_WIDTHS if with_mx else WIDTHS))
     n = draw(st.integers(1, c.max_layers))
     forced = draw(st.integers(0, n - 1))
@@ -403,7 +435,8 @@ def corpus(c: Constraints = _GENERAL, where: Callable[[ModelSpec], bool] | None 
     firsts = [next((s for s in pool if kind in _kinds(s)), None) for kind in c.kinds]
     admitted = list(dict.fromkeys([s for s in firsts if s is not None] + pool))[:n]
     if len(admitted) < n:
-        admitted += [s for s in _collect(c, where, n) if s not in admitted][: n - len(admitted)]
+        # Twice as many drawn as missing: Hypothesis's draws repeat, and some are in the corpus.
+        admitted += [s for s in _collect(c, where, 2 * n) if s not in admitted][: n - len(admitted)]
     return tuple(admitted)
 
 

@@ -14,6 +14,7 @@ from fp8conf.quantized.mx import MXLinear
 
 convert_mx = ReferenceBackend().convert_mx
 convert_scaled_mm = ReferenceBackend().convert_scaled_mm
+convert_nvfp4 = ReferenceBackend().convert_nvfp4
 
 _fast = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -98,7 +99,7 @@ def test_default_draws_no_mx(spec):
 @_fast
 @given(spec=model_specs(kinds=ALL_KINDS))
 def test_mx_draws_are_valid_and_build(spec):
-    model, _ = build_model(spec, mx=convert_mx, scaled_mm=convert_scaled_mm)
+    model, _ = build_model(spec, mx=convert_mx, scaled_mm=convert_scaled_mm, nvfp4=convert_nvfp4)
     found = fp8conf.find_quantized_modules(model)
     assert {k: (c.kind, c.recipe, c.emulate) for k, c in found.items()} == spec.quantized_modules()
 

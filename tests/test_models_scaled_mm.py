@@ -13,7 +13,7 @@ from conformance.backends.makefx import MakeFxBackend
 from conformance.backends.reference import ReferenceBackend
 from conformance.harness import supported_kinds
 from conformance.models import LayerSpec, ModelSpec, build_model
-from conformance.strategies import ALL_KINDS, FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, Constraints, corpus, model_specs
+from conformance.strategies import ALL_KINDS, FLOAT8_KIND, MX_KIND, NVFP4_KIND, SCALED_MM_KIND, Constraints, corpus, model_specs
 from fp8conf.quantized.scaled_mm import ScaledMMLinear, has_scaled_mm_v2
 
 pytestmark = pytest.mark.skipif(not has_scaled_mm_v2(), reason="this torch has no F.scaled_mm (2.12 and newer)")
@@ -76,7 +76,7 @@ def test_only_a_backend_claiming_scaled_mm_v2_is_shown_such_layers():
     class NoV2(ReferenceBackend):
         capabilities = ReferenceBackend.capabilities - {"scaled_mm_v2"}
 
-    assert supported_kinds(NoV2()) == (FLOAT8_KIND, MX_KIND)
+    assert supported_kinds(NoV2()) == (FLOAT8_KIND, MX_KIND, NVFP4_KIND)
     without = corpus(Constraints(kinds=(FLOAT8_KIND, MX_KIND)), n=25)
     assert not any(SCALED_MM_KIND in _kinds(s) for s in without)
 
@@ -105,6 +105,6 @@ def test_a_backend_claiming_only_scaled_mm_v2_draws_such_models_about_half_the_t
 @_fast
 @given(spec=model_specs(kinds=ALL_KINDS))
 def test_drawn_models_build_with_the_backends_converters(spec):
-    model, _ = build_model(spec, mx=reference.convert_mx, scaled_mm=reference.convert_scaled_mm)
+    model, _ = build_model(spec, mx=reference.convert_mx, scaled_mm=reference.convert_scaled_mm, nvfp4=reference.convert_nvfp4)
     found = fp8conf.find_quantized_modules(model)
     assert {k: (c.kind, c.recipe, c.emulate) for k, c in found.items()} == spec.quantized_modules()

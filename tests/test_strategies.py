@@ -87,7 +87,7 @@ def test_the_corpus_serves_distinct_admitted_models():
     general = corpus(Constraints(kinds=ALL_KINDS), n=CORPUS_SIZE)
     assert len(set(general)) > 200, "the shared corpus should hold well over 200 distinct models"
     assert {layer.recipe for spec in general for layer in spec.layers} >= set(FLOAT8_RECIPES) | {
-        "mxfp8", "mxfp8_emulated", "scaled_mm_tensorwise", "scaled_mm_rowwise", None,
+        "mxfp8", "mxfp8_emulated", "scaled_mm_tensorwise", "scaled_mm_rowwise", "nvfp4", "nvfp4_emulated", None,
     }
 
 

@@ -35,7 +35,8 @@ Calling conventions:
   it converts itself into FP8 linears computing through ``torch.nn.functional.scaled_mm``
   (:meth:`Backend.convert_scaled_mm`); for a backend that claims ``scaled_grouped_mm_v2`` (with
   ``moe``), experts it converts itself into FP8 grouped experts computing through
-  ``torch.nn.functional.scaled_grouped_mm`` (:meth:`Backend.convert_scaled_grouped_experts`).
+  ``torch.nn.functional.scaled_grouped_mm`` (:meth:`Backend.convert_scaled_grouped_experts`); for a
+  backend that claims ``nvfp4``, NVFP4 linears it converts itself (:meth:`Backend.convert_nvfp4`).
 * Graphs the suite hands to a backend are the suite's copies: a backend may tag or rewrite
   them in place (``node.meta["custom"]`` included) without affecting other properties.
 * Models and their inputs are built on the suite's device (``--fp8-device=cpu|cuda``; CPU by
@@ -304,6 +305,24 @@ class Backend(abc.ABC):
         models with such layers only for a backend that claims ``scaled_mm_v2`` and builds them
         through this method; what the layer is (its class, how it quantizes) is the backend's."""
         raise NotImplementedError(f"backend {self.name!r} does not implement convert_scaled_mm()")
+
+    # -- NVFP4 layers ---------------------------------------------------------------------------
+    def convert_nvfp4(self, model: torch.nn.Module, *, module_filter_fn, recipe: str) -> None:
+        """Convert, in place, the ``nn.Linear`` submodules of ``model`` that
+        ``module_filter_fn(module, fqn)`` accepts into the backend's own NVFP4 linears (capability
+        ``nvfp4``, torch with ``float4_e2m1fn_x2`` and ``F.scaled_mm``; kind ``nvfp4_linear``).
+        ``recipe`` is ``"nvfp4"``: every matmul (output; grad_input when the call's input needs a
+        gradient; grad_weight) takes packed ``float4_e2m1fn_x2`` operands, each with its
+        ``float8_e4m3fn`` scales of blocks of 16 along the contraction dim in the
+        ``SWIZZLE_32_4_4`` layout and a float32 global scale, through ``F.scaled_mm`` (recipes
+        ``[BlockWise1x16, TensorWise]``, swizzles ``[SWIZZLE_32_4_4, NO_SWIZZLE]``); or
+        ``"nvfp4_emulated"``: quantized alike, computed in high precision on purpose (no
+        low-precision compute). In and out features are multiples of 32. Provenance: kind
+        ``nvfp4_linear``, the recipe's name, ``emulate`` True for the emulated one. The suite
+        draws models with NVFP4 layers only for a backend that claims ``nvfp4`` and builds them
+        through this method; the graphs trace on any device (torch's Meta kernel), and only a
+        device with an NVFP4 kernel (sm100) runs them."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement convert_nvfp4()")
 
     # -- grouped experts (MoE) ----------------------------------------------------------------
     def convert_grouped_experts(self, model: torch.nn.Module, *, module_filter_fn, recipe: str, emulate: bool) -> None:

@@ -36,6 +36,7 @@ CAPABILITIES = frozenset(
         "scaled_grouped_mm_v2",
         "float8_modules",
         "rewrites",
+        "nvfp4",
     }
 )
 
@@ -116,8 +117,8 @@ TORCH_COMPUTE_OPS = (
 class Provenance:
     """Which quantized module issued a node, and with which quantization config.
 
-    ``kind`` is ``"float8_linear"``, ``"mxfp8_linear"``, ``"float8_scaled_mm_linear"`` or
-    ``"float8_grouped_experts"``; ``recipe`` is the recipe name
+    ``kind`` is ``"float8_linear"``, ``"mxfp8_linear"``, ``"float8_scaled_mm_linear"``,
+    ``"nvfp4_linear"`` or ``"float8_grouped_experts"``; ``recipe`` is the recipe name
     (``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, ``"mxfp8"``, ...), or None for a
     backend that records no recipe (``Backend.provenance_has_recipe = False``: PROV-002 then
     checks kind and emulate only, and its report row says so).

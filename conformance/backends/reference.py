@@ -8,6 +8,7 @@ import fp8conf
 from conformance.api.backend import Backend
 from conformance.api.types import Compiled, Provenance, Region, StageSplit
 from fp8conf.quantized.grouped import has_scaled_grouped_mm_v2
+from fp8conf.quantized.nvfp4 import has_nvfp4
 from fp8conf.quantized.scaled_mm import has_scaled_mm_v2
 
 __all__ = ["ReferenceBackend"]
@@ -16,8 +17,8 @@ __all__ = ["ReferenceBackend"]
 class ReferenceBackend(Backend):
     name = "reference"
     version = fp8conf.__version__
-    # ``scaled_mm_v2`` and ``scaled_grouped_mm_v2`` where this torch has F.scaled_mm and
-    # F.scaled_grouped_mm (2.12 and newer). Not ``float8_modules``: fp8conf's float8 linears are
+    # ``scaled_mm_v2``, ``scaled_grouped_mm_v2`` and ``nvfp4`` where this torch has F.scaled_mm,
+    # F.scaled_grouped_mm and float4_e2m1fn_x2 (2.12 and newer). Not ``float8_modules``: fp8conf's float8 linears are
     # TorchAO's, which the suite builds itself, config-field changes included.
     capabilities = frozenset(
         {
@@ -26,6 +27,7 @@ class ReferenceBackend(Backend):
         }
         | ({"scaled_mm_v2"} if has_scaled_mm_v2() else set())
         | ({"scaled_grouped_mm_v2"} if has_scaled_grouped_mm_v2() else set())
+        | ({"nvfp4"} if has_nvfp4() else set())
     )
 
     def trace_joint(self, model, args):
@@ -113,6 +115,11 @@ class ReferenceBackend(Backend):
         from fp8conf import convert_to_scaled_mm_training
 
         convert_to_scaled_mm_training(model, recipe=recipe, module_filter_fn=module_filter_fn)
+
+    def convert_nvfp4(self, model, *, module_filter_fn, recipe):
+        from fp8conf import convert_to_nvfp4_training
+
+        convert_to_nvfp4_training(model, recipe=recipe, module_filter_fn=module_filter_fn)
 
     def convert_grouped_experts(self, model, *, module_filter_fn, recipe, emulate):
         from fp8conf import convert_to_float8_grouped_experts

@@ -13,8 +13,8 @@ from conformance.families import FAMILIES
 from conformance.family_examples import family_examples
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import (
-    call_backend, check, compute_counts_that_run, device, fail, fp8_ops, grad_outputs, names_module, strict_error, traced,
-    traced_graph,
+    call_backend, check, compute_counts_that_run, device, eager_step, fail, fp8_ops, grad_outputs, high_precision_twin, names_module,
+    strict_error, traced, traced_graph,
 )
 from conformance.strategies import ALL_KINDS, FLOAT8_KIND, SCALED_MM_KIND, model_specs, runnable_kinds, runnable_recipes
 
@@ -113,43 +113,6 @@ def test_EMU_003_emulated_and_real_models_agree(fp8_backend, spec):
 _FALLBACK_TOLERANCE = 1.0
 
 
-def _high_precision_twin(spec, model):
-    """``spec``'s model with every quantized linear a plain ``nn.Linear`` holding the FP8 model's
-    parameters (by FQN): the step the FP8 step stands in for."""
-    import torch
-
-    from conformance.families import build_family
-    from conformance.models import build_model
-
-    if hasattr(spec, "family"):
-        twin, _ = build_family(spec, device(), plain=True)
-    else:
-        plain = dataclasses.replace(spec, layers=tuple(dataclasses.replace(l, recipe=None, emulate=False) for l in spec.layers))
-        twin, _ = build_model(plain, device())
-    theirs = dict(model.named_parameters())
-    missing = [name for name, _ in twin.named_parameters() if name not in theirs or theirs[name].shape != _.shape]
-    if missing:
-        fail("EMU-004", f"the quantized model has no parameters {missing} of the shapes the plain model's have: the "
-                        "suite compares gradients by parameter FQN, which a converted linear must keep", spec)
-    with torch.no_grad():
-        for name, p in twin.named_parameters():
-            p.copy_(theirs[name])
-    return twin
-
-
-def _eager_step(model, args, grad_outputs):
-    """Outputs and gradients (``run_joint``'s convention) of ``model`` run eagerly with autograd."""
-    import torch
-
-    args = tuple(a.detach().clone().requires_grad_(a.requires_grad) if a.is_floating_point() else a for a in args)
-    outputs = model(*args)
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    torch.autograd.backward(outputs, grad_outputs)
-    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
-    grads.update({f"input.{i}": a.grad for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.grad is not None})
-    return outputs, grads
-
-
 def _suites_counts(backend, gm, oracle) -> dict:
     """FP8 compute per (module, pass), by the suite's own attribution (its oracle), not the backend's."""
     counts: dict = {}
@@ -186,8 +149,8 @@ def test_EMU_004_a_real_fp8_step_is_no_silent_high_precision_step(fp8_backend, s
     )
     grad_out = grad_outputs(spec, 7)
     outputs, grads = call_backend("EMU-004", fp8_backend, "run_joint", case.gm, case.model, case.args, grad_out)
-    twin = _high_precision_twin(spec, case.model)
-    hp_outputs, hp_grads = _eager_step(twin, case.args, grad_out)
+    twin = high_precision_twin("EMU-004", spec, case.model)
+    hp_outputs, hp_grads = eager_step(twin, case.args, grad_out)
     missing = sorted(set(hp_grads) - set(grads))
     check(not missing, "EMU-004", f"run_joint() returned no gradients for {missing}, which the high-precision step has", spec)
     pairs = [(f"output {i}", o, hp) for i, (o, hp) in enumerate(zip(outputs, hp_outputs))]

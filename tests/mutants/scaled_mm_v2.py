@@ -6,7 +6,7 @@ Each is the reference with one such defect. It claims ``scaled_mm_v2`` and
 ``scaled_grouped_mm_v2``, so the suite draws linears on ``F.scaled_mm`` and experts on
 ``F.scaled_grouped_mm`` for it and the defect shows: on a linear for the PROV, VAL and REG
 mutants, on experts for the MOE ones. :data:`WITHOUT_V2` holds each one again without those
-capabilities (``<Mutant>WithoutV2``), shown no such model, which passes the same property: the
+capabilities and ``nvfp4`` (``<Mutant>WithoutV2``), shown no such model, which passes the same property: the
 v2 draw is what exposes the defect (``tests/test_mutants.py``).
 """
 
@@ -23,7 +23,8 @@ __all__ = [
     "MUTANTS", "WITHOUT_V2", "V1OnlyValidation", "V1OnlyRegions", "V2ProvenanceDropped", "V1OnlyGroupedValidation",
     "V1OnlyGroupedRegions", "V2GroupedProvenanceDropped",
 ]
-_V2_CAPABILITIES = frozenset({"scaled_mm_v2", "scaled_grouped_mm_v2"})
+# NVFP4 linears compute on the second API too (F.scaled_mm on packed FP4).
+_V2_CAPABILITIES = frozenset({"scaled_mm_v2", "scaled_grouped_mm_v2", "nvfp4"})
 
 
 def _is_v2(node) -> bool:
