@@ -107,11 +107,13 @@ INTERNALS: tuple[str, ...] = (
     "torch.fx.graph._PyTreeCodeGen",
     "torch.fx.graph._PyTreeInfo",
     "torch.ops._c10d_functional",
+    "torch.ops.aten._scaled_mm_v2.default",
     "torch.testing._internal.distributed.fake_pg",
     "torch.testing._internal.distributed.fake_pg.FakeStore",
     "torch.utils._python_dispatch",
     "torch.utils._python_dispatch.TorchDispatchMode",
     "torch.utils._pytree",
+    "torch.utils._pytree.tree_leaves",
 )
 
 #: Private torch symbols fp8conf uses only where the installed torch has them; older releases in
