@@ -58,18 +58,27 @@ EXAMPLE_TIMEOUT_S = 1200.0
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One pytest session of the suite: ``backend`` (an entry point or ``module:Class``; the
-    mutants are ``mutants.<module>:<Class>``), checked on ``properties`` only (None: all)."""
+    mutants are ``mutants.<module>:<Class>``), checked on ``properties`` only (None: all), with
+    ``examples`` models per property (None: the ``fp8conf-mutants`` profile's 25, as
+    ``fp8conf-ci``). Fewer suit a run that shows a backend conforms or that the suite keeps going
+    (the worked example, makefx, the misbehaving backends): whether a property bites is the
+    mutants' runs' business, at 25."""
 
     label: str
     backend: str
     properties: tuple[str, ...] | None = None
+    examples: int | None = None
+
+    @property
+    def profile(self) -> str:
+        return "fp8conf-mutants" if self.examples is None else f"{_BRIEF_PREFIX}{self.examples}"
 
     def pytest_args(self, directory: Path) -> list[str]:
         selection = " or ".join(_test_name(p) for p in self.properties) if self.properties else ""
         return [
             *_files_defining(self.properties),
             f"--fp8-backend={self.backend}", f"--fp8-report={self.report(directory)}",
-            f"--fp8-timeout={EXAMPLE_TIMEOUT_S:g}", "--hypothesis-profile=fp8conf-mutants",
+            f"--fp8-timeout={EXAMPLE_TIMEOUT_S:g}", f"--hypothesis-profile={self.profile}",
             "-k", selection, "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
             # Its two full garbage collections per session were a third of a short one; without
             # it an exception nobody can raise goes to the output as Python prints it.
@@ -91,6 +100,11 @@ class Run:
     def describe(self) -> str:
         chosen = ", ".join(self.properties) if self.properties else "every property"
         return f"the suite against {self.backend} ({chosen})"
+
+
+#: Profiles of runs with fewer examples: ``fp8conf-mutants`` with ``max_examples`` the number
+#: after the prefix, registered by the subprocess (:func:`_register_brief_profile`).
+_BRIEF_PREFIX = "fp8conf-mutants-examples-"
 
 
 def _test_name(property_id: str) -> str:
@@ -244,6 +258,8 @@ def _session(run: Run, directory: Path) -> int:
     traces.new_session()
     hits = traces.hits
     profile = settings.get_current_profile_name()
+    if run.examples is not None:
+        _register_brief_profile(run.examples)
     try:
         with _output_to(run.output(directory)):
             code = int(pytest.main(run.pytest_args(directory)))
@@ -257,9 +273,21 @@ def _session(run: Run, directory: Path) -> int:
         torch._dynamo.reset()
 
 
+def _register_brief_profile(examples: int) -> None:
+    """Register ``fp8conf-mutants`` with ``examples`` models per property (the plugin registers
+    its own profiles again when the session starts; this one it leaves alone)."""
+    from hypothesis import settings
+
+    from conformance.plugin.profiles import register_profiles
+
+    register_profiles()
+    settings.register_profile(f"{_BRIEF_PREFIX}{examples}", settings.get_profile("fp8conf-mutants"), max_examples=examples)
+
+
 def main(argv: list[str]) -> int:
     plan = Path(argv[0])
-    runs = [Run(r["label"], r["backend"], tuple(r["properties"]) if r["properties"] else None) for r in json.loads(plan.read_text())]
+    runs = [Run(r["label"], r["backend"], tuple(r["properties"]) if r["properties"] else None, r.get("examples"))
+            for r in json.loads(plan.read_text())]
     for run in runs:
         start = time.monotonic()
         code = _session(run, plan.parent)

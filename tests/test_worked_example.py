@@ -14,11 +14,15 @@ from timings import SESSIONS
 
 GROUP = "suite-trainer-example"
 EXAMPLE_BACKEND = "trainer_backend:TrainerBackend"
+#: Models per property of its whole run: enough to show it conforms (whether each property bites
+#: is shown by the mutants built on it, run at 25 in tests/test_mutants.py).
+EXAMPLES = 10
 
 
 @pytest.fixture(scope="module")
 def example_run(tmp_path_factory):
-    return run_suites([Run("trainer-example", EXAMPLE_BACKEND)], tmp_path_factory.mktemp("trainer-example"))["trainer-example"]
+    run = Run("trainer-example", EXAMPLE_BACKEND, examples=EXAMPLES)
+    return run_suites([run], tmp_path_factory.mktemp("trainer-example"))["trainer-example"]
 
 
 @reads_shared_run(GROUP)
