@@ -46,12 +46,17 @@ def test_an_all_zero_tensor_quantizes_to_zeros_with_a_unit_global_scale():
 
 
 @pytest.mark.parametrize("rows,k", [(16, 32), (130, 96), (1, 16), (257, 160)])
-def test_the_suite_reads_fp8conf_s_swizzled_scales_back_as_they_were(rows, k):
+def test_the_suite_reads_fp8conf_s_and_makefx_s_swizzled_scales_back_as_they_were(rows, k):
+    # Three implementations of the layout written apart: fp8conf's (permuting tiles), makefx's
+    # (index arithmetic) and the suite's reading of it.
+    from conformance.backends.makefx_linear import _swizzled
+
     torch.manual_seed(rows)
     block = torch.rand(rows, k // 16).mul(400).add(0.1).to(torch.float8_e4m3fn)
     swizzled = swizzle_block_scales(block)
     assert swizzled.numel() == swizzled_scales_numel(rows, k) == suite.block_scales_numel(rows, k)
     assert torch.equal(suite.unswizzle(swizzled, rows, k), block.float())
+    assert torch.equal(_swizzled(block).view(torch.uint8), swizzled.view(torch.uint8))
 
 
 def test_torchs_meta_kernel_takes_the_swizzled_size_and_refuses_another():

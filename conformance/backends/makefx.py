@@ -11,7 +11,7 @@ vary, and what its fingerprint is: the trainer's whole-step artifact key
 (``expressible_config_fields = frozenset()``; another config is refused with
 :class:`~conformance.api.errors.UnsupportedConfig`). Its float8 linears are its own
 (``float8_modules``, :class:`~conformance.backends.makefx_linear.Float8TrainerLinear`), as are its
-linears on ``F.scaled_mm``.
+linears on ``F.scaled_mm`` and its NVFP4 linears (``nvfp4``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,12 @@ def _has_scaled_mm() -> bool:
     return hasattr(torch.nn.functional, "scaled_mm")
 
 
+def _has_nvfp4() -> bool:
+    import torch
+
+    return _has_scaled_mm() and hasattr(torch, "float4_e2m1fn_x2")
+
+
 class MakeFxBackend(Backend):
     name = "makefx"
     version = "0.1"
@@ -41,7 +47,7 @@ class MakeFxBackend(Backend):
     #: 2.12 and newer), its float8 linears among them.
     capabilities = frozenset({"provenance", "validation", "emulation", "regions", "graphpp", "fingerprint"}) | (
         {"scaled_mm_v2", "float8_modules"} if _has_scaled_mm() else set()
-    )
+    ) | ({"nvfp4"} if _has_nvfp4() else set())
     float8_recipes = frozenset({"tensorwise", "rowwise", "rowwise_with_gw_hp"})
     float8_emulation = True
     provenance_has_recipe = False
@@ -129,6 +135,11 @@ class MakeFxBackend(Backend):
         from conformance.backends.makefx_linear import convert_linears
 
         convert_linears(model, module_filter_fn=module_filter_fn, recipe=recipe)
+
+    def convert_nvfp4(self, model, *, module_filter_fn, recipe):
+        from conformance.backends.makefx_linear import convert_nvfp4
+
+        convert_nvfp4(model, module_filter_fn=module_filter_fn, recipe=recipe)
 
     def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
         from conformance.backends.makefx_linear import convert_float8

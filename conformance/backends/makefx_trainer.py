@@ -115,12 +115,14 @@ def quantized_modules(model: torch.nn.Module) -> dict[str, QuantizedModule]:
     from torchao.float8.config import ScalingType
     from torchao.float8.float8_linear import Float8Linear
 
-    from conformance.backends.makefx_linear import FLOAT8_KIND, KIND, Float8TrainerLinear, ScaledMMTrainerLinear
+    from conformance.backends.makefx_linear import FLOAT8_KIND, KIND, NVFP4_KIND, Float8TrainerLinear, NVFP4TrainerLinear, ScaledMMTrainerLinear
 
     found = {}
     for fqn, module in model.named_modules():
         if isinstance(module, ScaledMMTrainerLinear):
             found[fqn] = QuantizedModule(fqn, KIND, False, fp8_grad_input=True, fp8_grad_weight=True)
+        elif isinstance(module, NVFP4TrainerLinear):
+            found[fqn] = QuantizedModule(fqn, NVFP4_KIND, module.emulate, fp8_grad_input=True, fp8_grad_weight=True)
         elif isinstance(module, Float8TrainerLinear):
             found[fqn] = QuantizedModule(
                 fqn, FLOAT8_KIND, module.emulate, fp8_grad_input=True, fp8_grad_weight=module.recipe != "rowwise_with_gw_hp",
@@ -339,11 +341,17 @@ def phase_of(node: torch.fx.Node) -> str:
 
 def _is_fp8(value) -> bool:
     dtype = getattr(value.meta.get("val"), "dtype", None) if isinstance(value, torch.fx.Node) else None
-    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+    return dtype in _LOW_PRECISION
+
+
+#: FP8 dtypes and packed FP4 (NVFP4's elements), where torch has it.
+_LOW_PRECISION = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz) + tuple(
+    getattr(torch, name) for name in ("float4_e2m1fn_x2",) if hasattr(torch, name)
+)
 
 
 def is_fp8_matmul(node: torch.fx.Node) -> bool:
-    """A scaled matmul whose two matrix operands are FP8."""
+    """A scaled matmul whose two matrix operands are FP8 (or packed FP4)."""
     return (
         node.op == "call_function" and str(node.target).startswith(_SCALED_MM)
         and len(node.args) >= 2 and _is_fp8(node.args[0]) and _is_fp8(node.args[1])
