@@ -28,6 +28,7 @@ The branches are siblings, so catching one never swallows another stage's failur
     |-- MXArgumentError           an argument of an MX op or helper (also a ValueError)
     |-- MXConversionError         a module that cannot become an MXLinear (also a ValueError)
     |-- ScaledMMConversionError   a module or torch that cannot become a ScaledMMLinear (also a ValueError)
+    |-- NVFP4ConversionError      a module or torch that cannot become an NVFP4Linear (also a ValueError)
     `-- GroupedExpertsError       an experts module or argument FP8 grouped experts cannot take (also a ValueError)
 """
 
