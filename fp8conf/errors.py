@@ -17,6 +17,7 @@ The branches are siblings, so catching one never swallows another stage's failur
     |   `-- WeightAllGatherError  a sharded weight gathered in another precision than the setting
     |-- FP8RegionError            an FP8 region that cannot be compiled as asked
     |   `-- IncompleteRegionError, RegionCompileError
+    |-- GraphCompileError         a joint graph Inductor cannot compile whole (mode="full")
     |-- FP8GraphSplitError        a stage graph GraphPP cannot cut (conformance SplitFailure)
     |-- ArtifactError             a precompiled artifact that cannot be saved or loaded
     |   |-- ArtifactIntegrityError     truncated, corrupt or altered: its digest does not match
@@ -48,6 +49,7 @@ __all__ = [
     "NoQuantizedModulesError",
     "WeightAllGatherError",
     "FP8RegionError",
+    "GraphCompileError",
     "IncompleteRegionError",
     "RegionCompileError",
     "FP8GraphSplitError",
@@ -173,6 +175,20 @@ class FP8RegionError(_Located, FP8Error):
                  node_name: str | None = None, property_id: str | None = None):
         super().__init__(message)
         self._locate(module_fqn, pass_name, node_name, property_id)
+
+
+class GraphCompileError(FP8Error):
+    """A joint graph that Inductor cannot compile whole (``compile_joint(mode="full")``).
+
+    Attributes:
+        node_name: the graph node Inductor's lowering failed on, when it says (else None).
+        target: that node's op, as text (else None).
+    """
+
+    def __init__(self, message: str, *, node_name: str | None = None, target: str | None = None):
+        super().__init__(message)
+        self.node_name = node_name
+        self.target = target
 
 
 class IncompleteRegionError(FP8RegionError):

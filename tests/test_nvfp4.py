@@ -135,3 +135,21 @@ def test_the_real_recipe_does_not_run_on_cpu_outside_the_suites_reading():
     convert_to_nvfp4_training(model)
     with pytest.raises((RuntimeError, ValueError, NotImplementedError)):
         model(torch.randn(4, 64))
+
+
+def test_a_compile_inductor_refuses_names_the_op_or_the_region():
+    # Torch 2.13's Inductor does not lower _scaled_mm_v2 with swizzled scales: fp8conf's errors
+    # say where, instead of Inductor's own from deep inside a full compile.
+    model = _block()
+    convert_to_nvfp4_training(model)
+    gm = fp8conf.trace_joint(model, (torch.randn(8, 64, requires_grad=True),))
+    try:
+        fp8conf.compile_joint(gm, mode="full")
+    except fp8conf.GraphCompileError as exc:
+        assert exc.target == "aten._scaled_mm_v2.default" and exc.node_name.startswith("_scaled_mm_v2"), exc
+        assert "mode='regional'" in str(exc)
+    else:
+        pytest.skip("this torch's Inductor compiles NVFP4 matmuls")
+    with pytest.raises(fp8conf.RegionCompileError) as info:
+        fp8conf.compile_joint(gm, mode="regional", strict=True, remainder="eager")
+    assert info.value.module_fqn in {"0", "2", "3"}

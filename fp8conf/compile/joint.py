@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -161,7 +162,7 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     if mode == "full":
         _refuse_collectives(flat)
         parts = partition_joint(flat, keep_fp8_regions=False, signature=signature) if partition else None
-        compiled = _full(flat, parts, names, example_inputs, signature)
+        compiled = _full_or_say_why(flat, parts, names, example_inputs, signature)
     else:
         # Before the cut: FP8 compute no region can hold would otherwise be compiled as no region
         # at all, and the partitioner cannot read nodes without meta["val"].
@@ -217,6 +218,36 @@ def _warm_compile_pool() -> None:
     maybe_warm_pool()
     with library_notices_quieted():  # Inductor's first import meets torch.jit's deprecation
         import torch._inductor.compile_fx  # noqa: F401
+
+
+def _full_or_say_why(flat, parts, names, example_inputs, signature) -> CompiledJoint:
+    """:func:`_full`, with what Inductor raises turned into a :class:`GraphCompileError` naming
+    the op it could not lower (fp8conf's own errors pass as they are)."""
+    try:
+        return _full(flat, parts, names, example_inputs, signature)
+    except errors.FP8Error:
+        raise
+    except Exception as exc:
+        target = _failed_target(exc)
+        nodes = [n.name for n in flat.graph.nodes if n.op == "call_function" and str(n.target) == target] if target else []
+        where = f" at {target} (node{'s' if len(nodes) > 1 else ''} {', '.join(nodes[:3])})" if nodes else ""
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise errors.GraphCompileError(
+            f"compile_joint(mode='full'): Inductor could not compile the joint graph{where}: {type(exc).__name__}: {first}. "
+            "Compile it regionally (mode='regional', which names the region that fails) or run it eagerly",
+            node_name=nodes[0] if nodes else None,
+            target=target,
+        ) from exc
+
+
+def _failed_target(exc: BaseException) -> str | None:
+    """The op Inductor's lowering failed on, from its ``LoweringException`` (``target: aten.x.y``)."""
+    while exc is not None:
+        found = re.search(r"target: (\S+)", str(exc))
+        if found:
+            return found.group(1)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _full(flat, parts, names, example_inputs, signature) -> CompiledJoint:
