@@ -43,8 +43,7 @@ def _is_fp4(dtype) -> bool:
 
 
 def _val(node):
-    value = getattr(node, "meta", {}).get("val") if hasattr(node, "meta") else None
-    return value
+    return node.meta.get("val") if hasattr(node, "meta") else None
 
 
 def is_nvfp4_matmul(node) -> bool:

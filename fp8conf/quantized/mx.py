@@ -27,6 +27,7 @@ from fp8conf.errors import MXArgumentError, MXConversionError
 from fp8conf.log import logger
 from fp8conf.quantized.ops.e8m0 import MX_BLOCK_SIZE, SCALE_DTYPES, apply_e8m0_scale, scaled_mm_e8m0
 from fp8conf.quantized.protocol import QuantizationConfig
+from fp8conf.quantized.swap import swap_linears
 
 __all__ = [
     "E4M3_MAX",
@@ -364,14 +365,7 @@ def convert_to_mx_training(
     _check_choice("scale_rounding", scale_rounding, SCALE_ROUNDINGS, "convert_to_mx_training")
     if scale_dtype is not None:
         _check_choice("scale_dtype", scale_dtype, SCALE_DTYPES, "convert_to_mx_training")
-    converted: dict[int, MXLinear] = {}
-    for fqn, linear in _linears_to_convert(model, module_filter_fn):
-        if id(linear) not in converted:
-            converted[id(linear)] = MXLinear.from_float(linear, recipe=recipe, scale_rounding=scale_rounding,
-                                                        scale_dtype=scale_dtype)
-        new = converted[id(linear)]
-        if fqn == "":
-            return new
-        parent_fqn, _, name = fqn.rpartition(".")
-        setattr(model.get_submodule(parent_fqn), name, new)
-    return model
+    return swap_linears(
+        model, _linears_to_convert(model, module_filter_fn),
+        lambda linear: MXLinear.from_float(linear, recipe=recipe, scale_rounding=scale_rounding, scale_dtype=scale_dtype),
+    )

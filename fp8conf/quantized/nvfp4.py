@@ -32,6 +32,7 @@ from fp8conf.errors import NVFP4ConversionError
 from fp8conf.quantized.ops.e8m0 import to_cublas_blocked
 from fp8conf.quantized.protocol import QuantizationConfig
 from fp8conf.quantized.scaled_mm import has_scaled_mm_v2
+from fp8conf.quantized.swap import plain_linears, swap_linears
 
 __all__ = [
     "NVFP4_KIND",
@@ -266,25 +267,13 @@ def convert_to_nvfp4_training(
         raise NVFP4ConversionError(
             f"convert_to_nvfp4_training: recipe must be one of {NVFP4_RECIPES}, got {recipe!r}", module_fqn=None
         )
-    found = []
-    for fqn, module in model.named_modules(remove_duplicate=False):
-        if type(module) is not nn.Linear or (module_filter_fn is not None and not module_filter_fn(module, fqn)):
-            continue
-        problem = _features_problem(module.in_features, module.out_features)
-        if problem:
-            raise NVFP4ConversionError(
-                f"convert_to_nvfp4_training: linear {fqn or '<root>'!r} has {problem}; NVFP4 matmuls need both "
-                f"multiples of {ALIGNMENT}. Exclude it with module_filter_fn (e.g. `lambda m, fqn: fqn != {fqn!r}`) "
-                "or resize the layer",
-                module_fqn=fqn,
-            )
-        found.append((fqn, module))
-    converted: dict[int, NVFP4Linear] = {}
-    for fqn, linear in found:
-        if id(linear) not in converted:
-            converted[id(linear)] = NVFP4Linear.from_float(linear, recipe=recipe)
-        if fqn == "":
-            return converted[id(linear)]
-        parent_fqn, _, name = fqn.rpartition(".")
-        setattr(model.get_submodule(parent_fqn), name, converted[id(linear)])
-    return model
+    def refuse(fqn, problem):
+        return NVFP4ConversionError(
+            f"convert_to_nvfp4_training: linear {fqn or '<root>'!r} has {problem}; NVFP4 matmuls need both "
+            f"multiples of {ALIGNMENT}. Exclude it with module_filter_fn (e.g. `lambda m, fqn: fqn != {fqn!r}`) "
+            "or resize the layer",
+            module_fqn=fqn,
+        )
+
+    found = plain_linears(model, module_filter_fn, _features_problem, refuse)
+    return swap_linears(model, found, lambda linear: NVFP4Linear.from_float(linear, recipe=recipe))

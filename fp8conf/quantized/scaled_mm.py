@@ -31,6 +31,7 @@ from fp8conf.arguments import require
 from fp8conf.errors import ScaledMMConversionError
 from fp8conf.quantized.grouped import to_float8_rowwise
 from fp8conf.quantized.protocol import QuantizationConfig
+from fp8conf.quantized.swap import plain_linears, swap_linears
 
 __all__ = [
     "SCALED_MM_KIND",
@@ -201,25 +202,13 @@ def convert_to_scaled_mm_training(
         raise ScaledMMConversionError(
             f"convert_to_scaled_mm_training: recipe must be one of {SCALED_MM_RECIPES}, got {recipe!r}", module_fqn=None
         )
-    found = []
-    for fqn, module in model.named_modules(remove_duplicate=False):
-        if type(module) is not nn.Linear or (module_filter_fn is not None and not module_filter_fn(module, fqn)):
-            continue
-        problem = _features_problem(module.in_features, module.out_features)
-        if problem:
-            raise ScaledMMConversionError(
-                f"convert_to_scaled_mm_training: linear {fqn or '<root>'!r} has {problem}; FP8 matmuls need both "
-                f"multiples of {ALIGNMENT}. Exclude it with module_filter_fn (e.g. `lambda m, fqn: fqn != {fqn!r}`) "
-                "or resize the layer",
-                module_fqn=fqn,
-            )
-        found.append((fqn, module))
-    converted: dict[int, ScaledMMLinear] = {}
-    for fqn, linear in found:
-        if id(linear) not in converted:
-            converted[id(linear)] = ScaledMMLinear.from_float(linear, recipe=recipe)
-        if fqn == "":
-            return converted[id(linear)]
-        parent_fqn, _, name = fqn.rpartition(".")
-        setattr(model.get_submodule(parent_fqn), name, converted[id(linear)])
-    return model
+    def refuse(fqn, problem):
+        return ScaledMMConversionError(
+            f"convert_to_scaled_mm_training: linear {fqn or '<root>'!r} has {problem}; FP8 matmuls need both "
+            f"multiples of {ALIGNMENT}. Exclude it with module_filter_fn (e.g. `lambda m, fqn: fqn != {fqn!r}`) "
+            "or resize the layer",
+            module_fqn=fqn,
+        )
+
+    found = plain_linears(model, module_filter_fn, _features_problem, refuse)
+    return swap_linears(model, found, lambda linear: ScaledMMLinear.from_float(linear, recipe=recipe))
