@@ -88,9 +88,15 @@ def supported_kinds(backend) -> tuple[str, ...]:
     """The quantized module kinds the suite may show ``backend``: ``float8_linear`` always (TorchAO
     converts those), ``mxfp8_linear`` when it claims ``mx`` and so converts MX layers itself,
     ``float8_scaled_mm_linear`` when it claims ``scaled_mm_v2`` and converts linears on
-    ``F.scaled_mm`` itself, ``nvfp4_linear`` when it claims ``nvfp4``."""
-    claimed = {strategies.MX_KIND: "mx", strategies.SCALED_MM_KIND: "scaled_mm_v2", strategies.NVFP4_KIND: "nvfp4"}
-    return tuple(k for k in strategies.ALL_KINDS if claimed.get(k) is None or claimed[k] in backend.capabilities)
+    ``F.scaled_mm`` itself, ``nvfp4_linear`` when it claims ``nvfp4``; of MX layers only the
+    recipes it declares (``Backend.mx_recipes``: ``mxfp8_linear`` for ``mxfp8`` and
+    ``mxfp8_emulated``, the drawing kind ``mxfp8_swizzled`` for that recipe)."""
+    claimed = {strategies.MX_KIND: "mx", strategies.SCALED_MM_KIND: "scaled_mm_v2", strategies.NVFP4_KIND: "nvfp4",
+               strategies.MX_SWIZZLED_KIND: "mx"}
+    mx_recipes = set(getattr(backend, "mx_recipes", ()))
+    declared = {strategies.MX_KIND: "mxfp8" in mx_recipes, strategies.MX_SWIZZLED_KIND: "mxfp8_swizzled" in mx_recipes}
+    return tuple(k for k in strategies.ALL_KINDS
+                 if claimed.get(k) is None or (claimed[k] in backend.capabilities and declared.get(k, True)))
 
 
 def fail(property_id: str, message: str, spec: ModelSpec | None = None) -> None:

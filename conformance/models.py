@@ -16,7 +16,8 @@ layer per line, with only the fields that differ from their defaults::
 
 The model is a stack of linears called in order; each is either a plain ``nn.Linear`` or a
 quantized one converted by ``torchao.float8.convert_to_float8_training`` with its own recipe, or
-an MX layer (recipes ``mxfp8`` / ``mxfp8_emulated``, in and out features multiples of 32) that
+an MX layer (recipes ``mxfp8`` / ``mxfp8_emulated`` / ``mxfp8_swizzled``, in and out features
+multiples of 32) that
 the backend converts itself through the contract's ``Backend.convert_mx``: ``build_model(spec,
 mx=backend.convert_mx)``, or a linear on torch's second scaled-matmul API (recipes
 ``scaled_mm_tensorwise`` / ``scaled_mm_rowwise``, kind ``float8_scaled_mm_linear``) that the
@@ -43,8 +44,9 @@ __all__ = [
 ACTIVATIONS = ("none", "relu", "gelu")
 #: ``LayerSpec.adapter_recipe`` of an adapter converted with its parent's config.
 PARENT = "parent"
-#: Recipes of MX layers (kind ``mxfp8_linear``), converted by the backend (``Backend.convert_mx``).
-MX_RECIPES = ("mxfp8", "mxfp8_emulated")
+#: Recipes of MX layers (kind ``mxfp8_linear``), converted by the backend (``Backend.convert_mx``):
+#: ``mxfp8_swizzled`` is MXFP8 on ``F.scaled_mm`` with swizzled e8m0 scales (``Backend.mx_recipes``).
+MX_RECIPES = ("mxfp8", "mxfp8_emulated", "mxfp8_swizzled")
 #: Recipes of linears on the second scaled-matmul API (kind ``float8_scaled_mm_linear``), converted
 #: by the backend (``Backend.convert_scaled_mm``) with the recipe named after the prefix.
 SCALED_MM_RECIPES = ("scaled_mm_tensorwise", "scaled_mm_rowwise")

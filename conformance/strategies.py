@@ -25,6 +25,10 @@ NVFP4 layers (kind ``nvfp4_linear``, recipes ``nvfp4`` / ``nvfp4_emulated``, con
 backend through ``Backend.convert_nvfp4``) are opt-in through capability ``nvfp4`` and drawn like
 MX layers (widths of 32 or 64, no nested adapter). They trace on any device; the properties that
 run graphs draw them only where torch runs an NVFP4 matmul (:func:`runnable_kinds`: sm100 GPUs).
+Swizzled MX layers (recipe ``mxfp8_swizzled``, kind ``mxfp8_linear``, through
+``Backend.convert_mx``) are drawn the same way, as the drawing kind :data:`MX_SWIZZLED_KIND`, for
+a backend that claims ``mx`` and declares the recipe (``Backend.mx_recipes``); they are never
+emulated, and run only where torch runs a swizzled MX matmul (sm100 GPUs).
 
 **One shared corpus under a derandomized profile.** Tracing a model is most of a structural
 property's cost, and traced graphs are cached per model (``conformance.harness.traced``). Under a
@@ -62,7 +66,7 @@ from conformance.families import variants
 from conformance.models import ACTIVATIONS, MX_RECIPES, NVFP4_RECIPES, PARENT, SCALED_MM_RECIPES, LayerSpec, ModelSpec, base_recipe, kind_of
 
 __all__ = [
-    "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "NVFP4_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
+    "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "NVFP4_KIND", "MX_SWIZZLED_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
     "Constraints", "served", "served_spec", "float8_left_out", "float8_recipes", "float8_emulation", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_left_out", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "grouped_v2_runs",
     "sharded_specs",
 ]
@@ -71,9 +75,12 @@ WIDTHS = (16, 32, 48)
 #: Quantized module kinds a model may draw: ``kinds=ALL_KINDS`` opts into MX layers, linears on
 #: ``F.scaled_mm`` and NVFP4 layers (each drawn only for a backend that converts it).
 FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, NVFP4_KIND = "float8_linear", "mxfp8_linear", "float8_scaled_mm_linear", "nvfp4_linear"
-ALL_KINDS = (FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, NVFP4_KIND)
+#: A drawing kind, not a module kind: MX layers of recipe ``mxfp8_swizzled`` (provenance kind
+#: ``mxfp8_linear``), drawn apart from the other MX recipes since only sm100 GPUs run them.
+MX_SWIZZLED_KIND = "mxfp8_swizzled"
+ALL_KINDS = (FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, NVFP4_KIND, MX_SWIZZLED_KIND)
 #: Kinds whose layers quantize in blocks along both dims: in and out features multiples of 32.
-_BLOCKED_KINDS = (MX_KIND, NVFP4_KIND)
+_BLOCKED_KINDS = (MX_KIND, NVFP4_KIND, MX_SWIZZLED_KIND)
 #: The kinds the fingerprint properties draw (they build their own model changes per kind).
 FLOAT8_AND_MX = (FLOAT8_KIND, MX_KIND)
 #: Widths of MX layers (MXFP8 quantizes both dims in blocks of 32).
@@ -132,6 +139,8 @@ def runnable_kinds(device: str = "cpu") -> tuple[str, ...]:
             kinds.append(SCALED_MM_KIND)
         if _runs(lambda: _nvfp4_matmul(device), _V2_ERRORS):
             kinds.append(NVFP4_KIND)
+        if _runs(lambda: _swizzled_mx_matmul(device), _V2_ERRORS):
+            kinds.append(MX_SWIZZLED_KIND)
     return tuple(kinds)
 
 
@@ -152,13 +161,26 @@ def _nvfp4_matmul(device: str):
                        output_dtype=torch.bfloat16)
 
 
+def _swizzled_mx_matmul(device: str):
+    """A small MXFP8 matmul with swizzled e8m0 scales on ``device`` (raises where torch has no
+    kernel for it: every device but sm100 GPUs)."""
+    import torch
+    import torch.nn.functional as F
+
+    a = torch.zeros(128, 32, device=device).to(torch.float8_e4m3fn)
+    scales = torch.full((128 * 4,), 127, dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)
+    block, swizzle = F.ScalingType.BlockWise1x32, F.SwizzleType.SWIZZLE_32_4_4
+    return F.scaled_mm(a, a.t(), scales, block, scales, block, swizzle_a=swizzle, swizzle_b=swizzle, output_dtype=torch.bfloat16)
+
+
 def kinds_left_out(device: str = "cpu") -> str | None:
     """A note for a report row when a kind the suite draws cannot run here, else None."""
     missing = [k for k in ALL_KINDS if k not in runnable_kinds(device)]
     if not missing:
         return None
     return (f"{', '.join(missing)} layers are not drawn by the properties that run graphs: this torch has no {device} "
-            "kernel for their matmuls (aten._scaled_mm_v2)" + ("; NVFP4 matmuls run on sm100 GPUs only" if NVFP4_KIND in missing else ""))
+            "kernel for their matmuls (aten._scaled_mm_v2)"
+            + ("; NVFP4 and swizzled MX matmuls run on sm100 GPUs only" if {NVFP4_KIND, MX_SWIZZLED_KIND} & set(missing) else ""))
 
 
 @st.composite
@@ -186,6 +208,8 @@ def layer_specs(
         recipe = "mxfp8_emulated" if draw(draw_emulate) else "mxfp8"
     elif kind == NVFP4_KIND:
         recipe = "nvfp4_emulated" if draw(draw_emulate) else "nvfp4"
+    elif kind == MX_SWIZZLED_KIND:
+        recipe = "mxfp8_swizzled"
     elif kind == SCALED_MM_KIND:
         recipe = draw(st.sampled_from(_scaled_mm_recipes(recipes)), label="scaled_mm recipe")
     else:
@@ -223,6 +247,8 @@ def _scaled_mm_recipes(recipes) -> list[str]:
 def _possible(kind: str, in_width: int, recipes, emulate: bool | None) -> bool:
     """Whether a quantized layer of ``kind`` taking ``in_width`` features can be drawn under
     ``recipes`` and ``emulate``."""
+    if kind == MX_SWIZZLED_KIND:
+        return in_width % 32 == 0 and emulate is not True
     if kind in _BLOCKED_KINDS:
         return in_width % 32 == 0
     if kind == SCALED_MM_KIND:
@@ -270,7 +296,8 @@ class Constraints:
         if not isinstance(spec, ModelSpec):
             return spec in variants(self)
         quantized = [layer for layer in spec.layers if layer.recipe]
-        mx = [layer for layer in quantized if layer.recipe in MX_RECIPES]
+        mx = [layer for layer in quantized if layer.recipe in MX_RECIPES and layer.recipe != MX_SWIZZLED_KIND]
+        swizzled = [layer for layer in quantized if layer.recipe == MX_SWIZZLED_KIND]
         scaled_mm = [layer for layer in quantized if layer.recipe in SCALED_MM_RECIPES]
         nvfp4 = [layer for layer in quantized if layer.recipe in NVFP4_RECIPES]
         configs = spec.quantized_modules().values()
@@ -285,6 +312,7 @@ class Constraints:
             and (MX_KIND in self.kinds or not mx)
             and (SCALED_MM_KIND in self.kinds or not scaled_mm)
             and (NVFP4_KIND in self.kinds or not nvfp4)
+            and (MX_SWIZZLED_KIND in self.kinds or not swizzled)
             and (FLOAT8_KIND in self.kinds or not float8)
             and all(recipe in self.float8_choices for recipe, _ in float8)
             and (self.float8_emulation or not any(emulate for _, emulate in float8))
@@ -304,7 +332,7 @@ def _drawn_specs(draw, c: Constraints):
     adds one when float8 layers are not allowed): that kind's layer is the forced one, and later
     quantized layers may be of it too."""
     kinds = c.kinds
-    added = [k for k in (MX_KIND, SCALED_MM_KIND, NVFP4_KIND) if k in kinds and (k in _BLOCKED_KINDS or _possible(k, 0, c.recipes, c.emulate))]
+    added = [k for k in (MX_KIND, SCALED_MM_KIND, NVFP4_KIND, MX_SWIZZLED_KIND) if k in kinds and _possible(k, 0, c.recipes, c.emulate)]
     # Float8 only, or one other kind: each as likely (float8 only first, what shrinking heads for).
     choices = added if FLOAT8_KIND not in kinds else [None, *added]
     other = (choices[0] if len(choices) == 1 else draw(st.sampled_from(choices), label="added kind")) if added else None
@@ -387,7 +415,8 @@ def _features(spec: ModelSpec) -> frozenset:
 
 
 def _kinds(spec: ModelSpec) -> set[str]:
-    return {kind for kind, _recipe, _emulate in spec.quantized_modules().values()}
+    """The drawing kinds of ``spec``'s quantized modules (swizzled MX apart from other MX)."""
+    return {MX_SWIZZLED_KIND if recipe == MX_SWIZZLED_KIND else kind for kind, recipe, _emulate in spec.quantized_modules().values()}
 
 
 def _adapter_kind(layer: LayerSpec):
@@ -528,6 +557,11 @@ def served(c: Constraints) -> Constraints:
     left_out = float8_left_out(c)
     kinds = tuple(k for k in c.kinds if k in supported and (k != FLOAT8_KIND or left_out is None))
     if not kinds:
+        mx_asked = {MX_KIND: "mxfp8 / mxfp8_emulated", MX_SWIZZLED_KIND: "mxfp8_swizzled"}
+        if left_out is None and set(c.kinds) <= set(mx_asked):
+            # The backend claims mx (the capability gate ran first): its mx_recipes lack these.
+            left_out = (f"the property draws MX layers of recipe {' or '.join(mx_asked[k] for k in c.kinds)}, which the "
+                        "backend's mx_recipes do not declare")
         if left_out is not None:
             import pytest
 

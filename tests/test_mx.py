@@ -5,6 +5,7 @@ under CPU Inductor. CUDA tests are marked ``fp8_gpu`` and skip without a device.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -24,7 +25,12 @@ from fp8conf.quantized.mx import (
     from_mx,
     to_mx,
 )
+import fp8conf
 from fp8conf import torch_internals
+
+#: The recipes whose matmuls run on CPU and on sm90 (the swizzled one runs on sm100 only; its
+#: tests below read it through the suite).
+RUNNABLE = tuple(r for r in RECIPES if r != "mxfp8_swizzled")
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 E4M3 = torch.float8_e4m3fn
@@ -198,7 +204,7 @@ def test_mxlinear_attributes():
 
 
 @pytest.mark.parametrize("scale_rounding", SCALE_ROUNDINGS)
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", RUNNABLE)
 def test_mxlinear_close_to_nn_linear(recipe, scale_rounding):
     ref, mx = _pair(recipe, scale_rounding)
     x = torch.randn(2, 16, 64)
@@ -335,7 +341,7 @@ def test_from_float():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", RUNNABLE)
 def test_compile_inductor_forward_backward_matches_eager(recipe):
     from torch._dynamo.testing import CompileCounterWithBackend
 
@@ -376,7 +382,7 @@ def test_to_mx_scales_are_the_same_bytes_in_either_dtype():
         to_mx(x, scale_dtype=torch.float32)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", RUNNABLE)
 def test_mxlinear_scale_dtypes_agree_bitwise(recipe):
     torch.manual_seed(4)
     base = nn.Linear(64, 32)
@@ -487,7 +493,7 @@ def test_record_torchao_emulated_mxfp8_rceil_recipe_compiles_on_cpu_inductor():
 
 @pytest.mark.fp8_gpu
 @requires_cuda
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", RUNNABLE)
 def test_cuda_mxlinear_close_to_nn_linear(recipe):
     ref, mx = _pair(recipe, dtype=torch.bfloat16)
     ref, mx = ref.cuda(), mx.cuda()
@@ -509,3 +515,111 @@ def test_cuda_recipes_agree():
     for g, w in zip(real, emulated):
         # both accumulate in float32; cuBLAS (sm100) may sum in another order: allow 1 bf16 ulp
         torch.testing.assert_close(g, w, rtol=2**-7, atol=1e-3 * float(w.abs().max()) + math.ulp(0.0))
+
+
+# --- MXFP8 on F.scaled_mm with swizzled e8m0 scales (recipe mxfp8_swizzled) --------------------------
+
+_needs_v2 = pytest.mark.skipif(not hasattr(torch.nn.functional, "scaled_mm"), reason="torch has no F.scaled_mm")
+
+
+def _swizzled_block(dim: int = 64):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(dim, 32), nn.ReLU(), nn.Linear(32, dim, bias=False), nn.Linear(dim, 32))
+
+
+@_needs_v2
+@pytest.mark.parametrize("rows, k", [(16, 32), (144, 160), (256, 64)])
+def test_the_suites_reading_of_swizzled_e8m0_scales_inverts_fp8confs_layout_and_torch_takes_its_size(rows, k):
+    from conformance import block_scaled
+    from fp8conf.quantized.ops.e8m0 import to_cublas_blocked
+
+    torch.manual_seed(rows)
+    scales = torch.randint(100, 150, (rows, k // 32), dtype=torch.uint8)
+    swizzled = to_cublas_blocked(scales)
+    assert swizzled.numel() == block_scaled.block_scales_numel(rows, k, 32)
+    assert torch.equal(block_scaled.unswizzle(swizzled, rows, k, 32), scales)
+    fn = torch.nn.functional
+    block, swizzle = fn.ScalingType.BlockWise1x32, fn.SwizzleType.SWIZZLE_32_4_4
+    with torch.device("meta"):
+        a = torch.empty(rows, k, dtype=torch.float8_e4m3fn)
+
+        def run(numel):
+            s = torch.empty(numel, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+            return fn.scaled_mm(a, a.t(), s, block, s, block, swizzle_a=swizzle, swizzle_b=swizzle, output_dtype=torch.bfloat16)
+
+        assert run(swizzled.numel()).shape == (rows, rows)
+        with pytest.raises(RuntimeError):
+            run(rows * (k // 32))
+
+
+@_needs_v2
+def test_swizzled_mx_linears_trace_attribute_count_and_split_on_cpu():
+    from conformance import block_scaled
+
+    model = _swizzled_block()
+    convert_to_mx_training(model, recipe="mxfp8_swizzled", module_filter_fn=lambda m, fqn: fqn != "3")
+    gm = fp8conf.trace_joint(model, (torch.randn(8, 64, requires_grad=True),))
+    matmuls = [n for n in gm.graph.nodes if block_scaled.matmul_format(n) is block_scaled.MXFP8]
+    assert len(matmuls) == 6 and all(not block_scaled.layout_problems(n, block_scaled.MXFP8) for n in matmuls)
+    assert {(fp8conf.get_provenance(n).module_fqn, fp8conf.get_provenance(n).recipe) for n in matmuls} == {
+        ("0", "mxfp8_swizzled"), ("2", "mxfp8_swizzled")}
+    report = fp8conf.validate_fp8_graph(gm, strict=True)
+    assert report.compute_counts == {("0", "forward"): 1, ("0", "backward"): 2, ("2", "forward"): 1, ("2", "backward"): 2}
+    split = fp8conf.split_stage(gm, strict=True)
+    pieces = [split.forward, split.backward_input, split.backward_weight]
+    assert [sum(block_scaled.matmul_format(n) is block_scaled.MXFP8 for n in p.graph.nodes) for p in pieces] == [2, 2, 2]
+
+
+@_needs_v2
+def test_the_swizzled_recipe_computes_what_the_emulated_one_does_by_the_suites_reading():
+    from conformance import block_scaled
+
+    real, emulated = _swizzled_block(), _swizzled_block()
+    convert_to_mx_training(real, recipe="mxfp8_swizzled")
+    convert_to_mx_training(emulated, recipe="mxfp8_emulated")
+    x, grad_out = torch.randn(8, 64), torch.randn(8, 32)
+    steps = []
+    for model, reading in ((real, block_scaled.read_by_the_suite()), (emulated, None)):
+        inp = x.clone().requires_grad_(True)
+        with reading or contextlib.nullcontext() as reads:
+            out = model(inp)
+            out.backward(grad_out)
+        if reading is not None:
+            assert reads.count["MXFP8"] == reads.computed == 9 and not reads.problems
+            assert max(o.error for o in reads.operands) < 0.06
+        steps.append((out.detach(), inp.grad, model[0].weight.grad))
+    for got, want in zip(*steps):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@_needs_v2
+def test_a_swizzled_mx_matmul_with_row_major_scales_is_refused_by_the_suites_reading():
+    from conformance import block_scaled
+
+    fn = torch.nn.functional
+    a = torch.randn(16, 32).to(torch.float8_e4m3fn)
+    scales = torch.full((16, 1), 127, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    block = fn.ScalingType.BlockWise1x32
+    with pytest.raises(block_scaled.LayoutUnreadable, match=r"scale swizzles are \[0\], expected \[1\]"):
+        with block_scaled.read_by_the_suite():
+            fn.scaled_mm(a, a.t(), scales, block, scales, block, swizzle_a=fn.SwizzleType.NO_SWIZZLE,
+                         swizzle_b=fn.SwizzleType.NO_SWIZZLE, output_dtype=torch.bfloat16)
+
+
+@_needs_v2
+def test_the_worked_examples_own_mx_linear_quantizes_and_swizzles_as_fp8conf_and_the_suite_read_it():
+    # Three implementations written apart: the worked example's (index arithmetic), fp8conf's
+    # (permuted tiles) and the suite's reading.
+    import trainer_mx
+
+    from conformance import block_scaled
+    from fp8conf.quantized.ops.e8m0 import to_cublas_blocked
+
+    torch.manual_seed(5)
+    x = torch.randn(200, 96) * torch.logspace(-3, 3, 96)
+    data, scales = trainer_mx.quantize(x)
+    ours_data, ours_scales = to_mx(x)
+    assert torch.equal(data.view(torch.uint8), ours_data.view(torch.uint8)) and torch.equal(scales, ours_scales)
+    swizzled = trainer_mx.swizzle(scales)
+    assert torch.equal(swizzled.view(torch.uint8), to_cublas_blocked(scales))
+    assert torch.equal(block_scaled.unswizzle(swizzled.view(torch.uint8), 200, 96, 32), scales)

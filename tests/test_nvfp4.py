@@ -1,5 +1,5 @@
 """fp8conf's NVFP4 linear (``fp8conf.quantized.nvfp4``) and the suite's reading of NVFP4 matmuls
-(``conformance.nvfp4``): quantization, the swizzled layout (two independent implementations
+(``conformance.block_scaled``): quantization, the swizzled layout (two independent implementations
 checked against each other and against torch's Meta kernel), conversion, and the passes on traced
 NVFP4 graphs, all on CPU, where torch has no NVFP4 kernel but traces them."""
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import fp8conf
-from conformance import nvfp4 as suite
+from conformance import block_scaled as suite
 from fp8conf.errors import NVFP4ConversionError
 from fp8conf.quantized.nvfp4 import (
     NVFP4Linear, convert_to_nvfp4_training, from_nvfp4, has_nvfp4, swizzle_block_scales, swizzled_scales_numel, to_nvfp4,
@@ -55,7 +55,7 @@ def test_the_suite_reads_fp8conf_s_and_makefx_s_swizzled_scales_back_as_they_wer
     block = torch.rand(rows, k // 16).mul(400).add(0.1).to(torch.float8_e4m3fn)
     swizzled = swizzle_block_scales(block)
     assert swizzled.numel() == swizzled_scales_numel(rows, k) == suite.block_scales_numel(rows, k)
-    assert torch.equal(suite.unswizzle(swizzled, rows, k), block.float())
+    assert torch.equal(suite.unswizzle(swizzled.float(), rows, k), block.float())
     assert torch.equal(_swizzled(block).view(torch.uint8), swizzled.view(torch.uint8))
 
 
@@ -96,15 +96,15 @@ def test_the_passes_trace_attribute_count_and_split_nvfp4_matmuls_on_cpu():
     convert_to_nvfp4_training(model, module_filter_fn=lambda m, fqn: fqn != "3")
     x = torch.randn(8, 64, requires_grad=True)
     gm = fp8conf.trace_joint(model, (x,))
-    matmuls = [n for n in gm.graph.nodes if suite.is_nvfp4_matmul(n)]
-    assert len(matmuls) == 6 and all(not suite.layout_problems(n) for n in matmuls)
+    matmuls = [n for n in gm.graph.nodes if suite.matmul_format(n) is suite.NVFP4]
+    assert len(matmuls) == 6 and all(not suite.layout_problems(n, suite.NVFP4) for n in matmuls)
     kinds = {(fp8conf.get_provenance(n).module_fqn, fp8conf.get_provenance(n).kind) for n in matmuls}
     assert kinds == {("0", "nvfp4_linear"), ("2", "nvfp4_linear")}
     report = fp8conf.validate_fp8_graph(gm, strict=True)
     assert report.compute_counts == {("0", "forward"): 1, ("0", "backward"): 2, ("2", "forward"): 1, ("2", "backward"): 2}
     split = fp8conf.split_stage(gm, strict=True)
     pieces = [split.forward, split.backward_input, split.backward_weight]
-    assert [sum(suite.is_nvfp4_matmul(n) for n in p.graph.nodes) for p in pieces] == [2, 2, 2]
+    assert [sum(suite.matmul_format(n) is suite.NVFP4 for n in p.graph.nodes) for p in pieces] == [2, 2, 2]
 
 
 def test_the_emulated_recipe_computes_what_the_suite_reads_the_real_one_to_compute():
@@ -120,7 +120,7 @@ def test_the_emulated_recipe_computes_what_the_suite_reads_the_real_one_to_compu
             with reading as reads:
                 out = model(inp)
                 out.backward(grad_out)
-            assert reads.count == reads.computed == 9  # 3 linears: forward, grad_input, grad_weight each
+            assert reads.count["NVFP4"] == reads.computed == 9  # 3 linears: forward, grad_input, grad_weight each
             assert max(o.error for o in reads.operands) < 0.15
         else:
             out = model(inp)

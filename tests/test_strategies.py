@@ -73,6 +73,9 @@ REAL = LayerSpec(32, "tensorwise")
         (Constraints(float8_recipes=("rowwise",)), _spec(REAL)),  # a backend's own float8 linears lack tensorwise
         (Constraints(float8_emulation=False), _spec(LayerSpec(32, "rowwise", emulate=True))),
         (Constraints(float8_recipes=("rowwise",)), _spec(LayerSpec(32, "rowwise", adapter=True, adapter_recipe="tensorwise"))),
+        (Constraints(kinds=("float8_linear", "mxfp8_linear")), _spec(LayerSpec(32, "mxfp8_swizzled"))),  # drawn apart
+        (Constraints(kinds=("float8_linear", "mxfp8_swizzled")), _spec(LayerSpec(32, "mxfp8"))),
+        (Constraints(kinds=ALL_KINDS, emulate=True), _spec(LayerSpec(32, "mxfp8_swizzled"))),  # never emulated
     ],
 )
 def test_constraints_reject_models_they_cannot_draw(c, spec):
@@ -196,3 +199,34 @@ def test_a_fixed_model_is_built_with_the_backends_recipes():
         ("rowwise", False, "rowwise_with_gw_hp", False), ("rowwise", False, "parent", None), ("mxfp8", False, "parent", None),
     ]
     assert served_spec(fixed) == fixed
+
+
+def _backend(**attributes):
+    from conformance.backends.reference import ReferenceBackend
+
+    return type("Declared", (ReferenceBackend,), {"name": "declared", **attributes})()
+
+
+@pytest.mark.parametrize("mx_recipes, wanted, lacked", [
+    (frozenset({"mxfp8", "mxfp8_emulated"}), "mxfp8_linear", "mxfp8_swizzled"),
+    (frozenset({"mxfp8_swizzled"}), "mxfp8_swizzled", "mxfp8_linear"),
+])
+def test_mx_layers_are_drawn_of_the_declared_recipes_and_a_property_asking_for_others_is_not_supported(mx_recipes, wanted, lacked):
+    from conformance.harness import supported_kinds as kinds_of
+    from conformance.plugin.gating import NOT_SUPPORTED
+
+    kinds = kinds_of(_backend(mx_recipes=mx_recipes))
+    assert wanted in kinds and lacked not in kinds
+    with supported_kinds(kinds):
+        models = corpus(served(Constraints(kinds=ALL_KINDS)), n=25)
+        with pytest.raises(pytest.skip.Exception) as skipped:
+            served(Constraints(kinds=(lacked,)))
+    recipes = {r for m in models for kind, r, _e in m.quantized_modules().values() if kind == "mxfp8_linear"}
+    assert recipes and recipes <= set(mx_recipes)
+    assert str(skipped.value).startswith(NOT_SUPPORTED) and "mx_recipes do not declare" in str(skipped.value)
+
+
+@pytest.mark.parametrize("mx_recipes", [frozenset(), frozenset({"mxfp8"}), frozenset({"mxfp8_rceil"}), "mxfp8_swizzled"])
+def test_a_backend_declaring_mx_recipes_the_contract_lacks_is_refused_at_class_creation(mx_recipes):
+    with pytest.raises(TypeError, match="mx_recipes must be a non-empty set"):
+        _backend(mx_recipes=mx_recipes)

@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.api.spec import SPEC_VERSION
 from conformance.api.types import (
-    CAPABILITIES, FINGERPRINT_SCOPES, FLOAT8_RECIPES, TORCH_COMPUTE_OPS, ComputeOp, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport,
+    CAPABILITIES, FINGERPRINT_SCOPES, FLOAT8_RECIPES, MX_RECIPES, TORCH_COMPUTE_OPS, ComputeOp, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport,
 )
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
@@ -117,6 +117,12 @@ class Backend(abc.ABC):
     #: ``float8_modules``): without one the suite draws no emulated float8 layer, and a property
     #: about emulated modules only is ``not_supported``.
     float8_emulation: bool = True
+    #: The recipes of the backend's MX linears (capability ``mx``), a non-empty subset of
+    #: :data:`~conformance.api.types.MX_RECIPES`: ``mxfp8`` and ``mxfp8_emulated`` (declared
+    #: together: MX layers whose matmuls may take any API, with their emulated mode) and
+    #: ``mxfp8_swizzled`` (MXFP8 on ``F.scaled_mm`` with swizzled e8m0 scales). The suite draws MX
+    #: layers of the declared recipes only.
+    mx_recipes: frozenset[str] = frozenset({"mxfp8", "mxfp8_emulated"})
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -134,6 +140,13 @@ class Backend(abc.ABC):
         if isinstance(recipes, str) or not recipes or not set(recipes) <= set(FLOAT8_RECIPES):
             raise TypeError(
                 f"{cls.__qualname__}.float8_recipes must be a non-empty set of {list(FLOAT8_RECIPES)}, got {recipes!r}"
+            )
+        mx = cls.mx_recipes
+        if (isinstance(mx, str) or not mx or not set(mx) <= set(MX_RECIPES)
+                or len({"mxfp8", "mxfp8_emulated"} & set(mx)) == 1):
+            raise TypeError(
+                f"{cls.__qualname__}.mx_recipes must be a non-empty set of {list(MX_RECIPES)} holding both or neither "
+                f"of 'mxfp8' and 'mxfp8_emulated', got {mx!r}"
             )
         fields = cls.expressible_config_fields
         if fields is not None and (isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
@@ -282,12 +295,18 @@ class Backend(abc.ABC):
     def convert_mx(self, model: torch.nn.Module, *, module_filter_fn, recipe: str) -> None:
         """Convert, in place, the ``nn.Linear`` submodules of ``model`` that
         ``module_filter_fn(module, fqn)`` accepts into the backend's own MX block-scaled linears
-        (capability ``mx``; kind ``mxfp8_linear``). ``recipe`` is ``"mxfp8"`` (real MXFP8 compute)
-        or ``"mxfp8_emulated"`` (emulated: exempt from FP8 compute); in and out features are
-        multiples of 32. The suite draws models with MX layers only for a backend that claims
-        ``mx`` and builds them through this method; their provenance has kind ``mxfp8_linear``
-        and the recipe's name. Their FP8 compute is one of torch's scaled matmuls or, for a
-        backend that also claims ``e8m0``, a call of :meth:`e8m0_op`."""
+        (capability ``mx``; kind ``mxfp8_linear``). ``recipe`` is one of :attr:`mx_recipes`:
+        ``"mxfp8"`` (real MXFP8 compute), ``"mxfp8_emulated"`` (emulated: exempt from FP8
+        compute) or ``"mxfp8_swizzled"`` (every matmul, output; grad_input when the call's input
+        needs a gradient; grad_weight, through ``F.scaled_mm`` on ``float8_e4m3fn`` operands,
+        each with ``float8_e8m0fnu`` scales of blocks of 32 along the contraction dim in the
+        ``SWIZZLE_32_4_4`` layout: recipe ``BlockWise1x32``, swizzle ``SWIZZLE_32_4_4``); in and
+        out features are multiples of 32. The suite draws models with MX layers only for a
+        backend that claims ``mx`` and builds them through this method; their provenance has
+        kind ``mxfp8_linear`` and the recipe's name. The FP8 compute of ``mxfp8`` is one of
+        torch's scaled matmuls or, for a backend that also claims ``e8m0``, a call of
+        :meth:`e8m0_op`. Swizzled MX graphs trace on any device (torch's Meta kernel); only a
+        device with an MX kernel (sm100) runs them."""
         raise NotImplementedError(f"backend {self.name!r} does not implement convert_mx()")
 
     # -- linears on the second scaled-matmul API ----------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = [
     "CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region", "Compiled", "StageSplit",
-    "JobConfigs", "AOT_SPLIT_FIELDS", "FINGERPRINT_SCOPES", "FLOAT8_RECIPES", "ComputeOp", "TORCH_COMPUTE_OPS",
+    "JobConfigs", "AOT_SPLIT_FIELDS", "FINGERPRINT_SCOPES", "FLOAT8_RECIPES", "MX_RECIPES", "ComputeOp", "TORCH_COMPUTE_OPS",
 ]
 
 #: Every capability a backend may claim. A property whose capability is not claimed is reported
@@ -43,6 +43,13 @@ CAPABILITIES = frozenset(
 #: The recipes of float8 linears (kind ``float8_linear``): what ``Backend.float8_recipes`` may
 #: declare and ``Backend.convert_float8`` is asked for.
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+#: The recipes of MX linears (kind ``mxfp8_linear``): what ``Backend.mx_recipes`` may declare and
+#: ``Backend.convert_mx`` is asked for. ``mxfp8`` computes MXFP8 through any scaled matmul (or the
+#: backend's e8m0 op), ``mxfp8_emulated`` in high precision on purpose, and ``mxfp8_swizzled``
+#: through ``F.scaled_mm`` with ``float8_e8m0fnu`` scales of blocks of 32 (recipe
+#: ``BlockWise1x32``) in the ``SWIZZLE_32_4_4`` layout.
+MX_RECIPES = ("mxfp8", "mxfp8_emulated", "mxfp8_swizzled")
 
 #: The two passes of a joint graph.
 PASSES = ("forward", "backward")

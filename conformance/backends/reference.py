@@ -29,6 +29,8 @@ class ReferenceBackend(Backend):
         | ({"scaled_grouped_mm_v2"} if has_scaled_grouped_mm_v2() else set())
         | ({"nvfp4"} if has_nvfp4() else set())
     )
+    #: fp8conf's MXLinear has all three MX recipes; the swizzled one needs F.scaled_mm.
+    mx_recipes = frozenset({"mxfp8", "mxfp8_emulated"} | ({"mxfp8_swizzled"} if has_scaled_mm_v2() else set()))
 
     def trace_joint(self, model, args):
         return fp8conf.trace_joint(model, args)

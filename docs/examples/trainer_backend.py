@@ -1,8 +1,10 @@
 """A conformance backend for a trainer that owns its float8 linears: the worked example.
 
-The trainer's module is :class:`trainer_float8.TrainerFloat8Linear` (recipes ``rowwise`` and
+The trainer's modules are :class:`trainer_float8.TrainerFloat8Linear` (recipes ``rowwise`` and
 ``rowwise_with_gw_hp``, no tensorwise; an emulated mode; forward on ``F.scaled_mm``, backward on
-``torch._scaled_mm``). The trainer runs fp8conf's passes on its graphs, so the adapter is short:
+``torch._scaled_mm``) and :class:`trainer_mx.TrainerMXLinear` (MXFP8 on ``F.scaled_mm`` with
+swizzled e8m0 scales, no emulated mode). The trainer runs fp8conf's passes on its graphs, so the
+adapter is short:
 
 * it claims ``float8_modules`` and declares the recipes its linears have
   (``float8_recipes``); the suite then builds every float8 layer it draws through
@@ -11,6 +13,10 @@ The trainer's module is :class:`trainer_float8.TrainerFloat8Linear` (recipes ``r
 * the module is declared to fp8conf from outside (``fp8conf.register_quantized_module``, in
   ``own_module_walkthrough.py``), as the trainer's own code cannot import fp8conf;
 * its provenance maps the trainer's kind onto the contract's neutral ``float8_linear``;
+* it claims ``mx`` and declares the one MX recipe its MX linears have
+  (``mx_recipes = {"mxfp8_swizzled"}``): the suite draws them through :meth:`TrainerBackend.convert_mx`
+  and judges their layout (MXS), and reports the properties about other MX recipes as
+  ``not_supported``; the module is declared to fp8conf here (:func:`describe_mx`);
 * it claims ``rewrites``: the trainer's post-trace pass (:func:`to_second_api`) moves the
   backward's ``torch._scaled_mm`` calls onto the second scaled-matmul API, so that one API's
   kernels run the whole step; every property runs on the rewritten graph, and the RWR
@@ -30,14 +36,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import trainer_float8  # noqa: E402
+import trainer_mx  # noqa: E402
+
+import fp8conf  # noqa: E402
 from conformance.api import Provenance  # noqa: E402
 from conformance.backends.reference import ReferenceBackend  # noqa: E402
 from own_module_walkthrough import describe  # noqa: E402,F401  (declares the module to fp8conf, from outside)
 
 __all__ = ["TrainerBackend", "to_second_api"]
 
-#: The kind fp8conf's provenance names the trainer's module by (the walkthrough's declaration).
+#: The kinds fp8conf's provenance names the trainer's modules by (the walkthrough's declaration,
+#: and :func:`describe_mx`), and the contract's neutral kinds they stand for.
 TRAINER_KIND = "trainer_float8_linear"
+TRAINER_MX_KIND = "trainer_mx_linear"
+_NEUTRAL_KINDS = {TRAINER_KIND: "float8_linear", TRAINER_MX_KIND: "mxfp8_linear"}
+
+
+def describe_mx(module: trainer_mx.TrainerMXLinear) -> fp8conf.QuantizationConfig:
+    """The trainer's MX linear, declared to fp8conf from outside: real MXFP8 compute in all three
+    matmuls."""
+    return fp8conf.QuantizationConfig(kind=TRAINER_MX_KIND, recipe=module.recipe, emulate=False)
+
+
+fp8conf.register_quantized_module("trainer_mx.TrainerMXLinear", describe_mx)
 
 
 #: ``ScalingType`` and the empty swizzle list as ``aten._scaled_mm_v2`` takes them.
@@ -72,20 +93,24 @@ class TrainerBackend(ReferenceBackend):
     capabilities = frozenset(
         {
             "provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "graphpp",
-            "fingerprint", "artifacts", "float8_modules", "rewrites",
+            "fingerprint", "artifacts", "float8_modules", "rewrites", "mx",
         }
     )
     float8_recipes = frozenset(trainer_float8.RECIPES)
     float8_emulation = True
+    mx_recipes = frozenset({trainer_mx.TrainerMXLinear.recipe})
 
     def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
         trainer_float8.convert(model, recipe=recipe, emulate=emulate, module_filter_fn=module_filter_fn)
+
+    def convert_mx(self, model, *, module_filter_fn, recipe):
+        trainer_mx.convert(model, module_filter_fn=module_filter_fn)
 
     def rewrite(self, gm):
         return to_second_api(gm)
 
     def provenance(self, node):
         found = super().provenance(node)
-        if found is None or found.kind != TRAINER_KIND:
+        if found is None or found.kind not in _NEUTRAL_KINDS:
             return found
-        return Provenance(found.module_fqn, "float8_linear", found.recipe, found.emulate)
+        return Provenance(found.module_fqn, _NEUTRAL_KINDS[found.kind], found.recipe, found.emulate)

@@ -8,9 +8,15 @@ Inductor has no C++ type for e8m0, as ``uint8`` tensors of the same bytes, so th
 ``torch.compile`` can compile the quantization (:func:`default_scale_dtype` says which, and why).
 
 :class:`MXLinear` quantizes its three matmuls (output, grad_input, grad_weight) to MXFP8, each
-operand along the matmul's contraction dim, and runs them through ``fp8conf::scaled_mm_e8m0``.
-Its ``"mxfp8_emulated"`` recipe quantizes identically but multiplies the dequantized tensors with
-a plain float32 ``torch.mm`` and never calls the op (torchao's ``emulate=True`` analogue).
+operand along the matmul's contraction dim, and runs them through ``fp8conf::scaled_mm_e8m0``
+(row-major scales). Its ``"mxfp8_emulated"`` recipe quantizes identically but multiplies the
+dequantized tensors with a plain float32 ``torch.mm`` and never calls the op (torchao's
+``emulate=True`` analogue). Its ``"mxfp8_swizzled"`` recipe runs them through torch's second
+scaled-matmul API instead, as trainers that own their MX linears do: ``F.scaled_mm`` with
+``float8_e8m0fnu`` scales, recipe ``BlockWise1x32`` and swizzle ``SWIZZLE_32_4_4`` (cuBLAS's
+tiled layout, :func:`~fp8conf.quantized.ops.e8m0.to_cublas_blocked`). Only sm100 GPUs have that
+kernel; elsewhere its graphs trace (torch's Meta kernel checks the layout) but do not run, and
+Inductor of torch 2.13 does not lower swizzled scales.
 :func:`convert_to_mx_training` swaps a model's ``nn.Linear`` modules for it.
 """
 
@@ -25,8 +31,9 @@ from fp8conf import torch_internals
 from fp8conf.arguments import require
 from fp8conf.errors import MXArgumentError, MXConversionError
 from fp8conf.log import logger
-from fp8conf.quantized.ops.e8m0 import MX_BLOCK_SIZE, SCALE_DTYPES, apply_e8m0_scale, scaled_mm_e8m0
+from fp8conf.quantized.ops.e8m0 import MX_BLOCK_SIZE, SCALE_DTYPES, apply_e8m0_scale, scaled_mm_e8m0, to_cublas_blocked
 from fp8conf.quantized.protocol import QuantizationConfig
+from fp8conf.quantized.scaled_mm import has_scaled_mm_v2
 from fp8conf.quantized.swap import swap_linears
 
 __all__ = [
@@ -42,6 +49,7 @@ __all__ = [
     "from_mx",
     "MXLinear",
     "convert_to_mx_training",
+    "swizzled_scaled_mm",
 ]
 
 #: Largest finite ``float8_e4m3fn`` value.
@@ -49,7 +57,7 @@ E4M3_MAX = 448.0
 #: ``floor(log2(E4M3_MAX))``: the OCP spec's emax for e4m3.
 E4M3_MAX_POW2 = 8
 #: Recipes of :class:`MXLinear`.
-RECIPES = ("mxfp8", "mxfp8_emulated")
+RECIPES = ("mxfp8", "mxfp8_emulated", "mxfp8_swizzled")
 #: Scale roundings: ``floor`` is the OCP MX v1.0 rule; ``rup`` rounds the scale up so no element
 #: saturates.
 SCALE_ROUNDINGS = ("floor", "rup")
@@ -175,12 +183,26 @@ def _pad_last_dim(t: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, pad)) if pad else t
 
 
-def _mx_matmul(lhs, rhs_t, out_dtype, emulate: bool, scale_rounding: str, scale_dtype: torch.dtype) -> torch.Tensor:
+def swizzled_scaled_mm(lhs_q, lhs_s, rhs_q, rhs_s, out_dtype) -> torch.Tensor:
+    """``lhs @ rhs.T`` for MXFP8 ``lhs_q`` (R, C) and ``rhs_q`` (S, C) with row-major e8m0 scale
+    bytes ``(R, C / 32)`` and ``(S, C / 32)``, through ``F.scaled_mm`` with the scales swizzled
+    (``BlockWise1x32``, ``SWIZZLE_32_4_4``)."""
+    functional = torch.nn.functional
+    recipe, swizzle = functional.ScalingType.BlockWise1x32, functional.SwizzleType.SWIZZLE_32_4_4
+    lhs_blocked = to_cublas_blocked(lhs_s.view(torch.uint8)).view(torch.float8_e8m0fnu)
+    rhs_blocked = to_cublas_blocked(rhs_s.view(torch.uint8)).view(torch.float8_e8m0fnu)
+    return functional.scaled_mm(lhs_q, rhs_q.t(), lhs_blocked, recipe, rhs_blocked, recipe,
+                                swizzle_a=swizzle, swizzle_b=swizzle, output_dtype=out_dtype)
+
+
+def _mx_matmul(lhs, rhs_t, out_dtype, recipe: str, scale_rounding: str, scale_dtype: torch.dtype) -> torch.Tensor:
     """``lhs @ rhs_t.T`` for ``lhs`` (R, C), ``rhs_t`` (S, C), both quantized to MXFP8 along C."""
     lhs_q, lhs_s = to_mx(_pad_last_dim(lhs), MX_BLOCK_SIZE, scale_rounding, scale_dtype)
     rhs_q, rhs_s = to_mx(_pad_last_dim(rhs_t), MX_BLOCK_SIZE, scale_rounding, scale_dtype)
-    if emulate:
+    if recipe == "mxfp8_emulated":
         return torch.mm(from_mx(lhs_q, lhs_s), from_mx(rhs_q, rhs_s).t()).to(out_dtype)
+    if recipe == "mxfp8_swizzled":
+        return swizzled_scaled_mm(lhs_q, lhs_s, rhs_q, rhs_s, out_dtype)
     return scaled_mm_e8m0(lhs_q, rhs_q.t(), lhs_s, rhs_s, out_dtype=out_dtype)
 
 
@@ -199,21 +221,21 @@ class _MXLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, emulate: bool, scale_rounding: str, scale_dtype: torch.dtype):
+    def forward(ctx, x, weight, recipe: str, scale_rounding: str, scale_dtype: torch.dtype):
         ctx.save_for_backward(x, weight)
-        ctx.emulate = emulate
+        ctx.recipe = recipe
         ctx.scale_rounding = scale_rounding
         ctx.scale_dtype = scale_dtype
-        return _mx_matmul(x, weight, x.dtype, emulate, scale_rounding, scale_dtype)
+        return _mx_matmul(x, weight, x.dtype, recipe, scale_rounding, scale_dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            grad_x = _mx_matmul(grad_out, weight.t(), x.dtype, ctx.emulate, ctx.scale_rounding, ctx.scale_dtype)
+            grad_x = _mx_matmul(grad_out, weight.t(), x.dtype, ctx.recipe, ctx.scale_rounding, ctx.scale_dtype)
         if ctx.needs_input_grad[1]:
-            grad_w = _mx_matmul(grad_out.t(), x.t(), weight.dtype, ctx.emulate, ctx.scale_rounding, ctx.scale_dtype)
+            grad_w = _mx_matmul(grad_out.t(), x.t(), weight.dtype, ctx.recipe, ctx.scale_rounding, ctx.scale_dtype)
         return grad_x, grad_w, None, None, None
 
 
@@ -231,8 +253,9 @@ class MXLinear(nn.Linear):
 
     Attributes:
         quant_kind: ``"mxfp8_linear"`` (how fp8conf's provenance names this module's kind).
-        recipe: ``"mxfp8"`` (matmuls through ``fp8conf::scaled_mm_e8m0``) or ``"mxfp8_emulated"``
-            (same quantization, float32 ``torch.mm`` on the dequantized operands).
+        recipe: ``"mxfp8"`` (matmuls through ``fp8conf::scaled_mm_e8m0``), ``"mxfp8_emulated"``
+            (same quantization, float32 ``torch.mm`` on the dequantized operands) or
+            ``"mxfp8_swizzled"`` (``F.scaled_mm`` with swizzled ``float8_e8m0fnu`` scales).
         emulate: ``recipe == "mxfp8_emulated"``.
         block_size: 32.
         scale_rounding: ``"floor"`` or ``"rup"`` (see :func:`to_mx`).
@@ -265,6 +288,9 @@ class MXLinear(nn.Linear):
         if problem:
             raise MXArgumentError("in_features" if in_features % MX_BLOCK_SIZE else "out_features",
                                   f"MXLinear: {problem}; MXFP8 quantizes both dims in blocks of 32")
+        if recipe == "mxfp8_swizzled" and not has_scaled_mm_v2():
+            raise MXArgumentError("recipe", f"MXLinear: recipe 'mxfp8_swizzled' needs torch.nn.functional.scaled_mm "
+                                            f"(torch 2.12 and newer); this is torch {torch.__version__}")
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.recipe = recipe
         self.emulate = recipe == "mxfp8_emulated"
@@ -291,7 +317,7 @@ class MXLinear(nn.Linear):
                 f"{_HP_DTYPES}; got shape {tuple(input.shape)}, dtype {input.dtype}",
             )
         x2d = input.reshape(-1, self.in_features)
-        out = _MXLinearFunction.apply(x2d, self.weight, self.emulate, self.scale_rounding, self.scale_dtype)
+        out = _MXLinearFunction.apply(x2d, self.weight, self.recipe, self.scale_rounding, self.scale_dtype)
         out = out.reshape(*input.shape[:-1], self.out_features)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
@@ -346,7 +372,7 @@ def convert_to_mx_training(
 
     Args:
         model: the model; if it is itself an ``nn.Linear`` the new module is returned.
-        recipe: ``"mxfp8"`` or ``"mxfp8_emulated"``.
+        recipe: ``"mxfp8"``, ``"mxfp8_emulated"`` or ``"mxfp8_swizzled"`` (see :class:`MXLinear`).
         module_filter_fn: ``(module, fqn) -> bool``; only linears it accepts are converted (the
             same signature as torchao's ``convert_to_float8_training``).
         scale_rounding: ``"floor"`` or ``"rup"``.

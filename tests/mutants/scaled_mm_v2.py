@@ -6,7 +6,7 @@ Each is the reference with one such defect. It claims ``scaled_mm_v2`` and
 ``scaled_grouped_mm_v2``, so the suite draws linears on ``F.scaled_mm`` and experts on
 ``F.scaled_grouped_mm`` for it and the defect shows: on a linear for the PROV, VAL and REG
 mutants, on experts for the MOE ones. :data:`WITHOUT_V2` holds each one again without those
-capabilities and ``nvfp4`` (``<Mutant>WithoutV2``), shown no such model, which passes the same property: the
+capabilities and ``nvfp4``, and without the swizzled MX recipe (``<Mutant>WithoutV2``), shown no such model, which passes the same property: the
 v2 draw is what exposes the defect (``tests/test_mutants.py``).
 """
 
@@ -23,7 +23,8 @@ __all__ = [
     "MUTANTS", "WITHOUT_V2", "V1OnlyValidation", "V1OnlyRegions", "V2ProvenanceDropped", "V1OnlyGroupedValidation",
     "V1OnlyGroupedRegions", "V2GroupedProvenanceDropped",
 ]
-# NVFP4 linears compute on the second API too (F.scaled_mm on packed FP4).
+# NVFP4 linears compute on the second API too (F.scaled_mm on packed FP4), and so do swizzled MX
+# linears (recipe mxfp8_swizzled, dropped from mx_recipes below).
 _V2_CAPABILITIES = frozenset({"scaled_mm_v2", "scaled_grouped_mm_v2", "nvfp4"})
 
 
@@ -115,7 +116,8 @@ MUTANTS = [
 
 def _without_v2(mutant):
     """``mutant`` claiming neither ``scaled_mm_v2`` nor ``scaled_grouped_mm_v2``: the suite draws
-    no linear on ``F.scaled_mm`` and no experts on ``F.scaled_grouped_mm`` for it."""
+    no linear on ``F.scaled_mm`` (nor NVFP4 or swizzled MX linears) and no experts on
+    ``F.scaled_grouped_mm`` for it."""
     return type(
         f"{mutant.__name__}WithoutV2",
         (mutant,),
@@ -124,6 +126,7 @@ def _without_v2(mutant):
             "__doc__": f"{mutant.__name__} without the v2 capabilities: shown no model on torch's second scaled-matmul API.",
             "name": f"{mutant.name}-without-v2",
             "capabilities": mutant.capabilities - _V2_CAPABILITIES,
+            "mx_recipes": mutant.mx_recipes - {"mxfp8_swizzled"},
         },
     )
 
