@@ -1,8 +1,9 @@
 """Mutant backends whose NVFP4 linears lose the two-level block layout (capability ``nvfp4``).
 
 Each is the reference with NVFP4 linears that quantize as fp8conf's do and hand ``F.scaled_mm``
-one layout defect that torch's own checks let through: every shape and dtype torch's Meta kernel
-asks for is right, so the graphs trace, and only the suite's NVF rules show the defect.
+one layout defect that torch's own checks let through (every shape and dtype torch's Meta kernel
+asks for is right, so the graphs trace), or that leave one matmul out of NVFP4; only the suite's
+NVF rules show the defect.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from conformance.backends.reference import ReferenceBackend
 from fp8conf.quantized import nvfp4 as fp8conf_nvfp4
 
-__all__ = ["MUTANTS", "NVFP4ScalesNotSwizzled", "NVFP4WithoutGlobalScale"]
+__all__ = ["MUTANTS", "NVFP4ScalesNotSwizzled", "NVFP4WithoutGlobalScale", "NVFP4WeightGradInHighPrecision"]
 
 
 def _row_major_padded(scales: torch.Tensor) -> torch.Tensor:
@@ -24,6 +25,8 @@ def _row_major_padded(scales: torch.Tensor) -> torch.Tensor:
 
 
 def _matmul(lhs, rhs_t, out_dtype, defect: str):
+    if defect == "hp_grad_weight":  # its other matmuls keep the layout
+        return fp8conf_nvfp4._matmul(lhs, rhs_t, out_dtype, emulate=False)
     functional = torch.nn.functional
     lhs_q, lhs_s, lhs_g = fp8conf_nvfp4.to_nvfp4(fp8conf_nvfp4._pad_last_dim(lhs).contiguous())
     rhs_q, rhs_s, rhs_g = fp8conf_nvfp4.to_nvfp4(fp8conf_nvfp4._pad_last_dim(rhs_t).contiguous())
@@ -56,7 +59,12 @@ class _DefectiveFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
         grad_x = _matmul(grad_out, weight.t(), x.dtype, ctx.defect) if ctx.needs_input_grad[0] else None
-        grad_w = _matmul(grad_out.t(), x.t(), weight.dtype, ctx.defect) if ctx.needs_input_grad[1] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            if ctx.defect == "hp_grad_weight":  # the weight gradient left in high precision
+                grad_w = (grad_out.t() @ x).to(weight.dtype)
+            else:
+                grad_w = _matmul(grad_out.t(), x.t(), weight.dtype, ctx.defect)
         return grad_x, grad_w, None
 
 
@@ -77,6 +85,10 @@ class _NotSwizzled(_DefectiveNVFP4Linear):
 
 class _NoGlobal(_DefectiveNVFP4Linear):
     defect = "no_global"
+
+
+class _HPGradWeight(_DefectiveNVFP4Linear):
+    defect = "hp_grad_weight"
 
 
 def _convert(model, module_filter_fn, recipe, cls) -> None:
@@ -108,4 +120,16 @@ class NVFP4WithoutGlobalScale(ReferenceBackend):
         _convert(model, module_filter_fn, recipe, _NoGlobal)
 
 
-MUTANTS = [NVFP4ScalesNotSwizzled, NVFP4WithoutGlobalScale]
+class NVFP4WeightGradInHighPrecision(ReferenceBackend):
+    """Its NVFP4 linears compute the weight gradient in high precision (as ``rowwise_with_gw_hp``
+    does for float8) while the recipe quantizes all three matmuls: every matmul it does issue
+    keeps the layout; one per backward call is missing."""
+
+    name = "mutant-nvfp4-weight-grad-in-high-precision"
+    KILLED_BY = "NVF-001"
+
+    def convert_nvfp4(self, model, *, module_filter_fn, recipe):
+        _convert(model, module_filter_fn, recipe, _HPGradWeight)
+
+
+MUTANTS = [NVFP4ScalesNotSwizzled, NVFP4WithoutGlobalScale, NVFP4WeightGradInHighPrecision]
