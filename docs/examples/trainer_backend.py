@@ -17,10 +17,12 @@ adapter is short:
   (``mx_recipes = {"mxfp8_swizzled"}``): the suite draws them through :meth:`TrainerBackend.convert_mx`
   and judges their layout (MXS), and reports the properties about other MX recipes as
   ``not_supported``; the module is declared to fp8conf here (:func:`describe_mx`);
-* it claims ``rewrites``: the trainer's post-trace pass (:func:`to_second_api`) moves the
-  backward's ``torch._scaled_mm`` calls onto the second scaled-matmul API, so that one API's
-  kernels run the whole step; every property runs on the rewritten graph, and the RWR
-  properties compare it with the graph as traced.
+* it claims ``rewrites``: the trainer's post-trace passes fuse a weight used twice's summed
+  FP8 weight gradients into one scaled add-matmul, its own op (:func:`fuse_weight_grad_accumulation`,
+  ``trainer_ops.scaled_addmm``, declared in :meth:`TrainerBackend.fp8_compute_ops` through
+  ``fp8conf.register_compute_op``), then move the backward's remaining ``torch._scaled_mm``
+  calls onto the second scaled-matmul API (:func:`to_second_api`); every property runs on the
+  rewritten graph, and the RWR properties compare it with the graph as traced.
 
 Run the suite against it from the repository root::
 
@@ -37,13 +39,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import trainer_float8  # noqa: E402
 import trainer_mx  # noqa: E402
+import trainer_ops  # noqa: E402
 
 import fp8conf  # noqa: E402
 from conformance.api import Provenance  # noqa: E402
 from conformance.backends.reference import ReferenceBackend  # noqa: E402
 from own_module_walkthrough import describe  # noqa: E402,F401  (declares the module to fp8conf, from outside)
 
-__all__ = ["TrainerBackend", "to_second_api"]
+__all__ = ["TrainerBackend", "to_second_api", "fuse_weight_grad_accumulation"]
 
 #: The kinds fp8conf's provenance names the trainer's modules by (the walkthrough's declaration,
 #: and :func:`describe_mx`), and the contract's neutral kinds they stand for.
@@ -59,6 +62,45 @@ def describe_mx(module: trainer_mx.TrainerMXLinear) -> fp8conf.QuantizationConfi
 
 
 fp8conf.register_quantized_module("trainer_mx.TrainerMXLinear", describe_mx)
+# The trainer's fused kernel is FP8 compute: its operands at 1 and 2, its scales at 3 and 4.
+fp8conf.register_compute_op(torch.ops.trainer_example.scaled_addmm, operands=(1, 2),
+                            scales=((3, "scale_a"), (4, "scale_b")))
+_SCALED_MM = torch.ops.aten._scaled_mm.default
+
+
+def fuse_weight_grad_accumulation(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rewrite, in place, every parameter gradient the graph returns as ``add(acc, scaled_mm(a, b,
+    scale_a, scale_b))`` (a weight used twice: its two FP8 weight gradients summed), the matmul
+    computed after ``acc`` and used by the sum alone, into ``trainer_example::scaled_addmm(acc, a,
+    b, scale_a, scale_b)``. The new node takes the matmul's metadata (provenance, pass, sequence
+    number)."""
+    signature = fp8conf.joint_signature(gm)
+    output = gm.graph.find_nodes(op="output")[0]
+    flat = list(output.args[0])
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    for i, described in enumerate(signature.outputs):
+        total = flat[i]
+        if described is None or described.kind != "param_grad" or total is None or total.target != torch.ops.aten.add.Tensor:
+            continue
+        # The later matmul is fused: its module call's work then follows the accumulator it reads.
+        acc, matmul = sorted(total.args[:2], key=lambda n: order.get(n, -1))
+        if getattr(matmul, "target", None) is not _SCALED_MM or len(matmul.users) != 1:
+            continue
+        a, b, scale_a, scale_b, *rest = matmul.args
+        bias, scale_result, out_dtype = (rest + [None] * 3)[:3]
+        out_dtype = matmul.kwargs.get("out_dtype", out_dtype)
+        if bias is not None or scale_result is not None or out_dtype != acc.meta["val"].dtype:
+            continue
+        with gm.graph.inserting_before(total):
+            fused = gm.graph.call_function(torch.ops.trainer_example.scaled_addmm.default, (acc, a, b, scale_a, scale_b))
+        fused.meta.update(matmul.meta)
+        fused.meta["val"] = total.meta["val"]
+        total.replace_all_uses_with(fused)
+        gm.graph.erase_node(total)
+        gm.graph.erase_node(matmul)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
 
 
 #: ``ScalingType`` and the empty swizzle list as ``aten._scaled_mm_v2`` takes them.
@@ -107,7 +149,7 @@ class TrainerBackend(ReferenceBackend):
         trainer_mx.convert(model, module_filter_fn=module_filter_fn)
 
     def rewrite(self, gm):
-        return to_second_api(gm)
+        return to_second_api(fuse_weight_grad_accumulation(gm))
 
     def provenance(self, node):
         found = super().provenance(node)

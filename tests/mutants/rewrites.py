@@ -1,7 +1,8 @@
 """Mutant backends whose post-trace rewrite (capability ``rewrites``) breaks the traced step.
 
-Each is the worked example backend (``docs/examples/trainer_backend.py``, whose rewrite moves the
-backward's ``torch._scaled_mm`` onto the second API) with one defect a graph trainer's pass
+Each is the worked example backend (``docs/examples/trainer_backend.py``, whose rewrite fuses a
+weight used twice's summed gradients into its own scaled add-matmul and moves the backward's
+``torch._scaled_mm`` onto the second API) with one defect a graph trainer's pass
 ships by accident. Every property runs on the rewritten
 graph; the RWR property named by ``KILLED_BY`` compares it with the graph as traced.
 """
@@ -13,7 +14,10 @@ import trainer_backend  # docs/examples, on sys.path for fp8conf's tests
 
 import fp8conf
 
-__all__ = ["MUTANTS", "RewriteDropsNodeMeta", "RewriteReadsAScaleTwice", "RewriteFeedsWeightGradIntoInputGrad", "RewriteReordersInputs"]
+__all__ = [
+    "MUTANTS", "RewriteDropsNodeMeta", "RewriteReadsAScaleTwice", "RewriteFeedsWeightGradIntoInputGrad", "RewriteReordersInputs",
+    "FusionDropsTheAccumulator",
+]
 
 _V2 = torch.ops.aten._scaled_mm_v2.default
 
@@ -44,11 +48,8 @@ class RewriteReadsAScaleTwice(trainer_backend.TrainerBackend):
     KILLED_BY = "RWR-004"
 
     def rewrite(self, gm):
-        backward = {n for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten._scaled_mm.default) if self.is_backward(n)}
-        positions = [i for i, n in enumerate(gm.graph.nodes) if n in backward]
         gm = super().rewrite(gm)
-        nodes = list(gm.graph.nodes)
-        for node in (nodes[i] for i in positions):
+        for node in [n for n in gm.graph.find_nodes(op="call_function", target=_V2) if self.is_backward(n)]:
             (scale,) = node.args[2]
             with gm.graph.inserting_before(node):
                 twice = gm.graph.call_function(torch.ops.aten.mul.Tensor, (scale, scale))
@@ -107,4 +108,23 @@ class RewriteReordersInputs(trainer_backend.TrainerBackend):
         return _finish(gm)
 
 
-MUTANTS = [RewriteDropsNodeMeta, RewriteReadsAScaleTwice, RewriteFeedsWeightGradIntoInputGrad, RewriteReordersInputs]
+class FusionDropsTheAccumulator(trainer_backend.TrainerBackend):
+    """Its weight-gradient fusion adds the second gradient to zeros, not to the first: a weight
+    used twice gets the gradient of its second use only."""
+
+    name = "mutant-fusion-drops-the-accumulator"
+    KILLED_BY = "RWR-004"
+
+    def rewrite(self, gm):
+        gm = super().rewrite(gm)
+        for node in gm.graph.find_nodes(op="call_function", target=torch.ops.trainer_example.scaled_addmm.default):
+            acc = node.args[0]
+            with gm.graph.inserting_before(node):
+                zeros = gm.graph.call_function(torch.ops.aten.zeros_like.default, (acc,))
+            zeros.meta.update(acc.meta)
+            node.args = (zeros, *node.args[1:])
+        return _finish(gm)
+
+
+MUTANTS = [RewriteDropsNodeMeta, RewriteReadsAScaleTwice, RewriteFeedsWeightGradIntoInputGrad, RewriteReordersInputs,
+           FusionDropsTheAccumulator]
