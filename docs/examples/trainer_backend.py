@@ -46,7 +46,7 @@ from conformance.api import Provenance  # noqa: E402
 from conformance.backends.reference import ReferenceBackend  # noqa: E402
 from own_module_walkthrough import describe  # noqa: E402,F401  (declares the module to fp8conf, from outside)
 
-__all__ = ["TrainerBackend", "to_second_api", "fuse_weight_grad_accumulation"]
+__all__ = ["TrainerBackend", "to_second_api", "fuse_weight_grad_accumulation", "fuse_accumulations"]
 
 #: The kinds fp8conf's provenance names the trainer's modules by (the walkthrough's declaration,
 #: and :func:`describe_mx`), and the contract's neutral kinds they stand for.
@@ -73,7 +73,14 @@ def fuse_weight_grad_accumulation(gm: torch.fx.GraphModule) -> torch.fx.GraphMod
     scale_a, scale_b))`` (a weight used twice: its two FP8 weight gradients summed), the matmul
     computed after ``acc`` and used by the sum alone, into ``trainer_example::scaled_addmm(acc, a,
     b, scale_a, scale_b)``. The new node takes the matmul's metadata (provenance, pass, sequence
-    number)."""
+    number). The later matmul is the one fused: the fused node then follows the accumulator it
+    reads, and its module call's region stays convex."""
+    return fuse_accumulations(gm, lambda earlier, later: (earlier, later))
+
+
+def fuse_accumulations(gm: torch.fx.GraphModule, pick) -> torch.fx.GraphModule:
+    """:func:`fuse_weight_grad_accumulation` with ``pick(earlier, later)`` choosing, of the two
+    summands in graph order, ``(acc, matmul)``."""
     signature = fp8conf.joint_signature(gm)
     output = gm.graph.find_nodes(op="output")[0]
     flat = list(output.args[0])
@@ -82,8 +89,7 @@ def fuse_weight_grad_accumulation(gm: torch.fx.GraphModule) -> torch.fx.GraphMod
         total = flat[i]
         if described is None or described.kind != "param_grad" or total is None or total.target != torch.ops.aten.add.Tensor:
             continue
-        # The later matmul is fused: its module call's work then follows the accumulator it reads.
-        acc, matmul = sorted(total.args[:2], key=lambda n: order.get(n, -1))
+        acc, matmul = pick(*sorted(total.args[:2], key=lambda n: order.get(n, -1)))
         if getattr(matmul, "target", None) is not _SCALED_MM or len(matmul.users) != 1:
             continue
         a, b, scale_a, scale_b, *rest = matmul.args

@@ -16,7 +16,7 @@ import fp8conf
 
 __all__ = [
     "MUTANTS", "RewriteDropsNodeMeta", "RewriteReadsAScaleTwice", "RewriteFeedsWeightGradIntoInputGrad", "RewriteReordersInputs",
-    "FusionDropsTheAccumulator",
+    "FusionDropsTheAccumulator", "FusionIntoTheEarlierCall",
 ]
 
 _V2 = torch.ops.aten._scaled_mm_v2.default
@@ -126,5 +126,17 @@ class FusionDropsTheAccumulator(trainer_backend.TrainerBackend):
         return _finish(gm)
 
 
+class FusionIntoTheEarlierCall(trainer_backend.TrainerBackend):
+    """Its weight-gradient fusion fuses the earlier of the two matmuls: the fused node, issued by
+    the module's first call, then reads the second call's gradient, computed after the first
+    call's backward began, and its region is no longer convex."""
+
+    name = "mutant-fusion-into-the-earlier-call"
+    KILLED_BY = "REG-003"
+
+    def rewrite(self, gm):
+        return trainer_backend.to_second_api(trainer_backend.fuse_accumulations(gm, lambda earlier, later: (later, earlier)))
+
+
 MUTANTS = [RewriteDropsNodeMeta, RewriteReadsAScaleTwice, RewriteFeedsWeightGradIntoInputGrad, RewriteReordersInputs,
-           FusionDropsTheAccumulator]
+           FusionDropsTheAccumulator, FusionIntoTheEarlierCall]
