@@ -208,6 +208,14 @@ def only_views_between(gather: torch.fx.Node, operand: torch.fx.Node) -> list[to
     return sorted((n for n in between if n is not gather and not _keeps_bytes(n)), key=order.__getitem__)
 
 
+def casts_after(gather: torch.fx.Node, operand: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes on the paths from ``gather`` to ``operand`` (``operand`` included) that make FP8
+    from a high-precision input: the casts that quantize the gathered weight."""
+    between = (descendants(gather) & _ancestors(operand)) | {operand}
+    return [n for n in between if is_fp8_dtype(_dtype(n))
+            and any(not is_fp8_dtype(_dtype(a)) and (_dtype(a) or torch.int8).is_floating_point for a in n.all_input_nodes)]
+
+
 def moves_fp8_bytes(gather: torch.fx.Node) -> bool:
     """The gather moves FP8: its wire dtype is FP8, or it moves one-byte integers viewed from an
     FP8 value before the gather or viewed as one after it (through byte-keeping ops only)."""
@@ -241,10 +249,12 @@ def _reaches_fp8(start, step) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class GlooCase:
-    """One model of DP-003: its spec (``conformance.models.ModelSpec``) and the setting."""
+    """One model of DP-003: its spec (``conformance.models.ModelSpec``), the setting, and whether
+    the backend's own float8 linears (``Backend.convert_float8``) are built, not TorchAO's."""
 
     spec: object
     float8_all_gather: bool
+    own_modules: bool = False
 
 
 def _unsharded_gradients(model, x, g) -> dict[str, torch.Tensor]:
@@ -275,7 +285,10 @@ def _gloo_case(backend, mesh, rank, world, case) -> dict:
     from conformance.harness import grad_outputs
     from conformance.models import build_model
 
-    model, (x,) = build_model(case.spec, "cpu", float8_all_gather=case.float8_all_gather)
+    if case.own_modules:
+        model, (x,) = build_model(case.spec, "cpu", float8=backend.convert_float8)
+    else:
+        model, (x,) = build_model(case.spec, "cpu", float8_all_gather=case.float8_all_gather)
     (g,) = grad_outputs(case.spec, 1, "cpu")
     rows = x.shape[0] // world
     halves = [(x.detach()[r * rows:(r + 1) * rows].clone().requires_grad_(x.requires_grad), g[r * rows:(r + 1) * rows].clone())

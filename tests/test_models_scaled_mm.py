@@ -13,7 +13,7 @@ from conformance.backends.makefx import MakeFxBackend
 from conformance.backends.reference import ReferenceBackend
 from conformance.harness import supported_kinds
 from conformance.models import LayerSpec, ModelSpec, build_model
-from conformance.strategies import ALL_KINDS, FLOAT8_KIND, MX_KIND, NVFP4_KIND, SCALED_MM_KIND, Constraints, corpus, model_specs
+from conformance.strategies import ALL_KINDS, FLOAT8_KIND, MX_KIND, MX_SWIZZLED_KIND, NVFP4_KIND, SCALED_MM_KIND, Constraints, corpus, model_specs
 from fp8conf.quantized.scaled_mm import ScaledMMLinear, has_scaled_mm_v2
 
 pytestmark = pytest.mark.skipif(not has_scaled_mm_v2(), reason="this torch has no F.scaled_mm (2.12 and newer)")
@@ -76,7 +76,8 @@ def test_only_a_backend_claiming_scaled_mm_v2_is_shown_such_layers():
     class NoV2(ReferenceBackend):
         capabilities = ReferenceBackend.capabilities - {"scaled_mm_v2"}
 
-    assert supported_kinds(NoV2()) == (FLOAT8_KIND, MX_KIND, NVFP4_KIND)
+    # Its swizzled MX linears are declared in mx_recipes, apart from the scaled-matmul linears.
+    assert supported_kinds(NoV2()) == (FLOAT8_KIND, MX_KIND, NVFP4_KIND, MX_SWIZZLED_KIND)
     without = corpus(Constraints(kinds=(FLOAT8_KIND, MX_KIND)), n=25)
     assert not any(SCALED_MM_KIND in _kinds(s) for s in without)
 

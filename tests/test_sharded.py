@@ -307,3 +307,23 @@ def test_torchao_float8_tensor_parallel_hooks_carry_their_modules_provenance(mes
     records = [get_collective(n) for n in gm.graph.nodes if get_collective(n) is not None]
     assert records and all(r.parameter is None and r.moves is None for r in records)
     assert {"up", "down"} <= {r.module_fqn for r in records}
+
+
+class _ReadsItsWeightUnderNoGradFirst(torch.nn.Linear):
+    """A trainer's linear that computes its weight's scale under ``no_grad`` before using the
+    weight in its matmul: the first read of the gathered weight is under ``no_grad``."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            scale = self.weight.abs().amax()
+        return x @ (self.weight / scale).t()
+
+
+def test_a_weight_first_read_under_no_grad_is_still_gathered_with_autograd(mesh):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_ReadsItsWeightUnderNoGradFirst(32, 16, bias=False))
+    shard_data_parallel(model, mesh)
+    gm = fp8conf.trace_joint(model, (torch.randn(8, 32, requires_grad=True),))
+    scatters = [n for n in gm.graph.nodes if "reduce_scatter" in str(n.target)]
+    # The weight's gradient goes back to its shard through the gather's reduce-scatter.
+    assert len(scatters) == 1 and get_collective(scatters[0]).parameter == "0.weight"

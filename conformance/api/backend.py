@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.api.spec import SPEC_VERSION
 from conformance.api.types import (
-    CAPABILITIES, FINGERPRINT_SCOPES, FLOAT8_RECIPES, MX_RECIPES, TORCH_COMPUTE_OPS, ComputeOp, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport,
+    CAPABILITIES, FINGERPRINT_SCOPES, FLOAT8_RECIPES, MX_RECIPES, TORCH_COMPUTE_OPS, WEIGHT_GATHERS, ComputeOp, Compiled, JobConfigs, Provenance, Region, StageSplit, ValidationReport,
 )
 
 if TYPE_CHECKING:  # torch stays unimported until a backend is actually used
@@ -123,6 +123,12 @@ class Backend(abc.ABC):
     #: ``mxfp8_swizzled`` (MXFP8 on ``F.scaled_mm`` with swizzled e8m0 scales). The suite draws MX
     #: layers of the declared recipes only.
     mx_recipes: frozenset[str] = frozenset({"mxfp8", "mxfp8_emulated"})
+    #: How the backend's data-parallel steps move quantized weights (capability ``distributed``),
+    #: a non-empty subset of :data:`~conformance.api.types.WEIGHT_GATHERS`: ``float8`` (gathered
+    #: as FP8 bytes: DP-001) and ``high_precision`` (gathered in high precision, quantized after
+    #: the gather: DP-002, DP-005). The suite asks :meth:`shard_data_parallel` only for the
+    #: declared ones; a property about another is ``not_supported``.
+    weight_gathers: frozenset[str] = frozenset(WEIGHT_GATHERS)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -147,6 +153,11 @@ class Backend(abc.ABC):
             raise TypeError(
                 f"{cls.__qualname__}.mx_recipes must be a non-empty set of {list(MX_RECIPES)} holding both or neither "
                 f"of 'mxfp8' and 'mxfp8_emulated', got {mx!r}"
+            )
+        gathers = cls.weight_gathers
+        if isinstance(gathers, str) or not gathers or not set(gathers) <= set(WEIGHT_GATHERS):
+            raise TypeError(
+                f"{cls.__qualname__}.weight_gathers must be a non-empty set of {list(WEIGHT_GATHERS)}, got {gathers!r}"
             )
         fields = cls.expressible_config_fields
         if fields is not None and (isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
@@ -288,7 +299,7 @@ class Backend(abc.ABC):
         on a converted module to nest a linear inside it (an adapter the module's forward adds):
         it converts the accepted ``nn.Linear`` and leaves converted ones alone. A backend that
         claims ``float8_modules`` gets every float8 layer the suite draws through this method,
-        in every property but the sharded ones (DP), whose contract names TorchAO's modules."""
+        in every property but DP-004, whose tensor-parallel contract names TorchAO's FP8 styles."""
         raise NotImplementedError(f"backend {self.name!r} does not implement convert_float8()")
 
     # -- MX layers ----------------------------------------------------------------------------
@@ -384,8 +395,11 @@ class Backend(abc.ABC):
 
         The model's quantized modules are TorchAO ``Float8Linear``s converted with
         ``Float8LinearConfig.enable_fsdp_float8_all_gather`` equal to ``float8_all_gather``, as a
-        trainer's config would say. With it on, the traced step must all-gather their weights as
-        FP8 bytes (DP-001); off, in high precision (DP-002). The traced step holds its
+        trainer's config would say, or, for a backend that claims ``float8_modules``, its own
+        float8 linears (built by :meth:`convert_float8`, of its first declared recipe). With it on,
+        the traced step must all-gather their weights as FP8 bytes (DP-001); off, in high
+        precision, each rank quantizing the gathered weight (DP-002, DP-005). The suite asks only
+        for the settings :attr:`weight_gathers` declares. The traced step holds its
         collectives: the all-gathers as torch's functional collectives
         (``torch.ops._c10d_functional``), over ``mesh``'s process group, which for the structural
         properties is torch's fake process group (nothing moves; only the graph is read).

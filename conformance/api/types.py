@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = [
     "CAPABILITIES", "PASSES", "Provenance", "Finding", "ValidationReport", "Region", "Compiled", "StageSplit",
-    "JobConfigs", "AOT_SPLIT_FIELDS", "FINGERPRINT_SCOPES", "FLOAT8_RECIPES", "MX_RECIPES", "ComputeOp", "TORCH_COMPUTE_OPS",
+    "JobConfigs", "AOT_SPLIT_FIELDS", "FINGERPRINT_SCOPES", "FLOAT8_RECIPES", "MX_RECIPES", "WEIGHT_GATHERS", "ComputeOp", "TORCH_COMPUTE_OPS",
 ]
 
 #: Every capability a backend may claim. A property whose capability is not claimed is reported
@@ -50,6 +50,12 @@ FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 #: through ``F.scaled_mm`` with ``float8_e8m0fnu`` scales of blocks of 32 (recipe
 #: ``BlockWise1x32``) in the ``SWIZZLE_32_4_4`` layout.
 MX_RECIPES = ("mxfp8", "mxfp8_emulated", "mxfp8_swizzled")
+
+#: How a data-parallel step may move a quantized module's weight (``Backend.weight_gathers``):
+#: ``float8``, quantized on each rank's shard and all-gathered as FP8 bytes (TorchAO's float8
+#: all-gather), or ``high_precision``, all-gathered in high precision and quantized after the
+#: gather on every rank (quantize after gather).
+WEIGHT_GATHERS = ("float8", "high_precision")
 
 #: The two passes of a joint graph.
 PASSES = ("forward", "backward")

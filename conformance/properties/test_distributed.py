@@ -8,6 +8,11 @@ which all-gathers reach a quantized module's weight is found by data flow from t
 forward matmuls (the module as the suite's own annotation says), what they move from the
 dtypes on their inputs and outputs. DP-003 runs the sharded step in two gloo processes on CPU,
 once per session, against the unsharded eager step.
+
+The backend declares how its weights travel (``Backend.weight_gathers``): as FP8 bytes (DP-001)
+and/or in high precision, quantized after the gather (DP-002, DP-005); a property about another is
+``not_supported``. A backend that claims ``float8_modules`` is sharded with its own float8 linears
+(of its first declared recipe) in DP-001, DP-002, DP-003 and DP-005; DP-004 builds TorchAO's.
 """
 
 from __future__ import annotations
@@ -18,13 +23,15 @@ import pytest
 from hypothesis import given, settings
 
 from conformance.distributed import (
-    DP_GRADIENT_TOLERANCE, WORLD_SIZE, GlooCase, descendants, fake_mesh, forward_matmuls, gloo_gradients, moves_fp8_bytes,
-    only_views_between, weight_gathers, weight_operand,
+    DP_GRADIENT_TOLERANCE, WORLD_SIZE, GlooCase, casts_after, descendants, fake_mesh, forward_matmuls, gloo_gradients,
+    moves_fp8_bytes, only_views_between, weight_gathers, weight_operand,
 )
 from conformance.graphs import is_fp8_compute, scale_operands, trace_with_oracle
 from conformance.harness import check, fail, fp8_ops
 from conformance.models import LayerSpec, ModelSpec, build_model, recipe_compute_counts
-from conformance.strategies import sharded_specs
+from conformance.notes import note
+from conformance.plugin.gating import NOT_SUPPORTED
+from conformance.strategies import served_spec, sharded_specs
 
 # A sharded trace costs about as much as an unsharded one; two models per property.
 _budget = settings(max_examples=max(2, settings.default.max_examples // 12))
@@ -33,16 +40,37 @@ _TP_PLAN = {"layers.0": "colwise", "layers.1": "rowwise"}
 
 def _how(float8_all_gather) -> str:
     return (
-        f"(the model built by conformance.models.build_model(spec, float8_all_gather={float8_all_gather}), sharded by "
+        f"(the model built by conformance.models.build_model(spec, float8_all_gather={float8_all_gather}), or with "
+        f"float8=backend.convert_float8 for a backend's own float8 linears, sharded by "
         f"backend.shard_data_parallel(model, mesh, float8_all_gather={float8_all_gather}) over "
         f"conformance.distributed.fake_mesh() and traced by backend.trace_joint)"
     )
 
 
+def _declared(backend, gather: str) -> None:
+    """Skip as not_supported unless the backend's data-parallel steps move weights as ``gather``."""
+    if gather not in backend.weight_gathers:
+        pytest.skip(f"{NOT_SUPPORTED} backend {backend.name!r} declares weight_gathers {sorted(backend.weight_gathers)}: "
+                    f"its data-parallel steps do not gather weights as {gather}")
+
+
+def _own_modules(backend) -> bool:
+    """Whether the backend's own float8 linears are the ones sharded (capability ``float8_modules``)."""
+    return "float8_modules" in backend.capabilities
+
+
+def sharded_model(backend, spec, float8_all_gather: bool):
+    """``(model, args)`` of ``spec`` as the DP properties shard it: TorchAO's float8 linears with
+    the setting, or the backend's own float8 linears (``spec`` as served: of recipes they have)."""
+    if _own_modules(backend):
+        return build_model(spec, "cpu", float8=backend.convert_float8)
+    return build_model(spec, "cpu", float8_all_gather=float8_all_gather)
+
+
 @functools.lru_cache(maxsize=32)
 def _data_parallel(backend, spec, float8_all_gather: bool):
     with fake_mesh() as mesh:
-        model, args = build_model(spec, "cpu", float8_all_gather=float8_all_gather)
+        model, args = sharded_model(backend, spec, float8_all_gather)
         sharded = backend.shard_data_parallel(model, mesh, float8_all_gather=float8_all_gather)
         return trace_with_oracle(backend, sharded, args, list(spec.quantized_modules()), backend.is_backward)
 
@@ -80,6 +108,8 @@ def test_DP_001_float8_all_gather_moves_every_quantized_weight_as_fp8_bytes(fp8_
     high-precision weight and quantizes it after the gather (a tracer that bypasses TorchAO's FSDP
     hooks). Every all-gather reaching a quantized module's forward weight operand must move one
     byte per element of FP8 and reach the FP8 matmul through views only."""
+    _declared(fp8_backend, "float8")
+    spec = served_spec(spec)
     gm, oracle = _traced_data_parallel("DP-001", fp8_backend, spec, True)
     ops = fp8_ops("DP-001", fp8_backend)
     for fqn, (_mms, gathers) in _weight_gathers_of("DP-001", fp8_backend, spec, gm, oracle, True).items():
@@ -109,6 +139,8 @@ def test_DP_002_without_float8_all_gather_no_weight_gather_moves_fp8(fp8_backend
     ignores ``enable_fsdp_float8_all_gather=False``, which a user turns off for the loss
     divergence TorchAO #4300 reports). With it off, no all-gather reaching a quantized module's
     weight operand may move FP8 bytes, and each module keeps its forward FP8 compute."""
+    _declared(fp8_backend, "high_precision")
+    spec = served_spec(spec)
     gm, oracle = _traced_data_parallel("DP-002", fp8_backend, spec, False)
     ops = fp8_ops("DP-002", fp8_backend)
     for fqn, (mms, gathers) in _weight_gathers_of("DP-002", fp8_backend, spec, gm, oracle, False).items():
@@ -122,7 +154,44 @@ def test_DP_002_without_float8_all_gather_no_weight_gather_moves_fp8(fp8_backend
               f"{_how(False)}", spec)
 
 
-#: DP-003's models: two tensorwise layers, one with a bias, each with float8 all-gather on and off.
+@pytest.mark.fp8_property("DP-005")
+@_budget
+@given(spec=sharded_specs())
+def test_DP_005_quantize_after_gather_casts_the_gathered_weight_with_its_own_scale(fp8_backend, spec):
+    """Cheapest defects of quantize-after-gather: a weight scale computed from the rank's own
+    shard before the gather (ranks then cast the same weight with different scales, and each
+    with a scale that does not bound the whole weight), or an FP8 weight cast from the shard
+    and upcast for the wire. With float8 all-gather off, every all-gather reaching a quantized
+    module's forward weight operand moves high precision, the FP8 weight operand is cast from
+    its output (a cast on the path from the gather to the matmul), and the weight's scale is
+    computed from its output too."""
+    _declared(fp8_backend, "high_precision")
+    spec = served_spec(spec)
+    gm, oracle = _traced_data_parallel("DP-005", fp8_backend, spec, False)
+    ops = fp8_ops("DP-005", fp8_backend)
+    for fqn, (mms, gathers) in _weight_gathers_of("DP-005", fp8_backend, spec, gm, oracle, False).items():
+        for found in gathers:
+            where = f"module '{fqn}', forward pass: {found.describe()}"
+            if not is_fp8_compute(found.matmul, ops):
+                continue  # DP-002 counts the module's FP8 compute
+            check(not moves_fp8_bytes(found.gather), "DP-005", f"{where}: FP8 bytes on the wire {_how(False)}", spec)
+            casts = casts_after(found.gather, found.operand)
+            check(bool(casts), "DP-005",
+                  f"{where}: the FP8 weight operand '{found.operand.name}' is not cast from the gathered weight (no cast to "
+                  f"FP8 on the path from the gather to the matmul): it was quantized before the gather {_how(False)}", spec)
+            scales = scale_operands(found.matmul, ops)
+            weight_scale = scales[-1] if len(scales) == 2 else None
+            check(weight_scale is not None, "DP-005",
+                  f"{where}: matmul '{found.matmul.name}' reads {len(scales)} scale(s), not one per operand: the weight's "
+                  f"scale cannot be told apart {_how(False)}", spec)
+            check(weight_scale in descendants(found.gather), "DP-005",
+                  f"{where}: the weight's scale '{weight_scale.name}' is not computed from the gathered weight: it comes "
+                  f"from this rank's shard, before the gather, so the ranks cast one weight with different scales "
+                  f"{_how(False)}", spec)
+
+
+#: DP-003's models: two tensorwise layers (a backend's own float8 linears: of their first recipe),
+#: one with a bias, with float8 all-gather on and off (each as the backend declares).
 _GLOO_SPEC = ModelSpec(32, (LayerSpec(64, "tensorwise", bias=True), LayerSpec(32, "tensorwise", activation="none")))
 _GLOO_CASES = (GlooCase(_GLOO_SPEC, True), GlooCase(_GLOO_SPEC, False))
 
@@ -133,11 +202,18 @@ def test_DP_003_sharded_gradients_match_the_unsharded_step_over_gloo(fp8_backend
     them (a reduce op left at its default), off by the world size; and a step that keeps each
     rank's local gradient unreduced. Each rank runs its half of the batch, so only gradients
     averaged over the ranks match the mean of the unsharded step's on the halves."""
+    own = _own_modules(fp8_backend)
+    spec = served_spec(_GLOO_SPEC)
+    cases = tuple(GlooCase(spec, on, own) for on, gather in ((True, "float8"), (False, "high_precision"))
+                  if gather in fp8_backend.weight_gathers)
+    if len(cases) < len(_GLOO_CASES):
+        note(f"run with float8 all-gather {'on' if cases[0].float8_all_gather else 'off'} only: the backend's weight_gathers "
+             f"declare {sorted(fp8_backend.weight_gathers)}")
     try:
-        results = gloo_gradients(type(fp8_backend), _GLOO_CASES)
+        results = gloo_gradients(type(fp8_backend), cases)
     except Exception as exc:
-        fail("DP-003", f"backend {fp8_backend.name!r}: the {WORLD_SIZE} gloo processes failed: {type(exc).__name__}: {exc}", _GLOO_SPEC)
-    for case, per_rank in zip(_GLOO_CASES, results):
+        fail("DP-003", f"backend {fp8_backend.name!r}: the {WORLD_SIZE} gloo processes failed: {type(exc).__name__}: {exc}", spec)
+    for case, per_rank in zip(cases, results):
         setting = f"float8 all-gather {'on' if case.float8_all_gather else 'off'}"
         for rank, (status, value) in enumerate(per_rank):
             check(status == "ok", "DP-003", f"rank {rank}, {setting}: the sharded step failed: {value}", case.spec)

@@ -17,6 +17,11 @@ adapter is short:
   (``mx_recipes = {"mxfp8_swizzled"}``): the suite draws them through :meth:`TrainerBackend.convert_mx`
   and judges their layout (MXS), and reports the properties about other MX recipes as
   ``not_supported``; the module is declared to fp8conf here (:func:`describe_mx`);
+* it claims ``distributed`` and declares that its data-parallel steps gather weights in high
+  precision and quantize after the gather (``weight_gathers = {"high_precision"}``): fp8conf's
+  sharding gathers a module it does not know as TorchAO's in its own dtype, and the trainer's
+  linear quantizes the gathered weight in its forward; the suite shards its own linears (DP-002,
+  DP-003, DP-005) and does not ask for float8 all-gather (DP-001 is ``not_supported``);
 * it claims ``rewrites``: the trainer's post-trace passes fuse a weight used twice's summed
   FP8 weight gradients into one scaled add-matmul, its own op (:func:`fuse_weight_grad_accumulation`,
   ``trainer_ops.scaled_addmm``, declared in :meth:`TrainerBackend.fp8_compute_ops` through
@@ -141,9 +146,11 @@ class TrainerBackend(ReferenceBackend):
     capabilities = frozenset(
         {
             "provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "graphpp",
-            "fingerprint", "artifacts", "float8_modules", "rewrites", "mx",
+            "fingerprint", "artifacts", "float8_modules", "rewrites", "mx", "distributed",
         }
     )
+    #: Its data-parallel steps gather weights in high precision and quantize after the gather.
+    weight_gathers = frozenset({"high_precision"})
     float8_recipes = frozenset(trainer_float8.RECIPES)
     float8_emulation = True
     mx_recipes = frozenset({trainer_mx.TrainerMXLinear.recipe})

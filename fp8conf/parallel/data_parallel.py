@@ -129,7 +129,7 @@ def _gather_on_access(module, module_fqn, names, mesh, reduce, float8_all_gather
 
     def forward(self, *args, **kwargs):
         outer = self.__dict__.get(_GATHERED)
-        self.__dict__[_GATHERED] = {}
+        self.__dict__[_GATHERED] = _Gathered(torch.is_grad_enabled())
         try:
             return cls.forward(self, *args, **kwargs)
         finally:
@@ -144,6 +144,17 @@ def _gather_on_access(module, module_fqn, names, mesh, reduce, float8_all_gather
 _GATHERED = "_fp8conf_gathered"
 
 
+class _Gathered(dict):
+    """The parameters gathered in one forward call, and the grad mode the call began in: a
+    parameter first read under ``torch.no_grad()`` inside the forward (a weight quantized
+    outside the module's autograd function) is still gathered with autograd, as the rest of
+    the forward reads the same gathered tensor and its gradient must reach the shard."""
+
+    def __init__(self, grad_enabled: bool):
+        super().__init__()
+        self.grad_enabled = grad_enabled
+
+
 def _accessor(name, gather):
     def get(self):
         cache = self.__dict__.get(_GATHERED)
@@ -151,7 +162,8 @@ def _accessor(name, gather):
             return self._parameters[name]
         if name not in cache:
             try:
-                cache[name] = gather(self)
+                with torch.set_grad_enabled(cache.grad_enabled):
+                    cache[name] = gather(self)
             except AttributeError as exc:
                 # Raised out of a property, an AttributeError makes Python fall back to
                 # Module.__getattr__, which returns the shard: the forward would go on with a

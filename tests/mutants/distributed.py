@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import trainer_backend  # docs/examples, on sys.path for fp8conf's tests
+import trainer_float8
 
 from conformance.backends.reference import ReferenceBackend
 
@@ -150,7 +152,38 @@ class TensorParallelInHighPrecision(ReferenceBackend):
         return parallelize_module(model, mesh, styles)
 
 
+class ShardScaledFloat8Linear(trainer_float8.TrainerFloat8Linear):
+    """The worked example's float8 linear, with its weight's scale taken from the rank's own shard:
+    a trainer that saves a collective by scaling before the gather."""
+
+    def forward(self, x):
+        local = self._parameters["weight"]
+        local = local.to_local() if hasattr(local, "to_local") else local
+        with torch.no_grad():
+            weight = self.weight  # gathered, where sharded
+            amax = local.abs().amax().to(torch.float32).clamp(min=1e-12)
+            scale = ((trainer_float8._MAX / amax).view(torch.int32) & 0x7F800000).view(torch.float32)
+            w_data = (weight.to(torch.float32) * scale).clamp(-trainer_float8._MAX, trainer_float8._MAX).to(torch.float8_e4m3fn)
+            w_inv = scale.reciprocal().expand(weight.shape[0], 1).contiguous()
+        out = trainer_float8._Float8LinearFunction.apply(x, self.weight, w_data, w_inv, self.recipe, self.emulate)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+
+class WeightScaleFromTheShard(trainer_backend.TrainerBackend):
+    """The worked example, quantizing after the gather as it declares, but computing each
+    weight's scale from the rank's shard before the gather: the ranks cast one weight with
+    different scales."""
+
+    name = "mutant-weight-scale-from-the-shard"
+    KILLED_BY = "DP-005"
+
+    def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
+        super().convert_float8(model, module_filter_fn=module_filter_fn, recipe=recipe, emulate=emulate)
+        for module in model.modules():
+            if type(module) is trainer_float8.TrainerFloat8Linear:
+                module.__class__ = ShardScaledFloat8Linear
+
 MUTANTS = [
     HighPrecisionGatherThenCast, GatheredFp8Requantized, Float8GatherAlthoughOff, NoFp8WithoutFloat8AllGather, SummedGradients,
-    LocalGradientsKept, TensorParallelInHighPrecision,
+    LocalGradientsKept, TensorParallelInHighPrecision, WeightScaleFromTheShard,
 ]
