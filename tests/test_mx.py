@@ -607,7 +607,7 @@ def test_a_swizzled_mx_matmul_with_row_major_scales_is_refused_by_the_suites_rea
 
 
 @_needs_v2
-def test_the_worked_examples_own_mx_linear_quantizes_and_swizzles_as_fp8conf_and_the_suite_read_it():
+def test_the_trainers_own_mx_linears_quantize_and_swizzle_as_fp8conf_and_the_suite_read_it():
     # Three implementations written apart: the worked example's (index arithmetic), fp8conf's
     # (permuted tiles) and the suite's reading.
     import trainer_mx
@@ -623,3 +623,10 @@ def test_the_worked_examples_own_mx_linear_quantizes_and_swizzles_as_fp8conf_and
     swizzled = trainer_mx.swizzle(scales)
     assert torch.equal(swizzled.view(torch.uint8), to_cublas_blocked(scales))
     assert torch.equal(block_scaled.unswizzle(swizzled.view(torch.uint8), 200, 96, 32), scales)
+    # And the makefx trainer's, a fourth (exponents off torch.frexp).
+    from conformance.backends.makefx_linear import _swizzled, _to_mx
+
+    makefx_data, makefx_scales = _to_mx(x)
+    assert torch.equal(makefx_data.view(torch.uint8), data.view(torch.uint8))
+    assert torch.equal(makefx_scales.view(torch.uint8), scales)
+    assert torch.equal(_swizzled(makefx_scales).view(torch.uint8), swizzled.view(torch.uint8))

@@ -11,7 +11,8 @@ vary, and what its fingerprint is: the trainer's whole-step artifact key
 (``expressible_config_fields = frozenset()``; another config is refused with
 :class:`~conformance.api.errors.UnsupportedConfig`). Its float8 linears are its own
 (``float8_modules``, :class:`~conformance.backends.makefx_linear.Float8TrainerLinear`), as are its
-linears on ``F.scaled_mm`` and its NVFP4 linears (``nvfp4``).
+linears on ``F.scaled_mm``, its NVFP4 linears (``nvfp4``) and its MX linears on ``F.scaled_mm``
+with swizzled e8m0 scales (``mx``, ``mx_recipes = {"mxfp8_swizzled"}``).
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ class MakeFxBackend(Backend):
     #: 2.12 and newer), its float8 linears among them.
     capabilities = frozenset({"provenance", "validation", "emulation", "regions", "graphpp", "fingerprint"}) | (
         {"scaled_mm_v2", "float8_modules"} if _has_scaled_mm() else set()
-    ) | ({"nvfp4"} if _has_nvfp4() else set())
+    ) | ({"nvfp4"} if _has_nvfp4() else set()) | ({"mx"} if _has_scaled_mm() else set())
     float8_recipes = frozenset({"tensorwise", "rowwise", "rowwise_with_gw_hp"})
+    #: Its own MX linears run on F.scaled_mm with swizzled e8m0 scales only.
+    mx_recipes = frozenset({"mxfp8_swizzled"})
     float8_emulation = True
     provenance_has_recipe = False
     #: The fingerprint is the trainer's artifact key: it covers the parameters' and buffers'
@@ -140,6 +143,11 @@ class MakeFxBackend(Backend):
         from conformance.backends.makefx_linear import convert_nvfp4
 
         convert_nvfp4(model, module_filter_fn=module_filter_fn, recipe=recipe)
+
+    def convert_mx(self, model, *, module_filter_fn, recipe):
+        from conformance.backends.makefx_linear import convert_mx
+
+        convert_mx(model, module_filter_fn=module_filter_fn, recipe=recipe)
 
     def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
         from conformance.backends.makefx_linear import convert_float8

@@ -19,6 +19,11 @@ on the same matmuls, and an emulated mode that quantizes alike and multiplies in
 nearest grid value (ties away from zero), e4m3 scales of blocks of 16 over a float32 global
 scale, swizzled into cuBLAS's 128x4 tiles by its own index arithmetic, all three matmuls through
 ``F.scaled_mm``; recipe ``nvfp4_emulated`` multiplies the dequantized operands in float32.
+
+:class:`MXTrainerLinear` is the trainer's own MX linear (``Backend.convert_mx``,
+:func:`convert_mx`; recipe ``mxfp8_swizzled`` only): e4m3 elements under power-of-two scales of
+blocks of 32, the exponent read off ``torch.frexp`` of each block's amax, the scales as
+``float8_e8m0fnu`` bytes in the same tiled layout, all three matmuls through ``F.scaled_mm``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from torch import nn
 
 __all__ = [
     "FLOAT8_KIND", "FLOAT8_RECIPES", "KIND", "NVFP4_KIND", "NVFP4_RECIPES", "RECIPES", "Float8TrainerLinear", "NVFP4TrainerLinear",
-    "ScaledMMTrainerLinear", "convert_float8", "convert_linears", "convert_nvfp4",
+    "ScaledMMTrainerLinear", "convert_float8", "convert_linears", "convert_nvfp4", "MX_KIND", "MX_RECIPES", "MXTrainerLinear",
+    "convert_mx",
 ]
 
 #: The quantized module kind the trainer records for it.
@@ -184,8 +190,9 @@ def _to_nvfp4(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def _swizzled(scale: torch.Tensor) -> torch.Tensor:
-    """(R, K/16) e4m3 block scales in cuBLAS's tiled layout: zero-padded to 128-row, 4-column
-    tiles, tiles row-major, row ``32g + i`` and column ``c`` of a tile at ``16i + 4g + c``."""
+    """(R, C) one-byte block scales (e4m3 or e8m0) in cuBLAS's tiled layout, in their own dtype:
+    zero-padded to 128-row, 4-column tiles, tiles row-major, row ``32g + i`` and column ``c`` of
+    a tile at ``16i + 4g + c``."""
     rows, cols = scale.shape
     padded_rows, padded_cols = -(-rows // 128) * 128, -(-cols // 4) * 4
     out = torch.zeros(padded_rows, padded_cols, dtype=torch.uint8, device=scale.device)
@@ -196,7 +203,7 @@ def _swizzled(scale: torch.Tensor) -> torch.Tensor:
     index = tile * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
     flat = torch.zeros(padded_rows * padded_cols, dtype=torch.uint8, device=scale.device)
     flat[index.reshape(-1)] = out.reshape(-1)
-    return flat.view(torch.float8_e4m3fn)
+    return flat.view(scale.dtype)
 
 
 def _dequantized(packed: torch.Tensor, scale: torch.Tensor, glob: torch.Tensor) -> torch.Tensor:
@@ -265,3 +272,73 @@ def convert_nvfp4(model: nn.Module, *, module_filter_fn, recipe: str) -> None:
     for fqn, linear in chosen:
         parent, _, name = fqn.rpartition(".")
         setattr(model.get_submodule(parent), name, NVFP4TrainerLinear(linear, recipe))
+
+
+# --- MXFP8 with swizzled scales --------------------------------------------------------------------
+
+#: The kind and recipe of the trainer's own MX linear.
+MX_KIND = "mxfp8_linear"
+MX_RECIPES = ("mxfp8_swizzled",)
+
+
+def _to_mx(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``t`` (R, C), C a multiple of 32: e4m3 elements and (R, C/32) e8m0 scales. A block's scale
+    is ``2**(e - 9)`` for its amax ``m * 2**e`` (``0.5 <= m < 1``), so the amax lands in [256, 512)
+    and saturates to 448 at most."""
+    rows, cols = t.shape
+    blocks = t.float().view(rows, cols // 32, 32)
+    _mantissa, exponent = torch.frexp(blocks.abs().amax(-1))
+    biased = (exponent - 9 + 127).clamp(1, 254)
+    elements = (blocks * torch.ldexp(torch.ones_like(blocks), (127 - biased).unsqueeze(-1))).clamp(-448.0, 448.0)
+    return elements.to(torch.float8_e4m3fn).view(rows, cols), biased.to(torch.uint8).view(torch.float8_e8m0fnu)
+
+
+def _mx_matmul(lhs: torch.Tensor, rhs_t: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``lhs @ rhs_t.T``, both quantized to MXFP8 along their last dim, zero-padded to 32."""
+    functional = torch.nn.functional
+    pad = -lhs.shape[-1] % 32
+    lhs_q, lhs_s = _to_mx(functional.pad(lhs, (0, pad)).contiguous())
+    rhs_q, rhs_s = _to_mx(functional.pad(rhs_t, (0, pad)).contiguous())
+    block, swizzle = functional.ScalingType.BlockWise1x32, functional.SwizzleType.SWIZZLE_32_4_4
+    return functional.scaled_mm(lhs_q, rhs_q.t(), _swizzled(lhs_s), block, _swizzled(rhs_s), block,
+                                swizzle_a=swizzle, swizzle_b=swizzle, output_dtype=out_dtype)
+
+
+class _MXMatmuls(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return _mx_matmul(x, weight, x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        grad_x = _mx_matmul(grad_out, weight.t(), x.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = _mx_matmul(grad_out.t(), x.t(), weight.dtype) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w
+
+
+class MXTrainerLinear(nn.Linear):
+    """The trainer's own MX linear, recipe ``mxfp8_swizzled``. Features multiples of 32."""
+
+    def __init__(self, linear: nn.Linear, recipe: str):
+        if recipe not in MX_RECIPES:
+            raise ValueError(f"MXTrainerLinear: recipe must be one of {MX_RECIPES}, got {recipe!r}")
+        with torch.device("meta"):
+            super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        self.weight, self.bias = linear.weight, linear.bias
+        self.recipe, self.emulate = recipe, False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = _MXMatmuls.apply(x.reshape(-1, self.in_features), self.weight)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
+def convert_mx(model: nn.Module, *, module_filter_fn, recipe: str) -> None:
+    """Swap, in place, the plain ``nn.Linear`` modules ``module_filter_fn(module, fqn)`` accepts
+    for :class:`MXTrainerLinear`."""
+    chosen = [(fqn, m) for fqn, m in model.named_modules() if type(m) is nn.Linear and fqn and module_filter_fn(m, fqn)]
+    for fqn, linear in chosen:
+        parent, _, name = fqn.rpartition(".")
+        setattr(model.get_submodule(parent), name, MXTrainerLinear(linear, recipe))

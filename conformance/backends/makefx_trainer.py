@@ -115,12 +115,16 @@ def quantized_modules(model: torch.nn.Module) -> dict[str, QuantizedModule]:
     from torchao.float8.config import ScalingType
     from torchao.float8.float8_linear import Float8Linear
 
-    from conformance.backends.makefx_linear import FLOAT8_KIND, KIND, NVFP4_KIND, Float8TrainerLinear, NVFP4TrainerLinear, ScaledMMTrainerLinear
+    from conformance.backends.makefx_linear import (
+        FLOAT8_KIND, KIND, MX_KIND, NVFP4_KIND, Float8TrainerLinear, MXTrainerLinear, NVFP4TrainerLinear, ScaledMMTrainerLinear,
+    )
 
     found = {}
     for fqn, module in model.named_modules():
         if isinstance(module, ScaledMMTrainerLinear):
             found[fqn] = QuantizedModule(fqn, KIND, False, fp8_grad_input=True, fp8_grad_weight=True)
+        elif isinstance(module, MXTrainerLinear):
+            found[fqn] = QuantizedModule(fqn, MX_KIND, False, fp8_grad_input=True, fp8_grad_weight=True)
         elif isinstance(module, NVFP4TrainerLinear):
             found[fqn] = QuantizedModule(fqn, NVFP4_KIND, module.emulate, fp8_grad_input=True, fp8_grad_weight=True)
         elif isinstance(module, Float8TrainerLinear):
