@@ -75,7 +75,11 @@ def test_a_backend_without_e8m0_is_never_asked_for_its_op():
         def e8m0_op(self):
             raise AssertionError("e8m0_op() of a backend that does not claim e8m0")
 
-    assert Fp8Ops.of(Float8()) == Fp8Ops()
+    declared = Fp8Ops.of(Float8()).ops
+    # torch's scaled matmuls, and whatever this process registered with fp8conf (the worked
+    # example's kernel, once imported), never the e8m0 op.
+    assert declared[: len(Fp8Ops().ops)] == Fp8Ops().ops
+    assert not any("scaled_mm_e8m0" in op.name for op in declared)
 
 
 def test_what_runs_is_what_the_outputs_need_plus_side_effects_and_their_inputs():

@@ -102,7 +102,9 @@ class ReferenceBackend(Backend):
         return Compiled(compiled, compiled.compiled_nodes, compiled.eager_nodes)
 
     def fp8_compute_ops(self):
-        # torch's scaled matmuls, and every op a trainer declared to fp8conf's passes.
+        # torch's scaled matmuls, and every op a trainer declared to fp8conf's passes: what those
+        # passes count, in this process (an adapter built on the reference that registers its
+        # kernel with fp8conf.register_compute_op has it declared here too).
         from conformance.api.types import TORCH_COMPUTE_OPS, ComputeOp
         from fp8conf.graph.roles import registered_compute_ops
 
