@@ -20,6 +20,7 @@ named recipes a failure. Every message says which of signature and fingerprint c
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import json
 import shutil
@@ -49,7 +50,7 @@ from conformance.fingerprints import (
     reordered,
     unrelated_changes,
 )
-from conformance import evidence
+from conformance import evidence, strategies
 from conformance.harness import built_with, call_backend, check, fail, float8_converter, owns_float8
 from conformance.models import LayerSpec, ModelSpec, build_model
 from conformance.notes import note
@@ -181,6 +182,42 @@ def test_FPR_001_changing_a_quantization_input_changes_the_fingerprint(fp8_backe
     if before == after:
         _fail("FPR-001", f"{change.description}, yet the fingerprint stayed {before} "
               f"({_what_else('signature', signature_before, signature_after)})", change)
+
+
+@pytest.mark.fp8_property("FPR-001")
+def test_FPR_001_every_config_field_flip_of_every_recipe_changes_the_fingerprint(fp8_backend):
+    """The config fields are a finite space, so they are enumerated rather than sampled: a
+    fingerprint that leaves out one field (the forward operands' target dtype, say) is otherwise
+    asked about only when a draw happens to flip it. On a one-layer model of each of the
+    backend's float8 recipes, every :data:`~conformance.fingerprints.CONFIG_FIELDS` entry torchao
+    accepts for that recipe is flipped, from a custom config (another field flipped in both
+    models, so that the recipe's name cannot stand in for the field); each must change the
+    fingerprint (or, for a field the backend declares inexpressible, be refused). Every field
+    missed is named at once."""
+    fields = _config_fields(fp8_backend, "config_field", inexpressible=True)
+    missed, refused, flipped = [], [], 0
+    spec_of = {recipe: ModelSpec(32, (LayerSpec(32, recipe, activation="none"),)) for recipe in strategies.float8_recipes()}
+    for recipe, spec in spec_of.items():
+        for name in fields:
+            first = next((f for f in fields if f != name and flippable(recipe, (f, name))), None)
+            if first is None:
+                continue
+            before_variant = Variant(spec, config_fields=((0, first),))
+            try:
+                before, _ = _fingerprint("FPR-001", fp8_backend, before_variant)
+                after, _ = _fingerprint("FPR-001", fp8_backend, dataclasses.replace(before_variant, config_fields=((0, first), (0, name))))
+            except _RefusedAsInexpressible:
+                refused.append(f"{recipe}: {name}")
+                continue
+            flipped += 1
+            if after == before:
+                missed.append(f"{recipe}: {name} (from {first} flipped)")
+    note(f"enumerated {flipped} config-field flips over recipes {list(strategies.float8_recipes())}"
+         + (f"; refused as inexpressible: {', '.join(refused)}" if refused else ""))
+    check(not missed, "FPR-001",
+          f"flipping each of these Float8LinearConfig fields (on layers.0, a one-layer model of that recipe, from a custom "
+          f"config) left the fingerprint unchanged: {', '.join(missed)}; the fingerprint must cover every numerics-relevant field "
+          f"(conformance.fingerprints.CONFIG_FIELDS)")
 
 
 # --- FPR-002 --------------------------------------------------------------------------------------

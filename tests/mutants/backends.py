@@ -441,6 +441,25 @@ FingerprintIgnoresForwardCasts.quantization_signature, FingerprintIgnoresForward
 )
 
 
+class FingerprintIgnoresInputTargetDtype(ReferenceBackend):
+    """Leaves the input operand's target dtype out of the signature (both of its casts): an
+    e5m2-input config loads the e4m3 one's artifact. One field among the many a draw may flip."""
+
+    name = "mutant-fingerprint-ignores-input-target-dtype"
+    KILLED_BY = "FPR-001"
+
+
+def _drop_input_target_dtype(doc, model):
+    for entry in doc["modules"].values():
+        for cast in ("cast_config_input", "cast_config_input_for_grad_weight"):
+            entry.get("config", {}).get(cast, {}).pop("target_dtype", None)
+
+
+FingerprintIgnoresInputTargetDtype.quantization_signature, FingerprintIgnoresInputTargetDtype.fingerprint = _rewritten_signature(
+    FingerprintIgnoresInputTargetDtype, _drop_input_target_dtype
+)
+
+
 class FingerprintIgnoresMX(ReferenceBackend):
     """Fingerprints the float8 modules only, as if MX layers were not quantized."""
 
@@ -542,6 +561,7 @@ MUTANTS += [
     FingerprintKeyedByPosition,
     FingerprintIgnoresForwardCasts,
     FingerprintIgnoresMX,
+    FingerprintIgnoresInputTargetDtype,
     FingerprintIncludesTrainingFlag,
     FingerprintUsesPythonHash,
     FingerprintLoadsDespiteMismatch,
