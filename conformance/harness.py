@@ -40,6 +40,7 @@ __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
     "require_subject", "compute_counts_that_run", "declared_ops", "traced_before_rewrite", "owns_float8", "float8_converter", "built_with",
+    "attributed",
 ]
 
 #: The backend the running test checks, set by :func:`serving` (for reproducers only).
@@ -346,6 +347,31 @@ def traced_before_rewrite(property_id: str, backend, spec: ModelSpec):
     if case.before is None:
         fail(property_id, f"backend {backend.name!r} claims no rewrites: there is no graph before a rewrite", spec)
     return fresh_copy(dataclasses.replace(case, gm=case.before[0], oracle=case.before[1]))
+
+
+def attributed(property_id: str, backend, oracle, nodes, spec: ModelSpec | None = None) -> list:
+    """``nodes`` (FP8 compute of a traced graph), each of which the suite's own attribution
+    (``oracle``) gives to a quantized module; where it gives one to none, ``property_id`` fails
+    with the evidence (the node, its pass, its sequence number, the module calls the trace
+    showed) instead of the suite going on with no module to judge."""
+    nodes = list(nodes)
+    lost = [n for n in nodes if oracle.issued_by.get(n) is None]
+    if not lost:
+        return nodes
+    calls = sorted({c for c in oracle.call_of.values() if c is not None})
+
+    def evidence_of(node) -> str:
+        seq = node.meta.get("seq_nr")
+        pass_name = "backward" if backend.is_backward(node) else "forward"
+        why = ("its sequence number is no forward op's" if pass_name == "backward" and seq not in oracle.forward_seq_nrs
+               else "it carries none of the suite's module annotations (node.meta['custom'])")
+        return f"'{node.name}' ({node.target}, {pass_name}, seq_nr {seq}: {why})"
+
+    fail(property_id,
+         f"the suite's own attribution, its ground truth, gives FP8 compute to no quantized module: "
+         f"{', '.join(evidence_of(n) for n in lost[:6])}{' ...' if len(lost) > 6 else ''}; the module calls the trace showed: "
+         f"{calls or 'none'}. A pass that makes nodes without copying node.meta (provenance, seq_nr, custom), or a "
+         "trace that records no module annotations, leaves FP8 compute nobody can be held to", spec)
 
 
 def traced_graph(property_id: str, backend, spec: ModelSpec):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from conformance.backends.reference import ReferenceBackend
@@ -145,3 +146,24 @@ def test_kept_fp8_compute_beyond_an_unneeded_grad_input_is_not_admitted():
     expected, kept = compute_counts_that_run("VAL-007", makefx, needs_grad, case.gm, case.oracle)
     assert kept == {("layers.0", "backward"): 1}
     assert expected == needs_grad.expected_compute_counts()
+
+
+def test_fp8_compute_the_suites_attribution_gives_to_no_module_is_a_verdict_with_its_evidence():
+    # A pass that rebuilt the node without its metadata leaves the suite's ground truth blank: the
+    # property fails naming the node, its pass and sequence number, never a TypeError in the suite.
+    from conformance.graphs import Oracle
+    from conformance.harness import attributed
+
+    def step(a, b, sa, sb):
+        return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+
+    e4m3 = torch.float8_e4m3fn
+    gm = torch.fx.experimental.proxy_tensor.make_fx(step)(
+        torch.zeros(16, 16).to(e4m3), torch.zeros(16, 16).to(e4m3).t(), torch.ones(()), torch.ones(()))
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and "scaled_mm" in str(n.target)]
+    oracle = Oracle({node: None}, frozenset({7}), {node: None})
+    assert attributed("VAL-002", REFERENCE, Oracle({node: "layers.0"}, frozenset(), {}), [node]) == [node]
+    with pytest.raises(pytest.fail.Exception) as failed:
+        attributed("VAL-002", REFERENCE, oracle, [node])
+    text = str(failed.value)
+    assert "[VAL-002]" in text and f"'{node.name}'" in text and "forward" in text and "module annotations" in text

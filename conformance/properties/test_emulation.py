@@ -13,7 +13,7 @@ from conformance.families import FAMILIES
 from conformance.family_examples import family_examples
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import (
-    call_backend, check, compute_counts_that_run, device, eager_step, fail, fp8_ops, grad_outputs, high_precision_twin, names_module,
+    attributed, call_backend, check, compute_counts_that_run, device, eager_step, fail, fp8_ops, grad_outputs, high_precision_twin, names_module,
     strict_error, traced, traced_graph,
 )
 from conformance.strategies import ALL_KINDS, FLOAT8_KIND, SCALED_MM_KIND, model_specs, runnable_kinds, runnable_recipes
@@ -51,7 +51,7 @@ def test_EMU_002_an_emulated_module_never_excuses_another(fp8_backend, spec, dat
     tree). Nested adapters now draw their own ``emulate`` flag, so a real adapter inside an
     emulated layer (and the reverse) is drawn; one real module loses its FP8 and must be named."""
     gm, oracle = traced_graph("EMU-002", fp8_backend, spec)
-    nodes = fp8_compute_nodes(gm, fp8_ops("EMU-002", fp8_backend))
+    nodes = attributed("EMU-002", fp8_backend, oracle, fp8_compute_nodes(gm, fp8_ops("EMU-002", fp8_backend)), spec)
     fqn = data.draw(st.sampled_from(sorted({oracle.issued_by[n] for n in nodes})), label="module losing its FP8")
     for node in nodes:
         if oracle.issued_by[node] == fqn:

@@ -14,7 +14,7 @@ from conformance.families import FAMILIES
 from conformance.family_examples import family_examples
 from conformance.graphs import declared_on_high_precision, fp8_compute_nodes, undeclared_low_precision_compute
 from conformance.harness import (
-    call_backend, check, compute_counts_that_run, declared_ops, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error, traced, traced_graph,
+    attributed, call_backend, check, compute_counts_that_run, declared_ops, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error, traced, traced_graph,
 )
 from conformance.strategies import ALL_KINDS
 from conformance.strategies import model_specs as _model_specs
@@ -42,7 +42,7 @@ def _lower_module_pass(property_id, case, backend, data):
     """Copy the graph and lower every FP8 compute of one drawn (module, pass) to a plain mm."""
     gm, oracle = fresh_copy(case)
     groups = {}
-    for node in fp8_compute_nodes(gm, fp8_ops(property_id, backend)):
+    for node in attributed(property_id, backend, oracle, fp8_compute_nodes(gm, fp8_ops(property_id, backend)), case.spec):
         key = (oracle.issued_by[node], "backward" if backend.is_backward(node) else "forward")
         groups.setdefault(key, []).append(node)
     fqn, pass_name = data.draw(st.sampled_from(sorted(groups)), label="lowered (module, pass)")
@@ -120,7 +120,8 @@ def test_VAL_004_scaled_op_with_a_high_precision_operand_is_not_fp8_compute(fp8_
     validation must fail."""
     case = traced("VAL-004", fp8_backend, spec)
     gm, oracle = fresh_copy(case)
-    node = data.draw(st.sampled_from(fp8_compute_nodes(gm, fp8_ops("VAL-004", fp8_backend))), label="scaled op given a float32 operand")
+    computes = attributed("VAL-004", fp8_backend, oracle, fp8_compute_nodes(gm, fp8_ops("VAL-004", fp8_backend)), spec)
+    node = data.draw(st.sampled_from(computes), label="scaled op given a float32 operand")
     index = data.draw(st.sampled_from((0, 1)), label="operand")
     key = (oracle.issued_by[node], "backward" if fp8_backend.is_backward(node) else "forward")
     expected = compute_counts_that_run("VAL-004", fp8_backend, spec, case.gm, case.oracle)[0][key] - 1
@@ -213,7 +214,8 @@ def test_VAL_007_compute_counts_per_call_match_the_recipe(fp8_backend, spec, dat
     if not computes:
         return  # all emulated: nothing to duplicate
     gm, oracle = fresh_copy(case)
-    node = data.draw(st.sampled_from(fp8_compute_nodes(gm, fp8_ops("VAL-007", fp8_backend))), label="duplicated compute node")
+    computes = attributed("VAL-007", fp8_backend, oracle, fp8_compute_nodes(gm, fp8_ops("VAL-007", fp8_backend)), spec)
+    node = data.draw(st.sampled_from(computes), label="duplicated compute node")
     with gm.graph.inserting_after(node):
         twin = gm.graph.node_copy(node)
     gm.recompile()
