@@ -367,6 +367,23 @@ class RegionSourcesEager(ReferenceBackend):
         return _report_echoing_tags(self, gm, super().compile(thinned, mode=mode, cudagraph=cudagraph))
 
 
+class RegionalLeavesV2Eager(ReferenceBackend):
+    """Regional compile whose region finder knows the first scaled-matmul API only: every region
+    of a linear on ``F.scaled_mm`` stays eager, while the report names every tagged node compiled."""
+
+    name = "mutant-regional-leaves-v2-eager"
+    KILLED_BY = "NUM-003"
+
+    def compile(self, gm, *, mode, cudagraph=False):
+        from mutants.scaled_mm_v2 import _v1_compute_only  # tests/ is on sys.path
+
+        if mode != "regional":
+            return super().compile(gm, mode=mode, cudagraph=cudagraph)
+        with _v1_compute_only(fp8conf.graph.regions):
+            compiled = super().compile(gm, mode=mode, cudagraph=cudagraph)
+        return _report_echoing_tags(self, gm, compiled)
+
+
 MUTANTS = [
     BackwardRegionsMissing,
     ModulesMerged,
@@ -390,4 +407,5 @@ MUTANTS = [
     RegionalCompilesAround,
     RegionalCompilesWholeGraph,
     RegionSourcesEager,
+    RegionalLeavesV2Eager,
 ]
