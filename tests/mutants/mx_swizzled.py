@@ -12,6 +12,7 @@ import torch
 
 from conformance.backends.reference import ReferenceBackend
 from fp8conf.quantized import mx as fp8conf_mx
+from mutants.defective_linears import defective_linear, swap_into
 
 __all__ = ["MUTANTS", "MXScalesNotSwizzled", "MXScalesRowMajorDeclared", "CompileRowMajorScales"]
 
@@ -24,7 +25,7 @@ def _row_major_padded(scales: torch.Tensor) -> torch.Tensor:
     return padded.reshape(-1).view(torch.float8_e8m0fnu)
 
 
-def _matmul(lhs, rhs_t, out_dtype, defect: str):
+def _matmul(lhs, rhs_t, out_dtype, defect: str, which: str):
     functional = torch.nn.functional
     lhs_q, lhs_s = fp8conf_mx.to_mx(fp8conf_mx._pad_last_dim(lhs))
     rhs_q, rhs_s = fp8conf_mx.to_mx(fp8conf_mx._pad_last_dim(rhs_t))
@@ -39,31 +40,7 @@ def _matmul(lhs, rhs_t, out_dtype, defect: str):
                                 swizzle_b=swizzle, output_dtype=out_dtype)
 
 
-@torch._dynamo.allow_in_graph
-class _DefectiveFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, defect: str):
-        ctx.save_for_backward(x, weight)
-        ctx.defect = defect
-        return _matmul(x, weight, x.dtype, defect)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        grad_x = _matmul(grad_out, weight.t(), x.dtype, ctx.defect) if ctx.needs_input_grad[0] else None
-        grad_w = _matmul(grad_out.t(), x.t(), weight.dtype, ctx.defect) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_w, None
-
-
-class _DefectiveMXLinear(fp8conf_mx.MXLinear):
-    defect = ""
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.recipe != "mxfp8_swizzled":
-            return super().forward(input)
-        out = _DefectiveFunction.apply(input.reshape(-1, self.in_features), self.weight, self.defect)
-        out = out.reshape(*input.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias.to(out.dtype)
+_DefectiveMXLinear = defective_linear(fp8conf_mx.MXLinear, _matmul, real=lambda module: module.recipe == "mxfp8_swizzled")
 
 
 class _NotSwizzled(_DefectiveMXLinear):
@@ -76,9 +53,7 @@ class _RowMajorDeclared(_DefectiveMXLinear):
 
 def _convert(model, module_filter_fn, recipe, cls) -> None:
     fp8conf_mx.convert_to_mx_training(model, recipe=recipe, module_filter_fn=module_filter_fn)
-    for module in model.modules():
-        if type(module) is fp8conf_mx.MXLinear:
-            module.__class__ = cls
+    swap_into(model, fp8conf_mx.MXLinear, cls)
 
 
 class MXScalesNotSwizzled(ReferenceBackend):

@@ -12,6 +12,7 @@ import torch
 
 from conformance.backends.reference import ReferenceBackend
 from fp8conf.quantized import nvfp4 as fp8conf_nvfp4
+from mutants.defective_linears import defective_linear, swap_into
 
 __all__ = ["MUTANTS", "NVFP4ScalesNotSwizzled", "NVFP4WithoutGlobalScale", "NVFP4WeightGradInHighPrecision"]
 
@@ -24,8 +25,10 @@ def _row_major_padded(scales: torch.Tensor) -> torch.Tensor:
     return padded.reshape(-1).view(torch.float8_e4m3fn)
 
 
-def _matmul(lhs, rhs_t, out_dtype, defect: str):
-    if defect == "hp_grad_weight":  # its other matmuls keep the layout
+def _matmul(lhs, rhs_t, out_dtype, defect: str, which: str):
+    if defect == "hp_grad_weight":  # the weight gradient left in high precision; the others keep the layout
+        if which == "grad_weight":
+            return (lhs @ rhs_t.t()).to(out_dtype)
         return fp8conf_nvfp4._matmul(lhs, rhs_t, out_dtype, emulate=False)
     functional = torch.nn.functional
     lhs_q, lhs_s, lhs_g = fp8conf_nvfp4.to_nvfp4(fp8conf_nvfp4._pad_last_dim(lhs).contiguous())
@@ -47,36 +50,7 @@ def _matmul(lhs, rhs_t, out_dtype, defect: str):
                                 output_dtype=out_dtype)
 
 
-@torch._dynamo.allow_in_graph
-class _DefectiveFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, defect: str):
-        ctx.save_for_backward(x, weight)
-        ctx.defect = defect
-        return _matmul(x, weight, x.dtype, defect)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        grad_x = _matmul(grad_out, weight.t(), x.dtype, ctx.defect) if ctx.needs_input_grad[0] else None
-        grad_w = None
-        if ctx.needs_input_grad[1]:
-            if ctx.defect == "hp_grad_weight":  # the weight gradient left in high precision
-                grad_w = (grad_out.t() @ x).to(weight.dtype)
-            else:
-                grad_w = _matmul(grad_out.t(), x.t(), weight.dtype, ctx.defect)
-        return grad_x, grad_w, None
-
-
-class _DefectiveNVFP4Linear(fp8conf_nvfp4.NVFP4Linear):
-    defect = ""
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.emulate:
-            return super().forward(input)
-        out = _DefectiveFunction.apply(input.reshape(-1, self.in_features), self.weight, self.defect)
-        out = out.reshape(*input.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias.to(out.dtype)
+_DefectiveNVFP4Linear = defective_linear(fp8conf_nvfp4.NVFP4Linear, _matmul, real=lambda module: not module.emulate)
 
 
 class _NotSwizzled(_DefectiveNVFP4Linear):
@@ -93,9 +67,7 @@ class _HPGradWeight(_DefectiveNVFP4Linear):
 
 def _convert(model, module_filter_fn, recipe, cls) -> None:
     fp8conf_nvfp4.convert_to_nvfp4_training(model, recipe=recipe, module_filter_fn=module_filter_fn)
-    for module in model.modules():
-        if type(module) is fp8conf_nvfp4.NVFP4Linear:
-            module.__class__ = cls
+    swap_into(model, fp8conf_nvfp4.NVFP4Linear, cls)
 
 
 class NVFP4ScalesNotSwizzled(ReferenceBackend):
