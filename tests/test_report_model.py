@@ -116,7 +116,8 @@ def test_property_row_takes_the_strongest_status_and_its_reproducer():
     )
     assert row["status"] == "fail"
     assert (row["tests"], row["examples"]) == (4, 5)
-    assert row["outcomes"] == {"fail": 1, "pass": 1, "skipped": 2}
+    # A test without a status never ran to a verdict: not_run, not skipped.
+    assert row["outcomes"] == {"fail": 1, "not_run": 1, "pass": 1, "skipped": 1}
     assert row["reproducer"] == found
     assert "reason" not in row
     assert (row["level"], row["capability"]) == ("MUST", "provenance")
@@ -211,8 +212,8 @@ def report():
 
 def test_build_report_rows_follow_the_registry_and_list_the_untested(report):
     assert list(report) == [
-        "schema_version", "suite", "spec_version", "checked_spec_version", "backend", "environment",
-        "options", "summary", "properties", "untested", "models", "built_with",
+        "schema_version", "run", "suite", "spec_version", "checked_spec_version", "backend",
+        "environment", "options", "summary", "properties", "untested", "models", "built_with",
     ]
     assert list(report["properties"]) == ["PROV-001", "PROV-002", "VAL-001"]
     assert report["properties"]["PROV-002"]["tests"] == 2

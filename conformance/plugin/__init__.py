@@ -32,7 +32,11 @@ variable gives, is a usage error, not a run that checks nothing):
 * prints a per-property summary, failures and root causes first, and, with ``--fp8-report=PATH``, writes it as JSON at PATH and
   as Markdown beside it (:mod:`~conformance.plugin.report`, :mod:`~conformance.plugin.render`);
   root causes and consequences are decided from what each property did on each example
-  (:mod:`~conformance.plugin.causes`).
+  (:mod:`~conformance.plugin.causes`);
+* says in the report how the run ended, and gives no MUST score to a run cut short (Ctrl-C,
+  ``-x``): it lists the properties not reached (:mod:`~conformance.plugin.ending`); writes the
+  report's files whole or not at all, and leaves no earlier report behind a run that ends before
+  its first test (:mod:`~conformance.plugin.report_files`).
 
 A project that wants fp8conf's profiles or GPU gating without a backend (fp8conf's own tests
 do) calls :func:`register_profiles`, :func:`load_profile` and :func:`skip_unavailable_gpu_tests`

@@ -1,9 +1,10 @@
 """The plugin's always-registered hooks and fixtures.
 
 Installed everywhere, they change nothing until ``--fp8-backend`` is given: without it they
-register the ``--fp8-*`` options and the names of fp8conf's markers, and return. Hypothesis,
-torch and the rest of the run's machinery (:mod:`conformance.plugin.run`) are imported only
-for a run with a backend.
+register the ``--fp8-*`` options and the names of fp8conf's markers, and return (``--fp8-report``
+without it is a usage error, which removes an earlier run's report there, as any run ending before
+its first test does). Hypothesis, torch and the rest of the run's machinery
+(:mod:`conformance.plugin.run`) are imported only for a run with a backend.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--fp8-report",
         metavar="PATH",
         help="write the conformance report as JSON at PATH and as Markdown at PATH with "
-        "suffix .md (needs --fp8-backend)",
+        "suffix .md (needs --fp8-backend), each whole or not at all; it says how the run ended. "
+        "A run that ends before its first test writes none and removes an earlier one there.",
     )
     group.addoption(
         "--fp8-expectations",
@@ -117,10 +119,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_load_initial_conftests(
     early_config: pytest.Config, parser: pytest.Parser, args: list[str]
 ) -> None:
+    namespace = early_config.known_args_namespace
+    report = getattr(namespace, "fp8_report", None)
+    if report and report.strip():
+        # First, so that a run ending anywhere after this (a usage error, Ctrl-C while a conftest
+        # imports torch) leaves no earlier report to read as its own.
+        from conformance.plugin.ending import remove_earlier_report_unless_written
+
+        remove_earlier_report_unless_written(early_config, report)
     # Injecting the path into the command line here, before pytest decides its initial paths,
     # makes it an ordinary argument: the conftest.py of the properties dir loads as an initial
     # conftest, while the rootdir, already decided, stays the user's.
-    namespace = early_config.known_args_namespace
     spec = getattr(namespace, "fp8_backend", None)
     if spec is not None:
         # Before the properties' conftest imports Hypothesis: a missing extra is one line.

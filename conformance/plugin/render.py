@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from conformance.plugin.report import FAILED, STATUSES, failing_rows
+from conformance.plugin.report_files import MARKDOWN_TITLE, replace_files
 
 __all__ = [
     "MODEL_HEADINGS",
@@ -19,6 +20,7 @@ __all__ = [
     "ordered_rows",
     "print_summary",
     "root_cause_lines",
+    "run_line",
     "score_line",
     "unsupported_lines",
     "write_report",
@@ -47,12 +49,43 @@ class Terminal(Protocol):
     def write_line(self, line: str) -> None: ...
 
 
+def _ended_early(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The report's ``run`` when the run did not end complete; None for a complete run and for
+    a report written before ``run`` existed."""
+    run = report.get("run")
+    return run if run and run["ended"] != "complete" else None
+
+
+def run_line(report: dict[str, Any]) -> str | None:
+    """``INTERRUPTED (KeyboardInterrupt: Ctrl-C or SIGINT): no conformance verdict; not
+    reached: PROV-002, PROV-003; cut off: t.py::test_PROV_002``; None for a complete run."""
+    run = _ended_early(report)
+    if run is None:
+        return None
+    text = f"{run['ended'].upper()}" + (f" ({run['reason']})" if run.get("reason") else "")
+    text += ": no conformance verdict"
+    if run["not_reached"]:
+        text += f"; not reached: {', '.join(run['not_reached'])}"
+    if run["cut_off"]:
+        text += f"; cut off: {', '.join(run['cut_off'])}"
+    return text
+
+
 def score_line(report: dict[str, Any]) -> str:
     """``MUST score: 45/47 passed, 2 skipped [CUDA is not available: NUM-004, MOE-008]
     (backend ...)``: skipped MUST properties count in the total and are named with their reason.
-    A report written before those fields existed reads as passed out of applicable."""
+    A report written before those fields existed reads as passed out of applicable. A run that
+    did not end complete has no score: the line says so first."""
     summary, backend = report["summary"], report["backend"]
     total = summary.get("must_total", summary["must_applicable"])
+    run = _ended_early(report)
+    if run is not None:
+        return (
+            f"MUST score: none, the run is {run['ended'].upper()}, no conformance verdict "
+            f"({summary['must_passed']}/{total} passed before it ended; not reached: "
+            f"{', '.join(run['not_reached']) or 'unknown'}) "
+            f"(backend {backend['name']} {backend['version']})"
+        )
     text = f"MUST score: {summary['must_passed']}/{total} passed"
     reasons = summary.get("must_skipped_reasons") or {}
     if reasons:
@@ -175,10 +208,13 @@ def _failure_lines(property_id: str, row: dict[str, Any]) -> Iterator[str]:
 
 
 def print_summary(terminal: Terminal, report: dict[str, Any], report_path: Path | None) -> None:
-    """The per-property table (failures first, ``not_supported`` one line per capability),
-    the root causes, the MUST score, what replays each failure, skip reasons and stale
-    expectations."""
+    """How the run ended when it did not end complete, the per-property table (failures first,
+    ``not_supported`` one line per capability), the root causes, the MUST score, what replays
+    each failure, skip reasons and stale expectations."""
     terminal.write_sep("=", "fp8conf conformance")
+    ended_early = run_line(report)
+    if ended_early:
+        terminal.write_line(ended_early)
     defects = _defects(report)
     rows = [item for item in ordered_rows(report) if item[1]["status"] != "not_supported"]
     if report["properties"]:
@@ -216,9 +252,12 @@ def _header(report: dict[str, Any]) -> list[str]:
     capability = env["compute_capability"]
     options = report.get("options", {})
     expectations = options.get("expectations")
+    ended_early = run_line(report)
     return [
-        "# fp8conf conformance report",
+        MARKDOWN_TITLE,
         "",
+        *([f"**{ended_early}.** The rows of the tests it did not reach say `not_run`; rerun "
+           "the suite for a verdict.", ""] if ended_early else []),
         f"- Backend: `{backend['name']}` {backend['version']} (`{backend['spec']}`), "
         f"checked against spec {report['checked_spec_version']}",
         f"- Capabilities: {', '.join(backend['capabilities']) or 'none'}",
@@ -359,7 +398,10 @@ def markdown_path(path: Path) -> Path:
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
-    """Write ``report`` as JSON at ``path`` and as Markdown at :func:`markdown_path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    markdown_path(path).write_text(markdown(report), encoding="utf-8")
+    """Write ``report`` as JSON at ``path`` and as Markdown at :func:`markdown_path`, each
+    whole or not at all (:func:`~conformance.plugin.report_files.replace_files`; raises its
+    ``ReportWriteError``)."""
+    replace_files({
+        path: json.dumps(report, indent=2) + "\n",
+        markdown_path(path): markdown(report),
+    })

@@ -20,10 +20,13 @@ from conformance.plugin.causes import FAILED, decide
 from conformance.plugin.gating import GPU_MARKERS, NOT_IN_SPEC, NOT_SUPPORTED
 
 __all__ = [
+    "ENDINGS",
+    "NOT_RUN",
     "PROPERTY_KEY",
     "REPORT_SCHEMA_VERSION",
     "built_with",
     "STATUSES",
+    "RunEnding",
     "TestRecord",
     "build_report",
     "failing_rows",
@@ -31,16 +34,27 @@ __all__ = [
     "property_row",
     "outcome_status",
     "record_outcome",
+    "tests_not_run",
 ]
 
 #: Statuses of a test and of a property, strongest first: a property takes the strongest
 #: status among its tests, so one failure fails it and a skipped GPU variant does not hide
 #: the passing CPU ones. ``xfail`` and ``xpass`` come from ``--fp8-expectations``; a property
-#: is ``xpass`` only when none of its expected failures still fails.
-STATUSES = ("fail", "error", "xfail", "xpass", "pass", "not_supported", "skipped")
+#: is ``xpass`` only when none of its expected failures still fails. ``not_run``: a test the run
+#: selected and ended before (cut off, or never started); it outranks every status that could
+#: read as a verdict on the property.
+STATUSES = ("fail", "error", "not_run", "xfail", "xpass", "pass", "not_supported", "skipped")
+NOT_RUN = "not_run"
 _RANK = {status: rank for rank, status in enumerate(STATUSES)}
 #: Version of the report's JSON layout: bumped when a field changes meaning or goes away.
-REPORT_SCHEMA_VERSION = 1
+#: 2: ``run`` (how the run ended), status ``not_run``, and ``must_score`` null for a run that
+#: did not end complete.
+REPORT_SCHEMA_VERSION = 2
+#: How a run ended (the report's ``run.ended``): every selected test ran to a verdict; a
+#: KeyboardInterrupt (Ctrl-C, SIGINT, on the controller or an xdist worker) or ``pytest.exit``
+#: ended it; or it ended otherwise before every selected test ran (``-x``, ``--maxfail``,
+#: collection errors, an internal error, ``--collect-only``).
+ENDINGS = ("complete", "interrupted", "incomplete")
 
 _GPU_MARKER_PREFIX = re.compile(rf"^(?:{'|'.join(map(re.escape, GPU_MARKERS))}): ")
 
@@ -55,6 +69,9 @@ EXPECTATION_KEY = "fp8_expectation"
 DEVICE_KEY = "fp8_device"
 NOTE_KEY = "fp8_note"
 BUILT_KEY = "fp8_built"
+#: Added by the controller to xdist's report of a test whose worker was interrupted: the test
+#: was cut off, not crashed.
+CUT_OFF_KEY = "fp8_cut_off"
 
 
 @dataclasses.dataclass
@@ -77,6 +94,30 @@ class TestRecord:
     example_outcomes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunEnding:
+    """How a run ended, as its controller saw it when the session finished."""
+
+    #: One of :data:`ENDINGS`.
+    ended: str = "complete"
+    #: What ended it early ("KeyboardInterrupt: Ctrl-C or SIGINT", "stopping after 1
+    #: failures"); None for a complete run.
+    reason: str | None = None
+    #: Node ID -> property IDs of each test selected to run, in the order of the run; None where
+    #: the run does not know them (its collection did not finish).
+    selected: Mapping[str, tuple[str, ...]] | None = None
+    #: Node IDs of the tests that started.
+    started: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.ended not in ENDINGS:
+            raise ValueError(f"RunEnding.ended must be one of {ENDINGS}, got {self.ended!r}")
+
+    @property
+    def complete(self) -> bool:
+        return self.ended == "complete"
+
+
 def skip_reason(report: Any) -> str:
     """The reason of a skipped test report, without pytest's ``Skipped: `` prefix."""
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
@@ -90,6 +131,8 @@ def outcome_status(report: Any) -> str | None:
     xdist worker are ``error``; an expected failure is ``xfail`` and a pass under an
     expectation ``xpass``.
     """
+    if any(key == CUT_OFF_KEY for key, _ in report.user_properties):
+        return NOT_RUN
     if hasattr(report, "wasxfail"):
         if report.skipped:
             return "xfail"
@@ -177,11 +220,12 @@ def property_row(
     """The report row of ``prop`` (a :class:`conformance.api.spec.Property`) from its tests.
 
     ``expectations`` maps expectation keys to entries with ``as_json()``. A failing row carries
-    ``evidence``: the examples the property failed and passed, by key.
+    ``evidence``: the examples the property failed and passed, by key. A test without a status
+    never ran to a verdict (the run ended while it ran): it is ``not_run``.
     """
-    statuses = [record.status or "skipped" for record in records]
+    statuses = [record.status or NOT_RUN for record in records]
     status = min(statuses, key=_RANK.__getitem__)
-    deciding = [record for record in records if (record.status or "skipped") == status]
+    deciding = [record for record in records if (record.status or NOT_RUN) == status]
     row: dict[str, Any] = {
         "level": prop.level,
         "capability": prop.capability,
@@ -243,6 +287,52 @@ def must_summary(rows: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def tests_not_run(
+    records: Mapping[str, TestRecord], selected: Mapping[str, tuple[str, ...]] | None
+) -> list[str]:
+    """Node IDs of the tests that did not run to a verdict: those of ``selected`` (see
+    :class:`RunEnding`) that no report gave a status, in the order of the run, then any other
+    recorded test without one."""
+    chosen = selected or {}
+    missing = [nodeid for nodeid in chosen if _without_verdict(records.get(nodeid))]
+    return missing + [
+        nodeid for nodeid, record in records.items() if nodeid not in chosen and _without_verdict(record)
+    ]
+
+
+def _without_verdict(record: TestRecord | None) -> bool:
+    return record is None or record.status in (None, NOT_RUN)
+
+
+def _with_tests_not_run(
+    records: Mapping[str, TestRecord], run: RunEnding, not_run: list[str]
+) -> dict[str, TestRecord]:
+    """``records`` with each test of ``not_run`` as ``not_run``, also those never started."""
+    selected = run.selected or {}
+    every = dict(records)
+    for nodeid in not_run:
+        found = every.get(nodeid)
+        every[nodeid] = (
+            TestRecord(tuple(selected[nodeid]), NOT_RUN) if found is None
+            else dataclasses.replace(found, status=NOT_RUN)
+        )
+    return every
+
+
+def _run_field(
+    run: RunEnding, not_run: list[str], records: Mapping[str, TestRecord], properties: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The report's ``run``: how the run ended, why, and what it did not reach."""
+    cited = {pid for nodeid in not_run for pid in records[nodeid].property_ids}
+    return {
+        "ended": run.ended,
+        "reason": run.reason,
+        "not_reached": [pid for pid in properties if pid in cited],
+        "tests_not_run": not_run,
+        "cut_off": [nodeid for nodeid in not_run if nodeid in run.started],
+    }
+
+
 def build_report(
     records: Mapping[str, TestRecord],
     properties: Mapping[str, Any],
@@ -254,9 +344,18 @@ def build_report(
     environment: dict[str, Any],
     options: dict[str, Any],
     expectations: Mapping[str, Any] = {},
+    run: RunEnding = RunEnding(),
 ) -> dict[str, Any]:
-    """The report of a run: its header fields as given, then the MUST summary, one row per
-    property of ``properties`` (the spec registry) that a test cites, and the untested ones."""
+    """The report of a run: how it ended, its header fields as given, then the MUST summary,
+    one row per property of ``properties`` (the spec registry) that a test cites, and the
+    untested ones.
+
+    A test of ``run.selected`` that did not run to a verdict is ``not_run`` in its properties'
+    rows; a run that did not end complete has no MUST score (``must_score`` None), whatever
+    its rows say, so that a run cut short never reads as a pass.
+    """
+    not_run = tests_not_run(records, run.selected)
+    records = _with_tests_not_run(records, run, not_run)
     by_property: dict[str, list[TestRecord]] = {}
     for _, record in sorted(records.items()):
         for property_id in record.property_ids:
@@ -273,10 +372,13 @@ def build_report(
     for property_id, text in verdict.causes.items():
         rows[property_id]["cause"] = text
     summary = must_summary(rows)
+    if not run.complete:
+        summary["must_score"] = None
     summary["root_causes"] = verdict.root_causes()
     summary["defects"] = [defect.as_json() for defect in verdict.defects]
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
+        "run": _run_field(run, not_run, records, properties),
         "suite": suite,
         "spec_version": spec_version,
         "checked_spec_version": checked_spec_version,

@@ -3,13 +3,16 @@
 :class:`ConformanceRun` holds the backend and the per-session state and wires the concerns
 together: gating at collection (:mod:`~conformance.plugin.gating`), expectations
 (:mod:`conformance.expectations`), instrumentation of each test
-(:mod:`~conformance.plugin.instrumentation`), the report (:mod:`~conformance.plugin.report`)
-and its rendering (:mod:`~conformance.plugin.render`).
+(:mod:`~conformance.plugin.instrumentation`), how the run ended
+(:mod:`~conformance.plugin.ending`), the report (:mod:`~conformance.plugin.report`), its
+rendering (:mod:`~conformance.plugin.render`) and its files
+(:mod:`~conformance.plugin.report_files`).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 from typing import Any, Generator
 
@@ -18,9 +21,10 @@ import pytest
 from conformance import expectations as expectations_file
 from conformance import watchdog
 from conformance.api import PROPERTIES, SPEC_VERSION, Backend
-from conformance.plugin import crashes, gating, instrumentation, progress, quiet, render, usage
+from conformance.plugin import crashes, ending, gating, instrumentation, progress, quiet, render, usage
 from conformance.plugin import report as report_model
-from conformance.plugin.report import EXPECTATION_KEY, PROPERTY_KEY, TestRecord
+from conformance.plugin.report import EXPECTATION_KEY, PROPERTY_KEY, RunEnding, TestRecord
+from conformance.plugin.report_files import ReportWriteError
 
 __all__ = ["ConformanceRun"]
 
@@ -72,6 +76,10 @@ class ConformanceRun:
             raise pytest.UsageError(f"--fp8-shrinks must be 0 or more, got {config.getoption('fp8_shrinks')}")
         self.progress = progress.ProgressLines(config)
         self.crash_notes = crashes.CrashNotes(config, spec)
+        self.tracker = ending.RunTracker(config)
+        #: How the run ended; decided when the session finishes.
+        self.ending = RunEnding()
+        self._report_written = False
         self._unquiet = lambda: None  # removes the log filter installed at session start
         #: The accelerator: seen here, or reported by the first xdist worker that saw it.
         self.device: dict[str, Any] | None = None
@@ -140,6 +148,12 @@ class ConformanceRun:
             self._unmatched_expectations(unmatched, items)
         self._select_properties(items)
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.tracker.collection_finished(session.items)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self.tracker.collected(report)
+
     def _select_properties(self, items: list[pytest.Item]) -> None:
         """Keep only the tests of ``--fp8-property``; a test citing none is not kept."""
         if not self.selected:
@@ -177,11 +191,24 @@ class ConformanceRun:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         self.crash_notes.configure_node(node)
+        self.tracker.configure_node(node)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        self.tracker.node_down(node)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        if self.tracker.mark_cut_off(report):
+            return  # its worker was interrupted: the test was cut off, nothing crashed
         record = self.tests.get(crashitem)
         self.crash_notes.annotate(report, record.property_ids if record else ())
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.tracker.test_started(nodeid)
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        self.tracker.interrupted(excinfo)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -243,15 +270,38 @@ class ConformanceRun:
     def pytest_unconfigure(self) -> None:
         self._unquiet()
         self.crash_notes.close()
+        self.tracker.close()
 
     # -- the report ------------------------------------------------------------------------
-    def pytest_sessionfinish(self) -> None:
-        if self.report_path is not None and not self._is_xdist_worker:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self._is_xdist_worker:
+            self.tracker.worker_finished()
+            return
+        self.ending = self.tracker.ending(session, exitstatus, self.tests)
+        if self.report_path is None:
+            return
+        if not self.ending.complete and not self.ending.started:
+            # Before its first test: no report, and none of an earlier run left to read as this
+            # one's (the cleanup of ending.remove_earlier_report_unless_written removes it).
+            return
+        try:
             render.write_report(self.build_report(), self.report_path)
+        except ReportWriteError as exc:
+            ending.report_written(self.config, why_not="its own could not be written")
+            terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+            if terminal is not None:
+                terminal.ensure_newline()  # not after the last test's progress on its line
+            # A usage error, as a report path found unwritable before the run is: one line.
+            print(f"ERROR: --fp8-report: {exc}", file=sys.stderr)
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        else:
+            ending.report_written(self.config)
+            self._report_written = True
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self._is_xdist_worker:
-            render.print_summary(terminalreporter, self.build_report(), self.report_path)
+            written = self.report_path if self._report_written else None
+            render.print_summary(terminalreporter, self.build_report(), written)
 
     def build_report(self) -> dict[str, Any]:
         """The report as plain JSON-ready data; see ``--fp8-report`` and the README."""
@@ -278,4 +328,5 @@ class ConformanceRun:
                 "device": self.config.getoption("fp8_device"),
             },
             expectations=self.expectations,
+            run=self.ending,
         )

@@ -12,7 +12,10 @@ precompiled artifacts and their quantization fingerprints (see :mod:`fp8conf.too
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+from pathlib import Path
 
 from fp8conf.log import logger
 
@@ -32,9 +35,16 @@ _CHECK_EXAMPLES = """examples:
   fp8conf check --backend mine --expectations known-failures.toml
   fp8conf check --backend mine -- --fp8-property PROV-003 -x
 
-The report lists failures first and names the property to fix first when others rely on it;
-exit status 0: every property passed or is not supported, 1: a property failed, 4: usage error.
+The report lists failures first and names the property to fix first when others rely on it.
+Exit status: 0 every property passed or is not supported; 1 a property failed; 2 the suite's
+dependencies are not installed; 4 usage error (also a report that could not be written);
+6 the run ended before every selected test ran to a verdict (Ctrl-C, -x, a collection error):
+its report says INTERRUPTED or INCOMPLETE, lists what was not reached and has no MUST score;
+3 and 5 as pytest's (internal error, no tests collected).
 """
+#: Exit status of a run that did not end complete (the report's ``run.ended``); pytest's own,
+#: 2, is already this command's "the suite's dependencies are not installed".
+EXIT_INCOMPLETE = 6
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,8 +122,6 @@ def _model_from_factory(spec: str):
 
 
 def _explain(args) -> int:
-    from pathlib import Path
-
     try:
         folder = Path(args.out).resolve().parent
         if not folder.is_dir():
@@ -193,7 +201,41 @@ def _run(args) -> int:
     if args.timeout is not None:
         pytest_args.append(f"--fp8-timeout={args.timeout:g}")
     pytest_args += [a for a in args.pytest_args if a != "--"]
-    return int(pytest.main(pytest_args))
+    started = time.time()
+    try:
+        status = int(pytest.main(pytest_args))
+    except KeyboardInterrupt:
+        # In pytest's start-up, before its session, which then says nothing of it.
+        print("fp8conf check: interrupted in start-up, before any test ran; no report written", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    ended = _how_the_run_ended(_report_path(pytest_args), since=started)
+    if status == pytest.ExitCode.INTERRUPTED or ended in ("interrupted", "incomplete"):
+        return EXIT_INCOMPLETE
+    return status
+
+
+def _report_path(pytest_args: list[str]) -> Path | None:
+    """The ``--fp8-report`` pytest takes from ``pytest_args``: the last one given."""
+    found = None
+    for index, arg in enumerate(pytest_args):
+        if arg.startswith("--fp8-report="):
+            found = arg.partition("=")[2]
+        elif arg == "--fp8-report" and index + 1 < len(pytest_args):
+            found = pytest_args[index + 1]
+    return Path(found) if found else None
+
+
+def _how_the_run_ended(path: Path | None, *, since: float) -> str | None:
+    """``run.ended`` of the report at ``path``; None where this run wrote none there (it ended
+    before its first test, or the file is an earlier run's or not a report)."""
+    if path is None:
+        return None
+    try:
+        if path.stat().st_mtime < since:
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))["run"]["ended"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 if __name__ == "__main__":
