@@ -36,6 +36,7 @@ from fp8conf.graph.roles import OpRole, classify_node
 from fp8conf.graph.trace import joint_signature, run_joint, trace_joint
 from fp8conf.pipeline.stage import CHECKED_SCHEDULES, GraphPPStage
 from fp8conf.tools.pipeline_idle import STEP_LABEL, idle_share
+from fp8conf.tools.ranks import leave as leave_rank
 
 __all__ = ["PipelineCheck", "launch", "main", "stage_modules", "stage_indices"]
 
@@ -216,6 +217,7 @@ def _worker(rank, ranks, init_file, options, result_dir):
         torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    leave_rank()
 
 
 def _casts(gm) -> int:

@@ -44,6 +44,7 @@ import time
 import torch
 
 from fp8conf.errors import FP8ConfigError
+from fp8conf.tools.ranks import leave as leave_rank
 
 __all__ = ["ShardedCheck", "SPLIT_BATCH_TOLERANCE", "launch", "main"]
 
@@ -201,6 +202,7 @@ def _worker(rank, ranks, init_file, options, result_dir):
         }, os.path.join(result_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    leave_rank()
 
 
 def launch(*, float8_all_gather: bool = True, ranks: int = 2, dim: int = 64, blocks: int = 2, tokens: int = 32,

@@ -34,6 +34,8 @@ import tempfile
 
 import torch
 
+from fp8conf.tools.ranks import leave as leave_rank
+
 __all__ = ["TensorParallelCheck", "TOLERANCE", "BIAS_TOLERANCE", "COMPILED_TOLERANCE", "tolerance_of", "launch", "main"]
 
 #: Relative norm of (sharded - unsharded) outputs and gradients allowed: float32 sums in
@@ -149,6 +151,7 @@ def _worker(rank, ranks, init_file, options, out_dir):
         }, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    leave_rank()
 
 
 def launch(*, ranks: int = 2, dim: int = 32, hidden: int = 64, tokens: int = 16, compile: str | None = None) -> TensorParallelCheck:
