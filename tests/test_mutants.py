@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.api.spec import PROPERTIES
-from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, mx_swizzled, nvfp4, own_modules, peers, power_table, regions, rewrites, scaled_mm_v2  # tests/ is on sys.path (tests/conftest.py)
+from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, mx_swizzled, numerics, nvfp4, own_modules, peers, power_table, regions, rewrites, scaled_mm_v2  # tests/ is on sys.path (tests/conftest.py)
 from suite_runs import Run, failing, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
 from timings import SESSIONS
 
@@ -29,6 +29,7 @@ MUTANTS = (
     + rewrites.MUTANTS
     + nvfp4.MUTANTS
     + mx_swizzled.MUTANTS
+    + numerics.MUTANTS
 )
 #: Mutants of the makefx backend: the properties they break pass on makefx (tests/test_makefx.py).
 ALL_MUTANTS = MUTANTS + peers.MAKEFX_MUTANTS

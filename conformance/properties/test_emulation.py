@@ -181,3 +181,105 @@ def test_EMU_004_a_real_fp8_step_is_no_silent_high_precision_step(fp8_backend, s
             f"{_FALLBACK_TOLERANCE:g}: closer to it than zero is): its FP8 compute is wrong, not merely imprecise",
             spec,
         )
+
+
+# --- EMU-005: each linear computes what its recipe defines ---------------------------------------
+
+#: How far a module's output or gradient may be from what its recipe defines
+#: (conformance.definitions: operands quantized by the suite in plain torch, multiplied in float64,
+#: on the module's own inputs), relative to the recipe's own rounding there: ``q``, the relative
+#: norm of the difference between the definition and the high-precision product. A module that
+#: follows the suite's reading differs by its accumulation order (the reference: at most 0.06 q);
+#: one whose convention differs within the recipe (scales not rounded to a power of two) rounds
+#: its operands independently of the definition, about sqrt(2) q (makefx: at most 1.7 q over the
+#: CI corpus). Allowed: 2.5 q + 0.01 (the floor for a matmul the recipe keeps in high precision).
+#: Caught: a gradient off by a constant factor (x1.5 is 0.33 of the product, about 8 q), a scale
+#: applied twice or not at all, a transposed operand.
+_ROUNDINGS_ALLOWED = 2.5
+_FLOOR = 0.01
+
+
+def _observed_linears(model, fqns, args, grad_out):
+    """Run ``model`` eagerly with autograd, observing each module of ``fqns`` at every call.
+    By FQN: a list of calls (``x``, ``output``, ``grad_input`` (None where the input needs no
+    gradient), ``grad_output``) and the module's weight gradient."""
+    import torch
+
+    calls = {fqn: [] for fqn in fqns}
+    handles = []
+    for fqn in fqns:
+        module = model.get_submodule(fqn)
+
+        def forward_hook(_module, inputs, output, _fqn=fqn):
+            calls[_fqn].append({"x": inputs[0].detach(), "output": output.detach()})
+
+        def backward_hook(_module, grad_input, grad_output, _fqn=fqn):
+            # Backward reaches the calls in reverse: this is the latest call not yet given its gradients.
+            call = next(c for c in reversed(calls[_fqn]) if "grad_output" not in c)
+            call["grad_output"] = grad_output[0].detach()
+            call["grad_input"] = None if grad_input[0] is None else grad_input[0].detach()
+
+        handles += [module.register_forward_hook(forward_hook), module.register_full_backward_hook(backward_hook)]
+    try:
+        args = tuple(a.detach().clone().requires_grad_(a.requires_grad) if a.is_floating_point() else a for a in args)
+        outputs = model(*args)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        torch.autograd.backward(outputs, grad_out)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {fqn: (calls[fqn], model.get_submodule(fqn).weight.grad) for fqn in fqns}
+
+
+@pytest.mark.fp8_property("EMU-005")
+@family_examples
+@given(spec=model_specs(recipes=runnable_recipes(), kinds=RUNNABLE_KINDS, emulate=False, nesting=False, families=FAMILIES))
+def test_EMU_005_each_linear_computes_what_its_recipe_defines(fp8_backend, spec):
+    """Cheapest defects: a weight gradient off by a constant factor in eager and compiled alike
+    (every property comparing the backend with itself passes it, and EMU-004's bound of 1 lets
+    it through), an operand quantized along the wrong dim, a scale applied twice. Each real
+    quantized linear of a recipe the suite reads, run eagerly in the backend's own model, is
+    held to the recipe's definition (conformance.definitions) on its own inputs and output
+    gradient: output, input gradient and weight gradient (summed over its calls)."""
+    import copy
+
+    from conformance.definitions import HIGH_PRECISION, definition, linear_step
+
+    case = traced("EMU-005", fp8_backend, spec)
+    recipes = {fqn: (kind, recipe) for fqn, (kind, recipe, emulate) in spec.quantized_modules().items() if not emulate}
+    known = {fqn: definition(*kr) for fqn, kr in recipes.items() if definition(*kr) is not None}
+    check(known, "EMU-005", f"the drawn model holds no real linear of a recipe the suite reads ({sorted(set(recipes.values()))})", spec)
+    model = copy.deepcopy(case.model)  # the shared model's gradients stay as they were
+    observed = _observed_linears(model, sorted(known), case.args, grad_outputs(spec, 11))
+    for fqn, recipe in known.items():
+        calls, weight_grad = observed[fqn]
+        check(calls and all("grad_output" in c for c in calls), "EMU-005",
+              f"module {fqn!r} was not called, or got no output gradient, in the eager step", spec)
+        module = model.get_submodule(fqn)
+        bias = 0 if getattr(module, "bias", None) is None else module.bias.detach().double()
+        summed = {"definition": 0, "high precision": 0}
+        for i, call in enumerate(calls):
+            want = linear_step(recipe, call["x"], module.weight, call["grad_output"])
+            plain = linear_step(HIGH_PRECISION, call["x"], module.weight, call["grad_output"])
+            _within_definition(spec, fqn, recipes[fqn], f"output of call {i}", call["output"].double() - bias, want["output"], plain["output"])
+            if call["grad_input"] is not None:
+                _within_definition(spec, fqn, recipes[fqn], f"input gradient of call {i}", call["grad_input"], want["grad_input"], plain["grad_input"])
+            summed = {"definition": summed["definition"] + want["grad_weight"], "high precision": summed["high precision"] + plain["grad_weight"]}
+        check(weight_grad is not None, "EMU-005", f"module {fqn!r} got no weight gradient in the eager step", spec)
+        _within_definition(spec, fqn, recipes[fqn], "weight gradient", weight_grad, summed["definition"], summed["high precision"])
+
+
+def _within_definition(spec, fqn, kind_recipe, label, got, defined, plain) -> None:
+    scale = defined.norm().clamp_min(1e-12)
+    rounding = ((defined - plain).norm() / scale).item()
+    error = ((got.double() - defined).norm() / scale).item()
+    allowed = _ROUNDINGS_ALLOWED * rounding + _FLOOR
+    check(
+        error <= allowed,
+        "EMU-005",
+        f"module {fqn!r} ({kind_recipe[0]}, recipe {kind_recipe[1]}): its {label} differs from what the recipe defines "
+        f"(operands quantized as conformance.definitions reads the recipe, multiplied in float64, on the module's own "
+        f"inputs) by {error:.3g} in relative norm; allowed {allowed:.3g} ({_ROUNDINGS_ALLOWED:g} x the recipe's own "
+        f"rounding there, {rounding:.3g}, + {_FLOOR:g})",
+        spec,
+    )
