@@ -44,9 +44,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.models import MX_RECIPES, LayerSpec, ModelSpec, apply_layer, build_model
+from conformance.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, LayerSpec, ModelSpec, apply_layer, build_model
 from conformance import strategies
-from conformance.strategies import FLOAT8_AND_MX, model_specs
+from conformance.strategies import ALL_KINDS, model_specs
 from conformance.versions import current_version, other_version, simulated_versions
 
 __all__ = [
@@ -205,9 +205,10 @@ class Variant:
     versions: tuple[tuple[str, str], ...] = ()
     tweaks: tuple[str, ...] = ()
 
-    def build(self, mx=None, float8=None):
+    def build(self, mx=None, float8=None, scaled_mm=None, nvfp4=None):
         """``(model, args)`` with real TorchAO conversion, the config fields flipped, the tweaks
-        applied; ``mx`` converts MX layers (``Backend.convert_mx``), ``float8`` the float8 layers
+        applied; ``mx`` converts MX layers (``Backend.convert_mx``), ``scaled_mm`` linears on
+        ``F.scaled_mm``, ``nvfp4`` NVFP4 layers, ``float8`` the float8 layers
         when given (``Backend.convert_float8``: a backend's own, which have no
         ``Float8LinearConfig`` to flip)."""
         import torch
@@ -227,7 +228,7 @@ class Variant:
 
         models._float8_config = config_for
         try:
-            model, args = build_model(self.spec, mx=mx, float8=float8)
+            model, args = build_model(self.spec, mx=mx, float8=float8, scaled_mm=scaled_mm, nvfp4=nvfp4)
         finally:
             models._float8_config = original
         for tweak in self.tweaks:
@@ -304,12 +305,13 @@ _FLOAT8_ONLY_KINDS = ("config_field", "config_field_from_custom", "moved_convers
 @st.composite
 def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None, fields=None):
     """A drawn model and one change of a quantization input of ``kind``; ``before`` has the
-    ``strict`` flag given (drawn for the ``strict`` kind when None, else True). Models hold MX
-    layers too where the backend under test converts them (``strategies.supported_kinds``).
+    ``strict`` flag given (drawn for the ``strict`` kind when None, else True). Models hold every
+    kind of layer the backend under test converts (MX, swizzled MX, linears on ``F.scaled_mm``,
+    NVFP4: ``strategies.supported_kinds``), except for the changes of float8 config fields.
     ``fields``: the :data:`CONFIG_FIELDS` entries config-field changes may flip (None: all;
     :func:`drawable_config_fields`)."""
     if specs is None:
-        specs = model_specs() if kind in _FLOAT8_ONLY_KINDS else model_specs(kinds=FLOAT8_AND_MX)
+        specs = model_specs() if kind in _FLOAT8_ONLY_KINDS else model_specs(kinds=ALL_KINDS)
     spec = draw(specs)
     base = Variant(spec, strict=True if strict is None else strict)
     if kind in ("recipe", "emulate"):
@@ -332,26 +334,39 @@ def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None
     raise ValueError(f"unknown quantization change kind {kind!r}; known: {QUANTIZATION_KINDS}")
 
 
+#: The recipe of a block-scaled layer with its emulation flipped (the recipe names it).
+_EMULATED_TWIN = {"mxfp8": "mxfp8_emulated", "mxfp8_emulated": "mxfp8", "nvfp4": "nvfp4_emulated", "nvfp4_emulated": "nvfp4"}
+
+
+def _is_float8(recipe: str) -> bool:
+    return recipe not in MX_RECIPES + NVFP4_RECIPES + SCALED_MM_RECIPES
+
+
 def _layer_change(draw, kind, spec, base):
     from hypothesis import assume
 
     quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None]
-    if kind == "emulate" and not strategies.float8_emulation():  # a backend's own float8 linears without an emulated mode
-        quantized = [i for i in quantized if spec.layers[i].recipe in MX_RECIPES]
+    if kind == "emulate":
+        # Linears on F.scaled_mm and swizzled MX linears have no emulated mode; MX and NVFP4
+        # recipes name theirs; float8 linears have one unless the backend's own lack it.
+        float8 = strategies.float8_emulation()
+        quantized = [i for i in quantized if spec.layers[i].recipe in _EMULATED_TWIN or (float8 and _is_float8(spec.layers[i].recipe))]
         assume(quantized)
     i = draw(st.sampled_from(quantized), label="changed layer")
     layer, fqns = spec.layers[i], _fqns_of_layer(spec, i)
     if kind == "recipe":
-        # An MX layer may become a Float8Linear (its kind changes too), never the reverse: a
-        # float8 layer's widths need not fit MX blocks.
-        others = [r for r in strategies.float8_recipes() if r != layer.recipe]
+        # A linear on F.scaled_mm takes the other recipe of its kind; a block-scaled layer (MX,
+        # NVFP4) may become a Float8Linear (its kind changes too), never the reverse: a float8
+        # layer's widths need not fit their blocks.
+        same_kind = SCALED_MM_RECIPES if layer.recipe in SCALED_MM_RECIPES else strategies.float8_recipes()
+        others = [r for r in same_kind if r != layer.recipe]
         assume(others)  # a backend whose float8 linears have one recipe: no recipe change of its own
         recipe = draw(st.sampled_from(others), label="new recipe")
         after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe))
         return Change(kind, f"layers.{i}: recipe {layer.recipe!r} -> {recipe!r}", base, after, fqns, (f"layers.{i}", "recipe"))
     changes = {"emulate": not layer.emulate}
-    if layer.recipe in MX_RECIPES:  # an MX layer's recipe names its emulation
-        changes["recipe"] = "mxfp8" if layer.emulate else "mxfp8_emulated"
+    if layer.recipe in _EMULATED_TWIN:  # an MX or NVFP4 layer's recipe names its emulation
+        changes["recipe"] = _EMULATED_TWIN[layer.recipe]
     after = dataclasses.replace(base, spec=_with_layer(spec, i, **changes))
     return Change(kind, f"layers.{i}: emulate {layer.emulate} -> {not layer.emulate}", base, after, fqns, (f"layers.{i}", "emulate"))
 

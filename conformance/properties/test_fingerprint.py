@@ -129,9 +129,15 @@ def _what_else(name: str, before: str, after: str) -> str:
 
 
 def _build(property_id, backend, variant: Variant):
-    """Build ``variant``'s model; its MX layers, if any, through the backend's ``convert_mx``."""
+    """Build ``variant``'s model; its MX, ``F.scaled_mm`` and NVFP4 layers, if any, through the
+    backend's converters."""
+    claims = backend.capabilities
     try:
-        model, args = variant.build(mx=backend.convert_mx if "mx" in backend.capabilities else None, float8=float8_converter(backend))
+        model, args = variant.build(
+            mx=backend.convert_mx if "mx" in claims else None, float8=float8_converter(backend),
+            scaled_mm=backend.convert_scaled_mm if "scaled_mm_v2" in claims else None,
+            nvfp4=backend.convert_nvfp4 if "nvfp4" in claims else None,
+        )
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: building the model ({variant.describe()}) raised {type(exc).__name__}: {exc}", variant.spec)
     evidence.built(built_with(backend, variant.spec, model))

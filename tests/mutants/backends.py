@@ -570,3 +570,22 @@ MUTANTS += [
     RefusesEveryModel,
     RefusesToLoad,
 ]
+
+
+def _dropping_kinds(*kinds):
+    def drop(doc, model):
+        doc["modules"] = {fqn: entry for fqn, entry in doc["modules"].items() if entry.get("kind") not in kinds}
+    return drop
+
+
+class FingerprintIgnoresScaledMM(ReferenceBackend):
+    """Fingerprints TorchAO's float8 and MX modules, as if linears on ``F.scaled_mm`` and NVFP4
+    linears were not quantized: a family added after the fingerprint was written."""
+
+    name = "mutant-fingerprint-ignores-scaled-mm"
+    KILLED_BY = "FPR-001"
+
+
+FingerprintIgnoresScaledMM.quantization_signature, FingerprintIgnoresScaledMM.fingerprint = _rewritten_signature(
+    FingerprintIgnoresScaledMM, _dropping_kinds("float8_scaled_mm_linear", "nvfp4_linear"))
+MUTANTS.append(FingerprintIgnoresScaledMM)
