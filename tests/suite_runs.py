@@ -139,6 +139,8 @@ class Verdict:
     problem: str | None = None
     #: The session's wall time in its process (None: it did not end).
     seconds: float | None = None
+    #: The report's coverage matrix: module family -> the areas that built it (None: no report).
+    coverage: dict | None = None
 
     def status(self, property_id: str) -> str | None:
         return (self.statuses or {}).get(property_id, {}).get("status")
@@ -184,7 +186,8 @@ def _verdict(run: Run, directory: Path, ended: str | None, guard_s: float) -> Ve
     timing = run.timing(directory)
     seconds = float(timing.read_text()) if timing.exists() else None
     if report.exists():
-        return Verdict(run, json.loads(report.read_text())["properties"], output, seconds=seconds)
+        found = json.loads(report.read_text())
+        return Verdict(run, found["properties"], output, seconds=seconds, coverage=found.get("coverage"))
     if ended is None:
         problem = f"hang guard: {run.describe()} did not finish in {guard_s:g} s"
     else:

@@ -127,6 +127,27 @@ def test_the_reference_run_shows_the_moe_properties_experts_on_the_second_groupe
 
 
 @reads_shared_run(GROUP)
+def test_the_reference_run_draws_every_family_in_every_area_the_matrix_says(reference_run):
+    # The coverage matrix (conformance/coverage.py, SPEC's Coverage): each family the reference
+    # claims is built by every area the matrix marks drawn, and by no area it marks N/A (a stale
+    # reason). Areas of capabilities the reference does not claim (RWR: rewrites) are the worked
+    # example's to draw.
+    from conformance.backends.reference import ReferenceBackend
+    from conformance.coverage import DRAWN, EXPECTED, area_of
+
+    reference_run.require()
+    seen = reference_run.coverage or {}
+    claimed = {area_of(p.id) for p in PROPERTIES.values() if p.capability in ReferenceBackend.capabilities}
+    missing = {row: [a for a, cell in cells.items() if cell == DRAWN and a in claimed and a not in seen.get(row, ())]
+               for row, cells in EXPECTED.items()}
+    stale = {row: [a for a in seen.get(row, ()) if EXPECTED[row].get(a, DRAWN) != DRAWN] for row in EXPECTED}
+    unknown = sorted(set(seen) - set(EXPECTED))
+    assert not any(missing.values()), f"families an area should draw but did not: { {r: a for r, a in missing.items() if a} }"
+    assert not any(stale.values()), f"cells marked N/A that the run drew: { {r: a for r, a in stale.items() if a} }"
+    assert not unknown, f"families the run built that the matrix has no row for: {unknown}"
+
+
+@reads_shared_run(GROUP)
 @pytest.mark.parametrize("mutant", [pytest.param(m, id=m.name) for m in ALL_MUTANTS])
 def test_mutant_is_caught_by_its_property(mutant, verdicts, record_property):
     verdict = verdicts[mutant.__name__]

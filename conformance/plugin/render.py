@@ -354,6 +354,23 @@ def _built_with(report: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _coverage(report: dict[str, Any]) -> list[str]:
+    """The coverage matrix of the run: per module family, the areas that built it (``x``), those
+    that never draw it (``n/a``, SPEC's *Coverage* says why) and those that did not here (``-``:
+    the backend does not claim the family, the property was not selected, or it did not run)."""
+    from conformance.coverage import AREAS, DRAWN, EXPECTED
+
+    seen = report.get("coverage")
+    if seen is None:
+        return []
+    lines = ["## Coverage (module families by area)", "", "| Family | " + " | ".join(AREAS) + " |", "|---|" + "---|" * len(AREAS)]
+    for row in list(EXPECTED) + [r for r in seen if r not in EXPECTED]:
+        drawn, expected = set(seen.get(row, ())), EXPECTED.get(row, {})
+        cells = ["x" if a in drawn else ("-" if expected.get(a, DRAWN) == DRAWN else "n/a") for a in AREAS]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as a Markdown page: header, table, score, notes, then each failure."""
     lines = _header(report) + [
@@ -379,6 +396,7 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += ["", f"**{score_line(report)}**", ""]
     lines += _built_with(report)
+    lines += _coverage(report)
     lines += _notes(report)
     order = [pid for pid, _ in ordered_rows(report)]
     failures = sorted(failing_rows(report), key=lambda item: order.index(item[0]))

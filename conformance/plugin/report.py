@@ -16,6 +16,7 @@ import re
 from collections import Counter
 from typing import Any, Mapping
 
+from conformance import coverage
 from conformance.plugin.causes import FAILED, decide
 from conformance.plugin.gating import GPU_MARKERS, NOT_IN_SPEC, NOT_SUPPORTED
 
@@ -390,6 +391,8 @@ def build_report(
         "untested": [pid for pid in properties if pid not in rows],
         "models": _failing_models(records, rows),
         "built_with": built_with(records),
+        # Row (module family) -> the areas whose properties built it (conformance.coverage).
+        "coverage": coverage.observed((record.property_ids, record.built) for record in records.values()),
     }
 
 

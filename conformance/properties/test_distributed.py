@@ -27,7 +27,8 @@ from conformance.distributed import (
     moves_fp8_bytes, only_views_between, weight_gathers, weight_operand,
 )
 from conformance.graphs import is_fp8_compute, scale_operands, trace_with_oracle
-from conformance.harness import check, fail, fp8_ops
+from conformance import evidence
+from conformance.harness import built_with, check, fail, fp8_ops
 from conformance.models import LayerSpec, ModelSpec, build_model, recipe_compute_counts
 from conformance.notes import note
 from conformance.plugin.gating import NOT_SUPPORTED
@@ -63,8 +64,11 @@ def sharded_model(backend, spec, float8_all_gather: bool):
     """``(model, args)`` of ``spec`` as the DP properties shard it: TorchAO's float8 linears with
     the setting, or the backend's own float8 linears (``spec`` as served: of recipes they have)."""
     if _own_modules(backend):
-        return build_model(spec, "cpu", float8=backend.convert_float8)
-    return build_model(spec, "cpu", float8_all_gather=float8_all_gather)
+        model, args = build_model(spec, "cpu", float8=backend.convert_float8)
+    else:
+        model, args = build_model(spec, "cpu", float8_all_gather=float8_all_gather)
+    evidence.built(built_with(backend, spec, model))
+    return model, args
 
 
 @functools.lru_cache(maxsize=32)

@@ -23,13 +23,13 @@ import functools
 import pytest
 from hypothesis import example, given, settings
 
-from conformance import rewrites
+from conformance import evidence, rewrites
 from conformance.api.types import Compiled, Region, StageSplit
 from conformance.graphs import (
     fp8_compute_nodes, grouped_offsets, incompleteness, is_fp8_cast, is_fp8_dtype, tagged_groups, trace_with_oracle,
 )
 from conformance.harness import (
-    call_backend, check, compute_counts_that_run, device, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error,
+    built_with, call_backend, check, compute_counts_that_run, device, fail, fp8_ops, fresh_copy, names_module, names_pass, strict_error,
 )
 from conformance.moe import (
     GROUPED_KIND, ExpertsSpec, build_experts_model, build_moe_model, experts_inputs, has_v2_grouped_meta_kernel, v2_grouped_structure,
@@ -89,6 +89,8 @@ def _traced(property_id, backend, spec, where: str | None = None) -> _Case:
         cached = _trace(backend, spec, where or device())
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: converting or tracing the MoE model raised {type(exc).__name__}: {exc}", spec)
+    family = "moe on F.scaled_grouped_mm" if getattr(spec, "v2", False) else "moe"
+    evidence.built((family, *entry[1:]) for entry in built_with(backend, spec, cached.model))
     gm, oracle = fresh_copy(cached)
     return dataclasses.replace(cached, gm=gm, oracle=oracle)
 

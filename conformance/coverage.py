@@ -1,0 +1,123 @@
+"""The coverage matrix: which module families each area of the suite draws.
+
+A family of quantized modules that reaches only some areas is judged only there: a backend whose
+fingerprint leaves out linears on ``F.scaled_mm`` passes every property that never builds one.
+:data:`EXPECTED` says, for every family (a row) and area (a column), that the area draws the
+family for a backend that claims it, or why it does not (``N/A: reason``); SPEC.md shows the same
+table (*Coverage*). A run's report holds the matrix as observed (:func:`observed`): the areas whose
+properties built each family's modules, from what every property noted it built
+(``conformance.evidence.built``). fp8conf's own tests hold the reference's run to
+:data:`EXPECTED` and every family the suite can draw to a row of it. Plain Python: the plugin
+reads it without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+__all__ = ["AREAS", "EXPECTED", "ROWS", "DRAWN", "area_of", "observed", "row_of", "spec_table"]
+
+#: The areas of the spec, in SPEC's order.
+AREAS = ("PROV", "VAL", "EMU", "REG", "NUM", "BND", "FPR", "RWR", "MOE", "DP", "E8M0", "NVF", "MXS")
+
+#: A cell whose area draws the family for a backend that claims it.
+DRAWN = "drawn"
+
+def _row(drawn: Iterable[str], reasons: dict[str, str]) -> dict[str, str]:
+    """A row: the ``drawn`` areas, every other one ``N/A`` with its reason in ``reasons``."""
+    drawn = set(drawn)
+    return {area: DRAWN if area in drawn else f"N/A: {reasons[area]}" for area in AREAS}
+
+
+#: The areas that draw every kind of quantized linear the backend claims.
+_LINEAR_AREAS = ("PROV", "VAL", "EMU", "REG", "NUM", "BND", "FPR", "RWR")
+_ELSEWHERE = {
+    "MOE": "MOE draws grouped experts only",
+    "DP": "DP shards TorchAO's or the backend's own float8 linears only",
+    "E8M0": "E8M0 checks MX scale bytes on tensors of its own",
+    "NVF": "NVF holds NVFP4 linears only",
+    "MXS": "MXS holds swizzled MX linears only",
+}
+
+
+def _linear(*also: str, **not_drawn: str) -> dict[str, str]:
+    """A row of linears: drawn by the linear areas and ``also``, except ``not_drawn`` (area=reason)."""
+    drawn = [a for a in _LINEAR_AREAS + also if a not in not_drawn]
+    return _row(drawn, {**_ELSEWHERE, **not_drawn})
+
+
+_GROUPED = {area: "grouped experts are drawn by MOE" for area in AREAS}
+_TENSORWISE_GATHER = ("TorchAO's float8 all-gather takes tensorwise scales, so DP shards TorchAO's linears tensorwise; a "
+                      "backend's own float8 linears are sharded in their own recipes")
+
+#: Family -> area -> ``drawn`` or ``N/A: reason``.
+EXPECTED: dict[str, dict[str, str]] = {
+    "float8 tensorwise": _linear("DP"),
+    "float8 rowwise": _linear(DP=_TENSORWISE_GATHER),
+    "float8 rowwise_with_gw_hp": _linear(DP=_TENSORWISE_GATHER),
+    "float8 on F.scaled_mm": _linear(),
+    "MX": _linear(),
+    "MX swizzled on F.scaled_mm": _linear(
+        "MXS", NUM="Inductor in this torch refuses swizzled scales; MXS-001 notes the refusal",
+        EMU="EMU-004 and EMU-005 run MX layers only where a kernel runs them (not on CPU), and EMU-002's models hold "
+            "them beside an emulated layer only by chance; MXS-002 checks what they compute",
+    ),
+    "NVFP4": _linear("NVF", NUM="no CPU kernel and no Inductor lowering in this torch: structure only, numerics by NVF-002's reading"),
+    "grouped experts": _row(["MOE"], _GROUPED),
+    "grouped experts on F.scaled_grouped_mm": _row(["MOE"], _GROUPED),
+}
+ROWS = tuple(EXPECTED)
+
+
+def row_of(family: str, kind: str, recipe: str) -> str | None:
+    """The matrix row of a quantized module noted as built (``conformance.evidence.built``'s
+    family, kind and recipe), None for a kind the matrix does not know."""
+    if kind == "float8_linear":
+        return f"float8 {recipe}"
+    if kind == "float8_scaled_mm_linear":
+        return "float8 on F.scaled_mm"
+    if kind == "mxfp8_linear":
+        return "MX swizzled on F.scaled_mm" if recipe == "mxfp8_swizzled" else "MX"
+    if kind == "nvfp4_linear":
+        return "NVFP4"
+    if kind == "float8_grouped_experts":
+        return "grouped experts on F.scaled_grouped_mm" if family.endswith("F.scaled_grouped_mm") else "grouped experts"
+    return None
+
+
+def area_of(property_id: str) -> str:
+    """The area of a property: its ID before the number (``BND-003`` -> ``BND``)."""
+    return property_id.rsplit("-", 1)[0]
+
+
+def observed(built_by_property: Iterable[tuple[Iterable[str], Iterable[tuple[str, ...]]]]) -> dict[str, list[str]]:
+    """Row -> the areas that built it, from ``(property IDs, built entries)`` pairs (the
+    entries as ``conformance.evidence.built`` notes them: family, kind, module, recipe, built by).
+    A kind the matrix does not know is its own row, under its kind's name."""
+    found: dict[str, set[str]] = {}
+    for property_ids, entries in built_by_property:
+        for family, kind, _module, recipe, _by in entries:
+            row = row_of(family, kind, recipe) or kind
+            found.setdefault(row, set()).update(area_of(p) for p in property_ids)
+    return {row: [a for a in AREAS if a in areas] + sorted(areas - set(AREAS)) for row, areas in sorted(found.items())}
+
+
+def spec_table() -> list[str]:
+    """SPEC.md's *Coverage* table: a row per family, a column per area; ``x`` drawn, a letter
+    for each N/A with its reason below."""
+    reasons: dict[str, str] = {}
+    lines = ["| Family | " + " | ".join(AREAS) + " |", "|---|" + "---|" * len(AREAS)]
+    for row, cells in EXPECTED.items():
+        marks = []
+        for area in AREAS:
+            cell = cells[area]
+            if cell == DRAWN:
+                marks.append("x")
+            else:
+                reason = cell.removeprefix("N/A: ")
+                reasons.setdefault(reason, chr(ord("a") + len(reasons)))
+                marks.append(reasons[reason])
+        lines.append(f"| {row} | " + " | ".join(marks) + " |")
+    lines.append("")
+    lines += [f"{letter}: {reason}." for reason, letter in reasons.items()]
+    return lines

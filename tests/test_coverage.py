@@ -1,0 +1,44 @@
+"""The coverage matrix (conformance/coverage.py): a row for every family the suite can draw, a
+cell for every area, SPEC.md showing the same table. Whether the reference's run draws what the
+matrix says is checked on that run (tests/test_mutants.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conformance import coverage
+from conformance.api.spec import PROPERTIES
+from conformance.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, base_recipe, kind_of
+from conformance.moe import GROUPED_KIND
+from conformance.strategies import FLOAT8_RECIPES
+
+SPEC = Path(coverage.__file__).resolve().parent / "SPEC.md"
+
+
+def test_every_area_of_the_spec_is_a_column_and_every_row_fills_it():
+    assert set(coverage.AREAS) == {coverage.area_of(p) for p in PROPERTIES}
+    for row, cells in coverage.EXPECTED.items():
+        assert list(cells) == list(coverage.AREAS), row
+        for area, cell in cells.items():
+            assert cell == coverage.DRAWN or (cell.startswith("N/A: ") and len(cell) > 10), (row, area, cell)
+
+
+def test_every_family_the_suite_draws_has_a_row():
+    # Every recipe of every kind of layer the models build, and grouped experts on both APIs.
+    built = [("stacks", kind_of(r), base_recipe(r)) for r in (*FLOAT8_RECIPES, *SCALED_MM_RECIPES, *MX_RECIPES, *NVFP4_RECIPES)]
+    built += [("moe", GROUPED_KIND, "rowwise"), ("moe on F.scaled_grouped_mm", GROUPED_KIND, "rowwise")]
+    rows = {coverage.row_of(*b) for b in built}
+    assert None not in rows, built
+    assert rows == set(coverage.EXPECTED), (sorted(rows), sorted(coverage.EXPECTED))
+
+
+def test_the_observed_matrix_groups_what_each_property_built_by_area():
+    entries = [("stacks", "float8_linear", "Float8Linear", "rowwise", "TorchAO"), ("stacks", "nvfp4_linear", "X", "nvfp4", "convert_nvfp4")]
+    seen = coverage.observed([(("BND-003", "PROV-001"), entries), (("NVF-001",), entries[1:]), (("XYZ-001",), [("s", "new_kind", "M", "r", "")])])
+    assert seen == {"NVFP4": ["PROV", "BND", "NVF"], "float8 rowwise": ["PROV", "BND"], "new_kind": ["XYZ"]}
+
+
+def test_spec_shows_the_matrix():
+    text = SPEC.read_text(encoding="utf-8")
+    table = "\n".join(coverage.spec_table())
+    assert table in text, f"SPEC.md's Coverage table differs from conformance.coverage.EXPECTED; it should read:\n{table}"
