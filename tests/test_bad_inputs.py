@@ -121,6 +121,10 @@ BAD_CALLS = {
                       ("mode='fast'", lambda: fp8conf.compile_joint(_gm(), mode="fast"))],
     "CompileConfig": [("mode='fast'", lambda: fp8conf.CompileConfig(mode="fast")),
                       ("workers=-1", lambda: fp8conf.CompileConfig(workers=-1)),
+                      ("workers=2**70", lambda: fp8conf.CompileConfig(workers=2**70)),
+                      ("unknown field", lambda: fp8conf.CompileConfig(bogus=1)),
+                      ("unknown field in replace", lambda: __import__("dataclasses").replace(fp8conf.CompileConfig(), bogus=1)),
+                      ("too many positional", lambda: fp8conf.CompileConfig(*["regional"] * 12)),
                       ("strict='yes'", lambda: fp8conf.CompileConfig(strict="yes")),
                       ("config and keywords", lambda: fp8conf.compile_joint(_gm(), fp8conf.CompileConfig(), mode="full")),
                       ("config of another type", lambda: fp8conf.compile_joint(_gm(), {"mode": "full"}))],
@@ -184,3 +188,16 @@ def test_one_compile_config_reaches_every_part_of_a_split():
     assert dataclasses.replace(config, mode="full").mode == "full"
     with pytest.raises(fp8conf.FP8ConfigError, match="not both"):
         fp8conf.compile_split(split, config, strict=False)
+
+
+def test_a_field_the_mode_does_not_read_is_logged_when_compiling(caplog):
+    import logging
+
+    config = fp8conf.CompileConfig(mode="full", workers=1, remainder="eager", strict=False)
+    assert config.ignored_by_mode() == ("remainder='eager'", "workers=1")
+    assert fp8conf.CompileConfig(mode="regional", workers=1).ignored_by_mode() == ()
+    graph = torch.fx.Graph()
+    graph.output(())
+    with caplog.at_level(logging.WARNING, logger="fp8conf"):
+        fp8conf.compile_joint(torch.fx.GraphModule(torch.nn.Module(), graph), config)
+    assert "compile_joint(mode='full') ignores remainder='eager', workers=1" in caplog.text

@@ -9,6 +9,8 @@ forgets.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 
 from fp8conf.errors import FP8ConfigError
 
@@ -62,9 +64,23 @@ class CompileConfig:
             raise FP8ConfigError(f"CompileConfig(remainder={self.remainder!r}): choose one of {REMAINDERS}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise FP8ConfigError(f"CompileConfig(workers={self.workers!r}): give a number of processes, 0 (this process, the default) or more")
+        cores = os.cpu_count() or 1
+        if self.workers > cores:
+            raise FP8ConfigError(
+                f"CompileConfig(workers={self.workers}): at most {cores}, this machine's cores (each helper is a process "
+                "importing torch and compiling beside this one; more than the cores only wait for them)"
+            )
         for name in ("strict", "cudagraph", "partition", "fast_calls", "saveable_units"):
             if not isinstance(getattr(self, name), bool):
                 raise FP8ConfigError(f"CompileConfig({name}={getattr(self, name)!r}): give True or False")
+
+    def ignored_by_mode(self) -> tuple[str, ...]:
+        """The fields set away from their defaults that this config's mode does not read
+        (``remainder``, ``workers`` and ``saveable_units`` are ``regional``'s), as ``name=value``."""
+        if self.mode == "regional":
+            return ()
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return tuple(f"{name}={getattr(self, name)!r}" for name in _REGIONAL_ONLY if getattr(self, name) != defaults[name])
 
     @classmethod
     def of(cls, config: CompileConfig | None, where: str, **keywords) -> CompileConfig:
@@ -79,3 +95,24 @@ class CompileConfig:
             raise FP8ConfigError(f"{where}: pass config= or the keywords {sorted(given)}, not both "
                                  f"(dataclasses.replace(config, ...) changes a field)")
         return config
+
+
+#: The fields only mode ``regional`` reads.
+_REGIONAL_ONLY = ("remainder", "workers", "saveable_units")
+_FIELDS = tuple(f.name for f in dataclasses.fields(CompileConfig))
+_generated_init = CompileConfig.__init__
+
+
+@functools.wraps(_generated_init)
+def _checked_init(self, *args, **kwargs):
+    # A field name mistyped here or in dataclasses.replace(config, ...) is fp8conf's usage error,
+    # naming the fields, not the dataclass's bare TypeError.
+    unknown = sorted(set(kwargs) - set(_FIELDS))
+    if unknown:
+        raise FP8ConfigError(f"CompileConfig: no field {', '.join(unknown)}; its fields are {', '.join(_FIELDS)}")
+    if len(args) > len(_FIELDS):
+        raise FP8ConfigError(f"CompileConfig takes at most {len(_FIELDS)} fields ({', '.join(_FIELDS)}), got {len(args)} positional")
+    _generated_init(self, *args, **kwargs)
+
+
+CompileConfig.__init__ = _checked_init

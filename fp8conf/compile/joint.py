@@ -149,6 +149,12 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
         config.mode, config.strict, config.cudagraph, config.partition, config.remainder, config.workers)
     if cudagraph and not torch.cuda.is_available():
         raise errors.FP8ConfigError("compile_joint(cudagraph=True) needs a CUDA device; this torch sees none")
+    ignored = config.ignored_by_mode()
+    if ignored:
+        from fp8conf.log import logger
+
+        logger.warning("fp8conf: compile_joint(mode=%r) ignores %s: regional compile reads them, full compile does not",
+                       mode, ", ".join(ignored))
     if strict:
         _validate_first(gm)
     _warm_compile_pool()
