@@ -33,7 +33,7 @@ import pytest
 
 from conformance.plugin import report_files
 from conformance.plugin.render import markdown_path
-from conformance.plugin.report import CUT_OFF_KEY, PROPERTY_KEY, RunEnding, TestRecord, tests_not_run
+from conformance.plugin.report import CUT_OFF_KEY, PROPERTY_KEY, RunEnding, TestRecord, unreached_tests
 
 __all__ = ["RunTracker", "remove_earlier_report_unless_written", "report_written"]
 
@@ -90,7 +90,7 @@ class RunTracker:
                 f"fp8conf: the tests this worker selected are not known to the controller: {exc}"
             ))
 
-    def test_started(self, nodeid: str) -> None:
+    def note_started(self, nodeid: str) -> None:
         self.started.add(nodeid)
 
     def collected(self, report: pytest.CollectReport) -> None:
@@ -149,7 +149,7 @@ class RunTracker:
     ) -> RunEnding:
         """How the run ended, with the tests it selected and those that started."""
         selected = self._selection()
-        ended, reason = self._decide(session, exitstatus, selected, tests_not_run(records, selected))
+        ended, reason = self._decide(session, exitstatus, selected, unreached_tests(records, selected))
         return RunEnding(ended, reason, selected, frozenset(self.started))
 
     def _decide(

@@ -35,7 +35,7 @@ __all__ = [
     "property_row",
     "outcome_status",
     "record_outcome",
-    "tests_not_run",
+    "unreached_tests",
 ]
 
 #: Statuses of a test and of a property, strongest first: a property takes the strongest
@@ -288,7 +288,7 @@ def must_summary(rows: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def tests_not_run(
+def unreached_tests(
     records: Mapping[str, TestRecord], selected: Mapping[str, tuple[str, ...]] | None
 ) -> list[str]:
     """Node IDs of the tests that did not run to a verdict: those of ``selected`` (see
@@ -355,7 +355,7 @@ def build_report(
     rows; a run that did not end complete has no MUST score (``must_score`` None), whatever
     its rows say, so that a run cut short never reads as a pass.
     """
-    not_run = tests_not_run(records, run.selected)
+    not_run = unreached_tests(records, run.selected)
     records = _with_tests_not_run(records, run, not_run)
     by_property: dict[str, list[TestRecord]] = {}
     for _, record in sorted(records.items()):

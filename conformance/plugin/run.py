@@ -205,7 +205,7 @@ class ConformanceRun:
         self.crash_notes.annotate(report, record.property_ids if record else ())
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
-        self.tracker.test_started(nodeid)
+        self.tracker.note_started(nodeid)
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         self.tracker.interrupted(excinfo)
