@@ -234,7 +234,11 @@ def _how_the_run_ended(path: Path | None, *, since: float) -> str | None:
         if path.stat().st_mtime < since:
             return None
         return json.loads(path.read_text(encoding="utf-8"))["run"]["ended"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("fp8conf check: the report %s cannot be read as this run's (%s: %s); its exit status is pytest's",
+                       path, type(exc).__name__, exc)
         return None
 
 
