@@ -86,3 +86,15 @@ def test_non_strict_regional_compile_runs_the_unattributed_compute_eagerly_and_l
     assert not compiled.regions
     assert _scaled_mms(gm) <= compiled.eager_nodes
     assert any("[VAL-003]" in r.getMessage() for r in caplog.records if r.name == "fp8conf")
+
+
+@pytest.mark.parametrize("drop", ["provenance", "val"])
+def test_identification_says_what_it_cannot_place(drop, caplog):
+    # identify_fp8_regions reads the graph only: what it skips is logged, never dropped silently.
+    gm = _rewritten(drop)
+    with caplog.at_level(logging.WARNING, logger="fp8conf"):
+        regions = fp8conf.identify_fp8_regions(gm)
+    assert regions == []
+    said = " ".join(r.getMessage() for r in caplog.records if r.name == "fp8conf")
+    assert all(f"'{name}'" in said for name in _scaled_mms(gm)), said
+    assert ("carries no provenance" if drop == "provenance" else "meta['val']") in said

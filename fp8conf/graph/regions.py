@@ -54,13 +54,19 @@ class Region:
 
 
 def identify_fp8_regions(gm: torch.fx.GraphModule, *, provenance_of=None, passes=None) -> list[Region]:
-    """Find the FP8 regions of ``gm``. Reads the graph only.
+    """Find the FP8 regions of ``gm``. Reads the graph only; FP8 compute that fp8conf's
+    provenance cannot place in a region (none recorded, or operands without ``meta["val"]``) is
+    in none, and logged as a warning through the ``fp8conf`` logger, once per node.
 
     A trainer that records provenance its own way passes ``provenance_of(node)`` (an object with
     ``module_fqn`` and, optionally, ``call``; equal for nodes of one module call, None for none)
     and ``passes`` (node -> ``"forward"`` / ``"backward"``); fp8conf's own are the default.
     """
     require(gm, "graph module", "identify_fp8_regions", "gm")
+    if provenance_of is None:
+        # What fp8conf's provenance cannot place (no provenance, no recorded dtype) is skipped
+        # below: said through the fp8conf logger, once per node, never dropped without a word.
+        check_attributed(gm, strict=False)
     provenance_of = provenance_of or get_provenance
     passes = passes if passes is not None else node_passes(gm.graph)
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
