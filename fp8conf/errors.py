@@ -19,6 +19,7 @@ The branches are siblings, so catching one never swallows another stage's failur
     |   `-- IncompleteRegionError, RegionCompileError
     |-- GraphCompileError         a joint graph Inductor cannot compile whole (mode="full")
     |-- FP8GraphSplitError        a stage graph GraphPP cannot cut (conformance SplitFailure)
+    |-- FileWriteError            a file fp8conf writes that cannot be written whole (also an OSError)
     |-- ArtifactError             a precompiled artifact that cannot be saved or loaded
     |   |-- ArtifactIntegrityError     truncated, corrupt or altered: its digest does not match
     |   |-- ArtifactAuthenticityError  no valid MAC under the loader's key: it may run anyone's code
@@ -53,6 +54,7 @@ __all__ = [
     "IncompleteRegionError",
     "RegionCompileError",
     "FP8GraphSplitError",
+    "FileWriteError",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactAuthenticityError",
@@ -214,6 +216,29 @@ class FP8GraphSplitError(_Located, FP8Error, contract.SplitFailure):
                  node_name: str | None = None, property_id: str | None = None):
         super().__init__(message)
         self._locate(module_fqn, pass_name, node_name, property_id)
+
+
+class FileWriteError(FP8Error, OSError):
+    """A file fp8conf writes (an artifact, a key file, a region map) that could not be written
+    (:mod:`conformance.writing` writes every file, the suite's reports too): the path names
+    something that is not a regular file (a folder, a FIFO, a device, a socket), which is left as
+    it is, or the operating system refused the write (a full disk, a read-only folder). Nothing
+    is left behind: no temporary file, and no empty or partial file at the path; what was there
+    before is still there. It is also an ``OSError``, what these failures raised before they had
+    a type of their own.
+
+    Attributes:
+        path: the path that was to be written.
+        reason: why not, in the operating system's words where it gave them ("No space left on
+            device", "Is a directory") or ours ("it is a FIFO, not a regular file").
+        errno: the operating system's error number, or ``None`` when fp8conf refused the path itself.
+    """
+
+    def __init__(self, message: str, *, path: str, reason: str, errno: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
+        self.errno = errno
 
 
 class ArtifactError(FP8Error):

@@ -1,20 +1,21 @@
 """The report's files on disk: written whole or not at all, and an earlier run's report never
 left to read as this run's.
 
-:func:`replace_files` writes each file to a temporary file beside it and moves it into place
-with ``os.replace``, so that a reader (a CI job, a second terminal) sees the previous file or
-the new one, never half of one; a write that fails removes its temporary files and raises
-:class:`ReportWriteError`. :func:`remove_earlier_report` removes the files an earlier run of the
-suite wrote, and only those.
+:func:`replace_files` writes the files as fp8conf writes every file
+(:func:`conformance.writing.write_files`): each to a temporary file beside it, moved into place
+once all are written, so that a reader (a CI job, a second terminal) sees the previous file or
+the new one, never half of one, and a folder, FIFO or device at the path is left as it is; a
+write that fails removes its temporary files and raises :class:`ReportWriteError`.
+:func:`remove_earlier_report` removes the files an earlier run of the suite wrote, and only those.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Mapping
+
+from conformance.writing import write_files
 
 __all__ = ["MARKDOWN_TITLE", "ReportWriteError", "is_report", "remove_earlier_report", "replace_files"]
 
@@ -24,29 +25,19 @@ MARKDOWN_TITLE = "# fp8conf conformance report"
 
 class ReportWriteError(OSError):
     """A report file that could not be written: ``path`` names it, ``reason`` is the operating
-    system's word for why (``"No space left on device"``). No temporary file is left behind."""
+    system's word for why (``"No space left on device"``), or the suite's (``"it is a FIFO, not
+    a regular file"``: what is there is left as it is). No temporary file is left behind."""
 
-    def __init__(self, path: Path, reason: str) -> None:
+    def __init__(self, path: Path, reason: str, errno: int | None = None) -> None:
         super().__init__(f"cannot write the report {path}: {reason}")
         self.path = path
         self.reason = reason
+        self.errno = errno
 
-
-def _temporary_beside(path: Path) -> Path:
-    # In the same folder, so that os.replace is a rename on one file system; hidden, and named
-    # after the process, so that a leftover (the machine went down mid-write) says whose it was.
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-def _write_whole(temporary: Path, text: str) -> None:
-    # O_EXCL: never write through a file or link that is already there; 0o666 less the umask,
-    # the mode an ordinary write gives.
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        # On disk before the rename: after a crash the path holds the old file or the new one.
-        os.fsync(file.fileno())
+    @classmethod
+    def of_write(cls, message: str, *, path: Path, reason: str, errno: int | None) -> "ReportWriteError":
+        """The error :func:`conformance.writing.write_files` raises, in a report's words."""
+        return cls(path, reason, errno)
 
 
 def replace_files(contents: Mapping[Path, str]) -> None:
@@ -56,25 +47,7 @@ def replace_files(contents: Mapping[Path, str]) -> None:
     Raises :class:`ReportWriteError` naming the path and the reason when one cannot be
     written; its temporary files are removed first (also on a KeyboardInterrupt while writing).
     """
-    pending: dict[Path, Path] = {}
-    target = None
-    try:
-        for target, text in contents.items():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            pending[target] = _temporary_beside(target)
-            _write_whole(pending[target], text)
-        for target in list(pending):
-            os.replace(pending[target], target)
-            del pending[target]
-    except BaseException as exc:
-        for temporary in pending.values():
-            try:
-                temporary.unlink()
-            except FileNotFoundError:
-                pass  # its creation was what failed
-        if isinstance(exc, OSError) and target is not None:
-            raise ReportWriteError(target, exc.strerror or str(exc)) from exc
-        raise
+    write_files(contents, error=ReportWriteError.of_write, what="report", make_folders=True)
 
 
 def is_report(path: Path) -> bool:
