@@ -32,14 +32,14 @@ import hmac
 import json
 import os
 import re
-import tempfile
 import warnings
 
+from conformance.writing import write_file
 from fp8conf.arguments import require
 from fp8conf.artifacts.keys import ENV_KEY, ENV_KEY_FILE, key_id, resolve_key
 from fp8conf.artifacts.reading import ENV_MAX_ARTIFACT_BYTES, max_artifact_bytes, read_regular_file
 from fp8conf.artifacts.signature import QuantizationSignature
-from fp8conf.errors import ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FP8ConfigError
+from fp8conf.errors import ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FileWriteError, FP8ConfigError
 from fp8conf.log import logger
 
 __all__ = [
@@ -120,19 +120,11 @@ def seal(header: ArtifactHeader, payload: bytes, key: bytes | None) -> tuple[Art
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".fp8conf-artifact-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # a reader never sees a half-written artifact
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write the artifact bytes ``data`` at ``path`` as :func:`conformance.writing.write_file`
+    writes (a reader never sees half an artifact; a folder, FIFO or device at ``path`` is
+    refused: :class:`~fp8conf.errors.FileWriteError`), readable by its owner alone, creating
+    missing folders above it."""
+    write_file(path, data, error=FileWriteError, what="artifact", mode=0o600, make_folders=True)
 
 
 # --- reading ------------------------------------------------------------------------------------

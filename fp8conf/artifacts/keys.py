@@ -21,6 +21,7 @@ nor a value given as a key file's path that could be a key itself.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
@@ -30,8 +31,9 @@ import shlex
 import stat
 import warnings
 
+from conformance.writing import write_file
 from fp8conf.artifacts.reading import MAX_KEY_FILE_BYTES, read_regular_file
-from fp8conf.errors import ArtifactKeyError, KeyFilePermissionError
+from fp8conf.errors import ArtifactKeyError, FileWriteError, KeyFilePermissionError
 
 __all__ = [
     "ENV_KEY",
@@ -65,19 +67,17 @@ def _parse(text: str, where: str, path: str | None = None) -> bytes:
 
 
 def generate_key_file(path) -> bytes:
-    """Write a new random key to ``path`` (hex, mode 0600; an existing file is never overwritten)
-    and return it."""
+    """Write a new random key to ``path`` (hex, mode 0600 from its creation; an existing file is
+    never overwritten) and return it. A write that fails leaves nothing at ``path``
+    (:class:`~fp8conf.errors.FileWriteError`), so that it can be tried again."""
     path = os.fspath(path)
     key = secrets.token_bytes(KEY_BYTES)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise ArtifactKeyError(f"{path!r} exists; fp8conf never overwrites a key file (remove it first if you mean to replace the key)", path=path) from None
-    except OSError as exc:
-        raise ArtifactKeyError(f"cannot create key file {path!r}: {exc.strerror}", path=path) from None
-    with os.fdopen(fd, "w") as f:
-        f.write(key.hex() + "\n")
-    os.chmod(path, 0o600)  # O_CREAT's mode is masked by the umask
+        write_file(path, key.hex() + "\n", error=FileWriteError, what="key file", mode=0o600, overwrite=False)
+    except FileWriteError as exc:
+        if exc.errno == errno.EEXIST:
+            raise ArtifactKeyError(f"{path!r} exists; fp8conf never overwrites a key file (remove it first if you mean to replace the key)", path=path) from None
+        raise
     return key
 
 

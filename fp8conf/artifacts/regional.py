@@ -33,12 +33,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from conformance.writing import check_write_target
 from fp8conf.artifacts.envelope import (
     check_signature_describes, describe_graph, deserialize_guarded, resolve_signing_key, signature_of_header, verified,
 )
 from fp8conf.artifacts.format import FORMAT_VERSION, ArtifactHeader, seal, write_atomic
 from fp8conf.artifacts.signature import QuantizationSignature
-from fp8conf.errors import ArtifactError, ArtifactIntegrityError, FP8ConfigError
+from fp8conf.errors import ArtifactError, ArtifactIntegrityError, FileWriteError, FP8ConfigError
 from fp8conf.log import logger
 
 __all__ = ["PrecompiledSplit", "save_split_artifact", "load_split_artifact"]
@@ -308,6 +309,7 @@ def save_split_artifact(path, gm, split, signature: QuantizationSignature, fns: 
     if not isinstance(signature, QuantizationSignature):
         raise FP8ConfigError(f"save_split_artifact: signature must be a QuantizationSignature, got {type(signature).__qualname__}")
     signing_key = resolve_signing_key(key, unsigned, path)
+    check_write_target(path, error=FileWriteError, what="artifact")  # before the compile a refusal would waste
     info = trace_info(gm)
     check_signature_describes(signature, info.modules if info else None, path)
     inputs, outputs = describe_graph(gm)

@@ -35,6 +35,7 @@ import tempfile
 import warnings
 from typing import Any, Callable
 
+from conformance.writing import check_write_target
 from fp8conf.arguments import require
 from fp8conf.artifacts.envelope import (
     check_signature_describes, describe_graph, deserialize_guarded, resolve_signing_key, signature_of_header, verified,
@@ -42,7 +43,7 @@ from fp8conf.artifacts.envelope import (
 from fp8conf.artifacts.format import FORMAT_VERSION, MECHANISMS, ArtifactHeader, read_header, seal, write_atomic
 from fp8conf.artifacts.shapes import stale_inputs
 from fp8conf.artifacts.signature import QuantizationSignature
-from fp8conf.errors import ArtifactError, FP8ConfigError, StaleArtifactError
+from fp8conf.errors import ArtifactError, FileWriteError, FP8ConfigError, StaleArtifactError
 
 __all__ = [
     "PrecompiledJoint",
@@ -210,6 +211,7 @@ def save_artifact(path, gm_or_compiled, signature: QuantizationSignature, exampl
 
     path = os.fspath(path)
     signing_key = resolve_signing_key(key, unsigned, path)
+    check_write_target(path, error=FileWriteError, what="artifact")  # before the compile a refusal would waste
     if not isinstance(signature, QuantizationSignature):
         raise FP8ConfigError(f"save_artifact: signature must be a QuantizationSignature, got {type(signature).__qualname__}")
     if mechanism not in (*MECHANISMS, "auto"):
@@ -389,6 +391,7 @@ def precompile_model(path, model, args, config=None, *, strict: bool | None = No
 
     path = os.fspath(path)
     signing_key = resolve_signing_key(key, unsigned, path)  # before the compile it would waste
+    check_write_target(path, error=FileWriteError, what="artifact")
     signature = QuantizationSignature.from_model(model, strict=strict)
     gm = trace_joint(model, args, repeat=repeat, per_block=per_block)
     validate_fp8_graph(gm, strict=strict)  # a strict artifact is one whose graph passed strict validation

@@ -70,7 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     from fp8conf.tools import precompile as precompile_cli
 
     precompile_cli.add_parser(commands)
-    explain = commands.add_parser("explain", help="write an HTML map of a model's FP8 regions")
+    explain = commands.add_parser(
+        "explain", help="write an HTML map of a model's FP8 regions",
+        description="Write a self-contained HTML map of a model's FP8 regions. Exit status 2, with one line, when the "
+        "model cannot be loaded or traced or --out cannot be written (not a regular file, a read-only or full folder: "
+        "nothing is left at it, and what was there is unchanged).",
+    )
     explain.add_argument(
         "model",
         nargs="?",
@@ -122,19 +127,24 @@ def _model_from_factory(spec: str):
 
 
 def _explain(args) -> int:
+    from conformance.writing import check_write_target
+    from fp8conf.errors import FileWriteError, FP8Error
+
     try:
         folder = Path(args.out).resolve().parent
         if not folder.is_dir():
             raise _ExplainError(f"--out {args.out}: folder {folder} does not exist")
+        check_write_target(args.out, error=FileWriteError, what="region map")  # before the model is built and traced
         model, model_args = _model_from_factory(args.model)
-        from fp8conf.errors import FP8Error
         from fp8conf.tools.explain import explain_model
 
         try:
             regions = explain_model(model, tuple(model_args), args.out)
+        except FileWriteError:
+            raise
         except (FP8Error, OSError) as exc:
             raise _ExplainError(f"{args.model!r}: {_one_line(exc)}") from None
-    except _ExplainError as exc:
+    except (_ExplainError, FileWriteError) as exc:
         print(f"fp8conf explain: {exc}", file=sys.stderr)
         return 2
     complete = sum(r.complete for r in regions)

@@ -14,6 +14,8 @@ import html
 
 import torch
 
+from conformance.writing import check_write_target, write_file
+from fp8conf.errors import FileWriteError
 from fp8conf.graph.provenance import node_passes
 from fp8conf.graph.regions import Region, identify_fp8_regions
 from fp8conf.graph.roles import OpRole, op_roles
@@ -106,9 +108,13 @@ def _table(regions, colours) -> str:
 
 
 def explain_model(model: torch.nn.Module, args, path: str) -> list[Region]:
-    """Trace ``model(*args)``, write its region map to ``path`` and return the regions."""
+    """Trace ``model(*args)``, write its region map to ``path`` and return the regions.
+
+    ``path`` is checked before tracing, and written whole or not at all; raises
+    :class:`~fp8conf.errors.FileWriteError` when it cannot be."""
+    check_write_target(path, error=FileWriteError, what="region map")
     gm = trace_joint(model, args)
     regions = identify_fp8_regions(gm)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render_region_map(gm, regions, title=f"FP8 region map of {type(model).__name__}"))
+    page = render_region_map(gm, regions, title=f"FP8 region map of {type(model).__name__}")
+    write_file(path, page, error=FileWriteError, what="region map")
     return regions

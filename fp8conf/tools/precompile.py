@@ -32,7 +32,9 @@ Exit status:
   1  the artifact was built for another configuration: fingerprint or shapes differ (diff: different)
   2  usage or bad input: a bad argument or --model (or a model fp8conf cannot trace or validate),
      a file that is not an fp8conf artifact of this format (or not a regular file, or over the size
-     bound), a key or key file that cannot be used (unreadable, not a key, others may read it)
+     bound), a key or key file that cannot be used (unreadable, not a key, others may read it),
+     an --out that cannot be written (not a regular file, a read-only or full folder; nothing is
+     left at it, and what was there is unchanged)
   3  integrity or authenticity: a truncated, corrupt or altered artifact, or one without a valid MAC
 """
 
@@ -189,7 +191,9 @@ def _operand(path: str):
 
 
 def run(args) -> int:
-    from fp8conf.errors import ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FingerprintMismatchError, FP8Error, StaleArtifactError
+    from fp8conf.errors import (
+        ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FileWriteError, FingerprintMismatchError, FP8Error, StaleArtifactError,
+    )
 
     where = f"fp8conf precompile {args.action}"
     try:
@@ -203,7 +207,7 @@ def run(args) -> int:
     except (ArtifactIntegrityError, ArtifactAuthenticityError) as exc:
         print(f"{where}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_UNTRUSTED
-    except _UsageError as exc:
+    except (_UsageError, FileWriteError) as exc:
         print(f"{where}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (ArtifactError, FP8Error, OSError) as exc:  # a model fp8conf cannot trace or validate is bad input too
