@@ -12,7 +12,8 @@ of the backend.
   collectives (``torch.ops._c10d_functional``) or their ``c10d`` forms, whatever code issued them.
 * :func:`moves_fp8_bytes` / :func:`only_views_between`: what such a gather moves.
 * :func:`gloo_gradients`: the data-parallel step run by the backend in processes of their own
-  over gloo (DP-003), against the unsharded eager step.
+  over gloo (DP-003), against the unsharded eager step; ranks that cannot connect are the
+  machine's problem (:class:`conformance.environment.EnvironmentProblem`), not the backend's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import tempfile
 import torch
 import torch.fx
 
+from conformance.environment import GLOO_START_FAILED, EnvironmentProblem, gloo_fix, gloo_start_evidence
 from conformance.graphs import Fp8Ops, is_fp8_compute, is_fp8_dtype
 
 __all__ = [
@@ -318,8 +320,11 @@ def _gloo_worker(rank, world, init_file, backend_class, cases, out_dir):
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)  # the ranks share this machine's cores
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=120))
+    except Exception as exc:  # said so that the parent tells the machine's failure from the backend's
+        raise RuntimeError(f"rank {rank}: {GLOO_START_FAILED}: {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
     try:
         backend = backend_class()
         mesh = init_device_mesh("cpu", (world,))
@@ -350,12 +355,23 @@ def _leave_rank() -> None:
 def gloo_gradients(backend_class: type, cases: tuple[GlooCase, ...], world: int = WORLD_SIZE) -> tuple:
     """Per case and rank, ``("ok", {parameter FQN: relative error})`` or ``("error", message)``:
     the backend's sharded step in ``world`` gloo processes (spawned, one CPU thread each) against
-    the unsharded eager step. Run once per backend class and cases in a session."""
+    the unsharded eager step. Run once per backend class and cases in a session.
+
+    Raises :class:`~conformance.environment.EnvironmentProblem` when a rank's process group did
+    not start or its sockets failed (the machine's network setup, not the backend), naming what
+    the rank said."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
-        mp.start_processes(_gloo_worker, args=(world, init_file, backend_class, cases, tmp), nprocs=world, join=True,
-                           start_method="spawn")
+        try:
+            mp.start_processes(_gloo_worker, args=(world, init_file, backend_class, cases, tmp), nprocs=world,
+                               join=True, start_method="spawn")
+        except mp.ProcessRaisedException as exc:
+            evidence = gloo_start_evidence(str(exc))
+            if evidence is None:
+                raise
+            raise EnvironmentProblem(f"the {world} gloo processes could not connect", evidence=evidence,
+                                     fix=gloo_fix(evidence)) from None
         per_rank = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world)]
     return tuple(tuple(rank[i] for rank in per_rank) for i in range(len(cases)))

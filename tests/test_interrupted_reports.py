@@ -240,7 +240,7 @@ def test_a_complete_run_says_so_and_keeps_its_score(suite, workers):
     assert report["run"] == {
         "ended": "complete", "reason": None, "not_reached": [], "tests_not_run": [], "cut_off": [],
     }
-    assert report["schema_version"] == report_model.REPORT_SCHEMA_VERSION == 2
+    assert report["schema_version"] == report_model.REPORT_SCHEMA_VERSION == 3
     assert report["summary"]["must_score"] == 1.0
     assert (suite.path / "out" / "r.md").read_text().splitlines()[2].startswith("- Backend:")
 

@@ -112,7 +112,7 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
     result.assert_outcomes(passed=2, failed=1)
     report = read_report(suite)
 
-    assert report["schema_version"] == 2
+    assert report["schema_version"] == 3
     assert report["suite"] == {"name": "fp8conf", "version": importlib.metadata.version("fp8conf")}
     assert report["spec_version"] == report["checked_spec_version"] == SPEC_VERSION
     assert report["backend"]["spec_version"] == SPEC_VERSION
@@ -167,7 +167,7 @@ def test_report_header_fields_examples_and_reproducer(suite, xdist):
 
     markdown = (suite.path / "out" / "conf.md").read_text()
     assert "| PROV-001 | MUST | provenance | pass | 1 | 25 |" in markdown
-    assert "report schema 2" in markdown and "device cpu" in markdown or "device cuda:" in markdown
+    assert "report schema 3" in markdown and "device cpu" in markdown or "device cuda:" in markdown
     assert "## Failures" in markdown and "### PROV-002 (fail)" in markdown
     assert "```python\nx = 3\n```" in markdown
     assert found["command"] in markdown

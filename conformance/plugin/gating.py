@@ -41,6 +41,8 @@ _MARKERS = (
     "fp8_sm89: needs a CUDA device of compute capability 8.9 or newer",
     "fp8_sm90: needs a CUDA device of compute capability 9.0 or newer",
     "fp8_sm100: needs a CUDA device of compute capability 10.0 or newer",
+    "fp8_gloo: needs a gloo process group of two processes on this machine; with --fp8-backend, a "
+    "run that selects such a test checks first that one can start (a usage error when not)",
 )
 #: Skip reason of a property whose capability the backend does not claim.
 NOT_SUPPORTED = "not_supported:"
@@ -50,7 +52,8 @@ _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 
 def add_markers(config: pytest.Config) -> None:
-    """Register ``fp8_property`` and the GPU markers (names only: nothing is gated by this)."""
+    """Register ``fp8_property``, the GPU markers and ``fp8_gloo`` (names only: nothing is gated
+    by this)."""
     for line in _MARKERS:
         config.addinivalue_line("markers", line)
 

@@ -74,7 +74,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=("cpu", "cuda"),
         default="cpu",
         help="build, trace and check the drawn models on this device (default cpu): a backend "
-        "whose passes look only at CUDA nodes is judged with cuda",
+        "whose passes look only at CUDA nodes is judged with cuda. Checked before the first test: "
+        "cuda without a usable CUDA device is a usage error.",
     )
     group.addoption(
         "--fp8-timeout",

@@ -25,13 +25,16 @@ from hypothesis.internal.conjecture import engine
 from hypothesis.statistics import collector
 
 from conformance import evidence, notes, replay, watchdog
+from conformance.environment import EnvironmentProblem
 from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS, DEFAULT_SHRINKS
 from conformance.plugin.report import (
     BUILT_KEY,
     DEVICE_KEY,
     EXAMPLE_OUTCOMES_KEY,
+    ENVIRONMENT_KEY,
     EXAMPLES_KEY,
     NOTE_KEY,
+    PROPERTY_KEY,
     REPRODUCER_KEY,
     TIMEOUT_KEY,
 )
@@ -256,7 +259,9 @@ def annotate_report(
     *, send_device: bool,
 ) -> bool:
     """Add to ``report`` the examples run, a timeout, the reproducer of a failure (also as a
-    report section) and, when ``send_device``, the device; True when the device was added."""
+    report section) and, when ``send_device``, the device; True when the device was added. A
+    test the machine stopped (:class:`~conformance.environment.EnvironmentProblem`) carries what
+    stopped it instead of a reproducer: no model of the backend's is to blame."""
     extra = report.user_properties  # this report's own copy of item.user_properties
     excinfo = call.excinfo
     device_sent = False
@@ -270,6 +275,11 @@ def annotate_report(
         if info is not None:
             device_sent = True
             extra.append((DEVICE_KEY, info))
+    if excinfo is not None and excinfo.errisinstance(EnvironmentProblem):
+        extra.append((ENVIRONMENT_KEY, str(excinfo.value)))
+        ids = ", ".join(value for key, value in extra if key == PROPERTY_KEY)
+        report.longrepr = f"[{ids}] error (environment), not a failure of the backend: {excinfo.value}"
+        return device_sent
     if excinfo is not None and not excinfo.errisinstance(pytest.skip.Exception):
         if excinfo.errisinstance(watchdog.BackendTimeout):
             extra.append((TIMEOUT_KEY, str(excinfo.value)))

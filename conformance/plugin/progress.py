@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conformance.plugin.report import EXAMPLES_KEY, PROPERTY_KEY, outcome_status
+from conformance.plugin.report import EXAMPLES_KEY, PROPERTY_KEY, outcome_status, status_label
 
 __all__ = ["ProgressLines", "progress_line"]
 
@@ -33,7 +33,7 @@ def progress_line(report: Any) -> str | None:
         status = "error in teardown"
     name = report.nodeid.rsplit("::", 1)[-1]
     examples = sum(int(value) for key, value in report.user_properties if key == EXAMPLES_KEY)
-    line = f"{', '.join(ids):<10} {name}  {status}"
+    line = f"{', '.join(ids):<10} {name}  {status_label(status)}"
     if report.when == "call":
         line += f"  {examples} example{'s' if examples != 1 else ''}  {report.duration:.1f} s"
     return line

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-from conformance.plugin.report import FAILED, STATUSES, failing_rows
+from conformance.plugin.report import ENVIRONMENT_ERROR, FAILED, STATUSES, failing_rows, status_label
 from conformance.plugin.report_files import MARKDOWN_TITLE, replace_files
 
 __all__ = [
@@ -91,6 +91,9 @@ def score_line(report: dict[str, Any]) -> str:
     if reasons:
         groups = "; ".join(f"{reason}: {', '.join(ids)}" for reason, ids in reasons.items())
         text += f", {summary['must_skipped']} skipped [{groups}]"
+    stopped = summary.get("must_environment_errors") or []
+    if stopped:
+        text += f", {len(stopped)} not checked: error (environment) [{', '.join(stopped)}]"
     return text + f" (backend {backend['name']} {backend['version']})"
 
 
@@ -205,6 +208,8 @@ def _failure_lines(property_id: str, row: dict[str, Any]) -> Iterator[str]:
         yield f"{property_id} xpass: expected to fail, passed; drop its expectations entry"
     elif row["status"] == "skipped":
         yield f"{property_id} skipped: {row.get('reason') or 'no reason given'}"
+    elif row["status"] == ENVIRONMENT_ERROR:
+        yield f"{property_id} {status_label(ENVIRONMENT_ERROR)}, not a failure of the backend: {row.get('reason')}"
 
 
 def print_summary(terminal: Terminal, report: dict[str, Any], report_path: Path | None) -> None:
@@ -223,7 +228,7 @@ def print_summary(terminal: Terminal, report: dict[str, Any], report_path: Path 
         terminal.write_line(_table_line(header if any(cells_of.values()) else header[:-1]))
         for property_id, row in rows:
             cells = (
-                property_id, row["level"], row["capability"], row["status"], row["tests"],
+                property_id, row["level"], row["capability"], status_label(row["status"]), row["tests"],
                 row["examples"], cells_of[property_id],
             )
             terminal.write_line(_table_line(cells))
@@ -281,7 +286,7 @@ def _notes(report: dict[str, Any]) -> list[str]:
                 f"- {property_id} {row['status']}: expected to fail ({key}): {entry['reason']}{link}"
             )
         if row.get("reason") and row["status"] != "not_supported":
-            notes.append(f"- {property_id} {row['status']}: {row['reason']}")
+            notes.append(f"- {property_id} {status_label(row['status'])}: {row['reason']}")
         notes.extend(f"- {property_id} {row['status']}: {text}" for text in row.get("notes", ()))
     notes += [f"- {line}" for line in unsupported_lines(report)]
     return ["## Notes", "", *notes, ""] if notes else []
@@ -381,7 +386,7 @@ def markdown(report: dict[str, Any]) -> str:
     for property_id, row in ordered_rows(report):
         if row["status"] == "not_supported":
             continue
-        status = row["status"]
+        status = status_label(row["status"])
         cause = _cause(row, defects, property_id)
         status += f" ({cause})" if cause else ""
         lines.append(

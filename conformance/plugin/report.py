@@ -22,6 +22,7 @@ from conformance.plugin.gating import GPU_MARKERS, NOT_IN_SPEC, NOT_SUPPORTED
 
 __all__ = [
     "ENDINGS",
+    "ENVIRONMENT_ERROR",
     "NOT_RUN",
     "PROPERTY_KEY",
     "REPORT_SCHEMA_VERSION",
@@ -35,6 +36,7 @@ __all__ = [
     "property_row",
     "outcome_status",
     "record_outcome",
+    "status_label",
     "unreached_tests",
 ]
 
@@ -43,14 +45,20 @@ __all__ = [
 #: the passing CPU ones. ``xfail`` and ``xpass`` come from ``--fp8-expectations``; a property
 #: is ``xpass`` only when none of its expected failures still fails. ``not_run``: a test the run
 #: selected and ended before (cut off, or never started); it outranks every status that could
-#: read as a verdict on the property.
-STATUSES = ("fail", "error", "not_run", "xfail", "xpass", "pass", "not_supported", "skipped")
+#: read as a verdict on the property. ``environment_error``: the machine, not the backend, stopped
+#: the test (its gloo ranks could not connect; :class:`conformance.environment.EnvironmentProblem`):
+#: no verdict either, printed ``error (environment)`` and counted apart from the backend's
+#: failures, never in the MUST score.
+STATUSES = ("fail", "error", "environment_error", "not_run", "xfail", "xpass", "pass", "not_supported", "skipped")
 NOT_RUN = "not_run"
+ENVIRONMENT_ERROR = "environment_error"
 _RANK = {status: rank for rank, status in enumerate(STATUSES)}
+#: How a status is printed where it differs from its JSON name.
+_LABELS = {ENVIRONMENT_ERROR: "error (environment)"}
 #: Version of the report's JSON layout: bumped when a field changes meaning or goes away.
 #: 2: ``run`` (how the run ended), status ``not_run``, and ``must_score`` null for a run that
-#: did not end complete.
-REPORT_SCHEMA_VERSION = 2
+#: did not end complete. 3: status ``environment_error`` and ``summary.must_environment_errors``.
+REPORT_SCHEMA_VERSION = 3
 #: How a run ended (the report's ``run.ended``): every selected test ran to a verdict; a
 #: KeyboardInterrupt (Ctrl-C, SIGINT, on the controller or an xdist worker) or ``pytest.exit``
 #: ended it; or it ended otherwise before every selected test ran (``-x``, ``--maxfail``,
@@ -70,6 +78,8 @@ EXPECTATION_KEY = "fp8_expectation"
 DEVICE_KEY = "fp8_device"
 NOTE_KEY = "fp8_note"
 BUILT_KEY = "fp8_built"
+#: What stopped a test that the machine, not the backend, failed (``environment_error``).
+ENVIRONMENT_KEY = "fp8_environment"
 #: Added by the controller to xdist's report of a test whose worker was interrupted: the test
 #: was cut off, not crashed.
 CUT_OFF_KEY = "fp8_cut_off"
@@ -125,15 +135,23 @@ def skip_reason(report: Any) -> str:
     return reason.removeprefix("Skipped: ")
 
 
+def status_label(status: str) -> str:
+    """How ``status`` is printed: ``environment_error`` as ``error (environment)``, the others as
+    they are."""
+    return _LABELS.get(status, status)
+
+
 def outcome_status(report: Any) -> str | None:
     """This phase's contribution to the test's status; None for a passing setup/teardown.
 
     A failure outside the call phase, a timeout (``--fp8-timeout``) and a test that crashed its
-    xdist worker are ``error``; an expected failure is ``xfail`` and a pass under an
-    expectation ``xpass``.
+    xdist worker are ``error``; a test the machine stopped is ``environment_error``, also under
+    an expectation; an expected failure is ``xfail`` and a pass under an expectation ``xpass``.
     """
     if any(key == CUT_OFF_KEY for key, _ in report.user_properties):
         return NOT_RUN
+    if any(key == ENVIRONMENT_KEY for key, _ in report.user_properties):
+        return ENVIRONMENT_ERROR
     if hasattr(report, "wasxfail"):
         if report.skipped:
             return "xfail"
@@ -175,6 +193,8 @@ def record_outcome(records: dict[str, TestRecord], report: Any) -> dict[str, Any
             record.built += (tuple(value),)
         elif key == DEVICE_KEY and device is None:
             device = dict(value)
+        elif key == ENVIRONMENT_KEY:
+            record.reason = str(value)
     status = outcome_status(report)
     if status is not None:
         if status in ("not_supported", "skipped") and record.reason is None:
@@ -242,7 +262,7 @@ def property_row(
         row["reproducer"] = _smallest([r.reproducer for r in deciding if r.reproducer])
     if status in FAILED:
         row["evidence"] = _evidence(records)
-    if status in ("not_supported", "skipped"):
+    if status in ("not_supported", "skipped", ENVIRONMENT_ERROR):
         row["reason"] = next((r.reason for r in deciding if r.reason), None)
     notes = sorted({text for record in records for text in record.notes})
     if notes:
@@ -262,17 +282,21 @@ def _grouping_reason(row: Mapping[str, Any]) -> str:
 
 def must_summary(rows: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     """MUST properties passed out of those checked or skipped, the skipped ones grouped by
-    reason, and the count of each status.
+    reason, those the machine stopped, and the count of each status.
 
     A skipped MUST property (a GPU test on a machine without one) was not checked: it counts in
     ``must_total``, the number the score is read against, so "45/47 passed, 2 skipped" never
-    reads as a full score. ``must_applicable`` and ``must_score`` keep their first meaning, the
-    properties that ran to a verdict and the share of them that passed.
+    reads as a full score. So does one the machine stopped (``environment_error``, listed in
+    ``must_environment_errors``): it is no failure of the backend, and no pass either.
+    ``must_applicable`` and ``must_score`` keep their first meaning, the properties that ran to a
+    verdict and the share of them that passed.
     """
     # An expected failure is applicable and not passed; an xpass passed all its tests.
     must = [(pid, row) for pid, row in rows.items() if row["level"] == "MUST"]
-    applicable = [row for _, row in must if row["status"] not in ("not_supported", "skipped")]
+    unchecked = ("not_supported", "skipped", ENVIRONMENT_ERROR)
+    applicable = [row for _, row in must if row["status"] not in unchecked]
     skipped = [(pid, row) for pid, row in must if row["status"] == "skipped"]
+    stopped = [pid for pid, row in must if row["status"] == ENVIRONMENT_ERROR]
     passed = sum(row["status"] in ("pass", "xpass") for row in applicable)
     reasons: dict[str, list[str]] = {}
     for property_id, row in skipped:
@@ -282,8 +306,9 @@ def must_summary(rows: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
         "must_applicable": len(applicable),
         "must_score": passed / len(applicable) if applicable else None,
         "must_skipped": len(skipped),
-        "must_total": len(applicable) + len(skipped),
+        "must_total": len(applicable) + len(skipped) + len(stopped),
         "must_skipped_reasons": reasons,
+        "must_environment_errors": stopped,
         "statuses": dict(Counter(row["status"] for row in rows.values())),
     }
 

@@ -1,7 +1,8 @@
 """One conformance run: the hooks registered only when ``--fp8-backend`` is given.
 
 :class:`ConformanceRun` holds the backend and the per-session state and wires the concerns
-together: gating at collection (:mod:`~conformance.plugin.gating`), expectations
+together: gating at collection (:mod:`~conformance.plugin.gating`), the machine probed for the
+selected tests (:mod:`~conformance.plugin.probes`), expectations
 (:mod:`conformance.expectations`), instrumentation of each test
 (:mod:`~conformance.plugin.instrumentation`), how the run ended
 (:mod:`~conformance.plugin.ending`), the report (:mod:`~conformance.plugin.report`), its
@@ -21,9 +22,11 @@ import pytest
 from conformance import expectations as expectations_file
 from conformance import watchdog
 from conformance.api import PROPERTIES, SPEC_VERSION, Backend
-from conformance.plugin import crashes, ending, gating, instrumentation, progress, quiet, render, usage
+from conformance.plugin import crashes, ending, gating, instrumentation, probes, progress, quiet, render, usage
 from conformance.plugin import report as report_model
-from conformance.plugin.report import EXPECTATION_KEY, PROPERTY_KEY, RunEnding, TestRecord
+from conformance.plugin.report import (
+    ENVIRONMENT_ERROR, ENVIRONMENT_KEY, EXPECTATION_KEY, PROPERTY_KEY, RunEnding, TestRecord,
+)
 from conformance.plugin.report_files import ReportWriteError
 
 __all__ = ["ConformanceRun"]
@@ -77,6 +80,7 @@ class ConformanceRun:
         self.progress = progress.ProgressLines(config)
         self.crash_notes = crashes.CrashNotes(config, spec)
         self.tracker = ending.RunTracker(config)
+        self.probes = probes.EnvironmentProbes(config)
         #: How the run ended; decided when the session finishes.
         self.ending = RunEnding()
         self._report_written = False
@@ -148,7 +152,10 @@ class ConformanceRun:
             self._unmatched_expectations(unmatched, items)
         self._select_properties(items)
 
+    # tryfirst: under xdist, before the worker tells its controller which tests it kept.
+    @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.probes.collection_finished(session)
         self.tracker.collection_finished(session.items)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
@@ -192,6 +199,11 @@ class ConformanceRun:
     def pytest_configure_node(self, node: Any) -> None:
         self.crash_notes.configure_node(node)
         self.tracker.configure_node(node)
+        self.probes.configure_node(node)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.probes.node_collected(node)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -260,6 +272,8 @@ class ConformanceRun:
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Generator[None, Any, Any]:
         result = yield
+        if result and report.failed and any(key == ENVIRONMENT_KEY for key, _ in getattr(report, "user_properties", ())):
+            result = ("error", "E", "ERROR (environment)")  # counted with pytest's errors, not its failures
         if result and not self._is_xdist_worker:
             return self.progress.status_of(report, tuple(result))
         return result
@@ -271,6 +285,7 @@ class ConformanceRun:
         self._unquiet()
         self.crash_notes.close()
         self.tracker.close()
+        self.probes.close()
 
     # -- the report ------------------------------------------------------------------------
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -278,6 +293,9 @@ class ConformanceRun:
             self.tracker.worker_finished()
             return
         self.ending = self.tracker.ending(session, exitstatus, self.tests)
+        if exitstatus == pytest.ExitCode.TESTS_FAILED and self.ending.complete and self._only_the_machine_failed():
+            # The backend failed nothing: the run's failure is the machine's, a usage error.
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
         if self.report_path is None:
             return
         if not self.ending.complete and not self.ending.started:
@@ -298,7 +316,15 @@ class ConformanceRun:
             ending.report_written(self.config)
             self._report_written = True
 
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+    def _only_the_machine_failed(self) -> bool:
+        statuses = {record.status for record in self.tests.values()}
+        return ENVIRONMENT_ERROR in statuses and not statuses & {"fail", "error"}
+
+    def pytest_terminal_summary(
+        self, terminalreporter: pytest.TerminalReporter, exitstatus: int
+    ) -> None:
+        if exitstatus == pytest.ExitCode.USAGE_ERROR and not self.ending.started and not self.tests:
+            return  # a usage error before the first test: its one line says all there is
         if not self._is_xdist_worker:
             written = self.report_path if self._report_written else None
             render.print_summary(terminalreporter, self.build_report(), written)

@@ -37,7 +37,9 @@ _CHECK_EXAMPLES = """examples:
 
 The report lists failures first and names the property to fix first when others rely on it.
 Exit status: 0 every property passed or is not supported; 1 a property failed; 2 the suite's
-dependencies are not installed; 4 usage error (also a report that could not be written);
+dependencies are not installed; 4 usage error (also a report that could not be written, and a
+machine that cannot run the selected tests: no CUDA device for --fp8-device=cuda, gloo that
+cannot start, or gloo ranks that could not connect mid-run while nothing of the backend failed);
 6 the run ended before every selected test ran to a verdict (Ctrl-C, -x, a collection error):
 its report says INTERRUPTED or INCOMPLETE, lists what was not reached and has no MUST score;
 3 and 5 as pytest's (internal error, no tests collected).

@@ -1,0 +1,261 @@
+"""The machine's problems are told apart from the backend's.
+
+* Before any property runs, the suite probes what the selected tests need: a CUDA device for
+  ``--fp8-device=cuda``, a gloo process group for those marked ``fp8_gloo`` (DP-003). A problem
+  is a usage error (exit status 4) naming the fix, no test runs and no report is left.
+* Ranks that cannot connect mid-run are ``environment_error``, printed ``error (environment)``,
+  never a failure of the backend and outside its MUST score.
+
+The plugin's runs are in-process pytester runs with the torch-free fake backends of
+``tests/fake_backends.py`` (the probes import torch, which this process has loaded already); one
+runs under xdist, in processes of its own.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch  # imported before any in-process pytester run, which would otherwise unload it
+
+from conformance import distributed, environment
+from conformance.plugin import report as report_model
+import fake_backends  # tests/fake_backends.py (tests/ is on sys.path)
+
+pytest_plugins = ["pytester"]
+
+FAKE = "--fp8-backend=fakebackends:Fake"
+#: A backend that claims ``distributed``, so that its DP tests run.
+DISTRIBUTED = fake_backends.BASE + """
+    class Distributed(Fake):
+        capabilities = frozenset({"provenance", "distributed"})
+"""
+# Each test writes ran-<name> when it runs: a probe that stops the run leaves none.
+PROPERTY_TESTS = """
+    from pathlib import Path
+
+    import pytest
+
+    @pytest.mark.fp8_property("PROV-001")
+    def test_PROV_001_builds_on_the_device(fp8_backend, fp8_device):
+        Path("ran-PROV-001").write_text(fp8_device)
+
+    @pytest.mark.fp8_property("DP-003")
+    @pytest.mark.fp8_gloo
+    def test_DP_003_over_gloo(fp8_backend):
+        Path("ran-DP-003").write_text("")
+"""
+ENVIRONMENT_STOPS = """
+    import pytest
+
+    from conformance.environment import EnvironmentProblem
+
+    @pytest.mark.fp8_property("PROV-001")
+    def test_PROV_001_cannot_connect(fp8_backend):
+        raise EnvironmentProblem("the 2 gloo processes could not connect", evidence="RuntimeError: Connection refused",
+                                 fix="set GLOO_SOCKET_IFNAME=lo")
+
+    @pytest.mark.fp8_property("PROV-003")
+    def test_PROV_003_passes(fp8_backend):
+        pass
+"""
+# A ProcessRaisedException's text, as torch.multiprocessing gives it for a rank of DP-003 whose
+# process group did not start.
+RANK_START_FAILED = """
+
+-- Process 0 terminated with the following error:
+Traceback (most recent call last):
+  File "/site-packages/torch/distributed/distributed_c10d.py", line 2169, in _new_process_group_helper
+    backend_class = ProcessGroupGloo(
+RuntimeError: [enforce fail at gloo/transport/tcp/device.cc:84] ifa != nullptr. Unable to find address for: bogus0
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/conformance/distributed.py", line 325, in _gloo_worker
+    raise RuntimeError(f"rank {rank}: {GLOO_START_FAILED}: {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
+RuntimeError: rank 0: the gloo process group did not start: RuntimeError: [enforce fail at gloo/transport/tcp/device.cc:84] ifa != nullptr. Unable to find address for: bogus0
+"""
+RANK_BACKEND_FAILED = """
+
+-- Process 1 terminated with the following error:
+Traceback (most recent call last):
+  File "/conformance/distributed.py", line 330, in _gloo_worker
+    backend = backend_class()
+ValueError: the backend needs a license file
+"""
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.delenv("FP8CONF_HYPOTHESIS_PROFILE", raising=False)
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    pytester.makepyfile(fakebackends=DISTRIBUTED, test_props=PROPERTY_TESTS)
+    pytester.syspathinsert()
+    return pytester
+
+
+def run(pytester: pytest.Pytester, *args: str, tests: str = "test_props.py") -> pytest.RunResult:
+    return pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", *args, tests)
+
+
+def ran(pytester: pytest.Pytester) -> list[str]:
+    return sorted(path.name for path in pytester.path.glob("ran-*"))
+
+
+# -- probed before the first test ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("visible", [None, "junk"], ids=["plain", "CUDA_VISIBLE_DEVICES=junk"])
+def test_cuda_on_a_torch_without_it_is_a_usage_error_before_any_test(suite, monkeypatch, visible):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    earlier = run(suite, "--fp8-backend=fakebackends:Distributed", "--fp8-report=out/r.json", "-k", "PROV")
+    assert earlier.ret == 0 and (suite.path / "out" / "r.json").exists()
+    (suite.path / "ran-PROV-001").unlink()
+    result = run(suite, "--fp8-backend=fakebackends:Distributed", "--fp8-report=out/r.json", "--fp8-device=cuda")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines([
+        "ERROR: --fp8-device=cuda: torch * is built without CUDA; install a CUDA build of torch, or run on the CPU "
+        "with --fp8-device=cpu. No test ran: 1 selected test builds models on cuda"
+    ])
+    assert ran(suite) == [] and "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert "MUST score" not in result.stdout.str()  # no verdict printed for a run that had none
+    # The earlier run's passing report is not left to be read as this one's.
+    assert not (suite.path / "out" / "r.json").exists() and not (suite.path / "out" / "r.md").exists()
+
+
+def test_fp8conf_check_passes_the_device_through_to_the_probe(suite, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from fp8conf.tools.cli import main
+
+    status = main(["check", "--backend", "fakebackends:Fake", "--report", "r.json", "--",
+                   "test_props.py", "-p", "no:randomly", "--fp8-device=cuda"])
+    assert status == pytest.ExitCode.USAGE_ERROR
+    assert "--fp8-device=cuda: torch" in capsys.readouterr().err
+    assert ran(suite) == [] and not (suite.path / "r.json").exists()
+
+
+def test_a_cuda_torch_without_a_visible_device_names_the_variable(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "junk")
+    problem = environment.cuda_problem("cuda")
+    assert "no CUDA device is usable" in problem and "CUDA_VISIBLE_DEVICES='junk' is set: unset it" in problem, problem
+    assert environment.cuda_problem("cpu") is None
+
+
+def test_gloo_that_cannot_start_is_a_usage_error_naming_the_variable(suite, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "bogus0")
+    result = run(suite, "--fp8-backend=fakebackends:Distributed")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines([
+        "ERROR: DP-003 runs ranks in gloo processes on this machine, but the gloo process group did not start: "
+        "*Unable to find address for: bogus0; GLOO_SOCKET_IFNAME='bogus0' names no network interface of this "
+        "machine: unset it, or name one that `ip link` lists (lo for ranks on one machine). No test ran; or leave "
+        "DP-003 out (--fp8-property, -k) to run the others"
+    ])
+    assert ran(suite) == [] and "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_gloo_is_probed_only_for_a_gloo_test_that_will_run(suite, monkeypatch):
+    probed = []
+    monkeypatch.setattr(environment, "gloo_problem", lambda world=2: probed.append(world))
+    # Deselected, and not claimed by the backend (not_supported): no probe.
+    assert run(suite, "--fp8-backend=fakebackends:Distributed", "-k", "PROV").ret == 0
+    assert run(suite, FAKE).ret == 0
+    assert probed == [] and ran(suite) == ["ran-PROV-001"]
+    assert run(suite, "--fp8-backend=fakebackends:Distributed", "--fp8-property=DP").ret == 0
+    assert probed == [2] and ran(suite) == ["ran-DP-003", "ran-PROV-001"]
+
+
+def test_the_gloo_probe_is_quick_where_gloo_works(monkeypatch):
+    import time
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    started = time.perf_counter()
+    assert environment.gloo_problem() is None
+    assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.slow
+def test_a_probe_problem_under_xdist_is_the_same_usage_error(suite, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "bogus0")
+    result = suite.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "2", "--fp8-backend=fakebackends:Distributed",
+        "--fp8-report=r.json", "test_props.py",
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(["ERROR: DP-003 runs ranks in gloo processes on this machine, but *GLOO_SOCKET_IFNAME='bogus0'*"])
+    assert ran(suite) == [] and not (suite.path / "r.json").exists()
+
+
+# -- mid-run: the machine, not the backend ------------------------------------------------------
+
+
+def _ranks_raising(monkeypatch, text):
+    import torch.multiprocessing as mp
+
+    def start_processes(*args, **kwargs):
+        raise mp.ProcessRaisedException(text, 0, 12345)
+
+    monkeypatch.setattr(mp, "start_processes", start_processes)
+
+
+class _Backend:
+    """Stands for a backend class: the ranks never start here."""
+
+
+def test_ranks_whose_process_group_did_not_start_are_an_environment_problem(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "bogus0")
+    _ranks_raising(monkeypatch, RANK_START_FAILED)
+    with pytest.raises(environment.EnvironmentProblem) as raised:
+        distributed.gloo_gradients(_Backend, ())
+    message = str(raised.value)
+    assert message.startswith("the 2 gloo processes could not connect: RuntimeError: rank 0: the gloo process group "
+                              "did not start: RuntimeError: [enforce fail"), message
+    assert "Unable to find address for: bogus0" in raised.value.evidence
+    assert raised.value.fix.startswith("GLOO_SOCKET_IFNAME='bogus0' names no network interface of this machine")
+
+
+def test_a_rank_that_fails_in_the_backend_stays_the_backends_failure(monkeypatch):
+    import torch.multiprocessing as mp
+
+    _ranks_raising(monkeypatch, RANK_BACKEND_FAILED)
+    with pytest.raises(mp.ProcessRaisedException, match="license file"):
+        distributed.gloo_gradients(_Backend, ())
+    assert environment.gloo_start_evidence(RANK_BACKEND_FAILED) is None
+
+
+def test_an_environment_error_is_reported_apart_from_the_backends_failures(suite):
+    suite.makepyfile(test_stops=ENVIRONMENT_STOPS)
+    result = run(suite, FAKE, "--fp8-report=r.json", tests="test_stops.py")
+    # Nothing of the backend failed: the run's failure is a usage error, like a probe's.
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "PROV-001*test_PROV_001_cannot_connect  error (environment)*",
+        "MUST score: 1/2 passed, 1 not checked: error (environment) [PROV-001] (backend fake 1.2)",
+        "PROV-001 error (environment), not a failure of the backend: the 2 gloo processes could not connect: "
+        "RuntimeError: Connection refused; set GLOO_SOCKET_IFNAME=lo",
+    ])
+    result.assert_outcomes(passed=1, errors=1)
+    report = json.loads((suite.path / "r.json").read_text())
+    row = report["properties"]["PROV-001"]
+    assert row["status"] == report_model.ENVIRONMENT_ERROR and row["reproducer"] is None and "evidence" not in row
+    assert row["reason"].endswith("Connection refused; set GLOO_SOCKET_IFNAME=lo")
+    summary = report["summary"]
+    assert (summary["must_passed"], summary["must_applicable"], summary["must_total"]) == (1, 1, 2)
+    assert summary["must_environment_errors"] == ["PROV-001"] and summary["defects"] == []
+    assert "| PROV-001 | MUST | provenance | error (environment) |" in (suite.path / "r.md").read_text()
+
+
+def test_a_backend_failure_beside_an_environment_error_keeps_its_exit_status(suite):
+    suite.makepyfile(test_stops=ENVIRONMENT_STOPS.replace("def test_PROV_003_passes(fp8_backend):\n        pass",
+                                                          "def test_PROV_003_fails(fp8_backend):\n        assert False"))
+    result = run(suite, FAKE, tests="test_stops.py")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(failed=1, errors=1)
+
