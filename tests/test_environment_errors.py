@@ -1,14 +1,18 @@
-"""The machine's problems are told apart from the backend's.
+"""The machine's problems are told apart from the backend's, and fp8conf doctor survives its
+environment.
 
 * Before any property runs, the suite probes what the selected tests need: a CUDA device for
   ``--fp8-device=cuda``, a gloo process group for those marked ``fp8_gloo`` (DP-003). A problem
   is a usage error (exit status 4) naming the fix, no test runs and no report is left.
 * Ranks that cannot connect mid-run are ``environment_error``, printed ``error (environment)``,
   never a failure of the backend and outside its MUST score.
+* ``fp8conf doctor`` reports a broken TorchAO, a cache folder that cannot take a file, a failing
+  compile or a variable torch cannot read as a ``problem`` line, exit status 1, no traceback.
 
 The plugin's runs are in-process pytester runs with the torch-free fake backends of
 ``tests/fake_backends.py`` (the probes import torch, which this process has loaded already); one
-runs under xdist, in processes of its own.
+runs under xdist, in processes of its own. The doctor runs in this process with imports and
+writes patched, except where torch reads a variable as it imports (a fresh process).
 """
 
 from __future__ import annotations
@@ -258,4 +262,87 @@ def test_a_backend_failure_beside_an_environment_error_keeps_its_exit_status(sui
     result = run(suite, FAKE, tests="test_stops.py")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.assert_outcomes(failed=1, errors=1)
+
+
+# -- fp8conf doctor: the environment is a finding ------------------------------------------------
+
+
+def _doctor(capsys) -> tuple[int, str]:
+    from fp8conf.tools.cli import main
+
+    status = main(["doctor"])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    return status, captured.out
+
+
+@pytest.mark.parametrize("torchao", [None, "empty"], ids=["cannot_be_imported", "empty"])
+def test_doctor_reports_a_broken_torchao(monkeypatch, capsys, torchao):
+    import sys
+    import types
+
+    # None in sys.modules makes every import of torchao fail, as a broken install's does.
+    monkeypatch.setitem(sys.modules, "torchao", None if torchao is None else types.ModuleType("torchao"))
+    status, out = _doctor(capsys)
+    assert status == 1
+    if torchao is None:
+        assert "torchao  cannot be imported" in out
+        assert "problem  torchao cannot be imported: ModuleNotFoundError: " in out and "reinstall it" in out, out
+    else:
+        assert "torchao  not a TorchAO installation" in out
+        assert "is not a TorchAO installation (it has no __version__); reinstall it" in out, out
+    assert "fast paths not checked: torchao " in out and "on   fast call" not in out, out
+
+
+def test_doctor_reports_an_inductor_cache_folder_that_cannot_take_a_file(monkeypatch, capsys, tmp_path):
+    import errno
+    import os
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(os, "fsync", full)
+    status, out = _doctor(capsys)
+    assert status == 1
+    assert (f"problem  Inductor's cache folder {tmp_path} cannot take a file (No space left on device): Inductor writes "
+            "every kernel it compiles there; free space there, or point TORCHINDUCTOR_CACHE_DIR at a folder that can") in out, out
+    assert "fast paths not checked: Inductor's cache folder cannot take a file" in out
+    assert list(tmp_path.iterdir()) == []  # the check's file is gone
+
+
+def test_doctor_reports_a_compile_that_fails_here(monkeypatch, capsys):
+    import errno
+
+    import fp8conf.compile
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "/tmp/torchinductor_x/ab/kernel.py")
+
+    monkeypatch.setattr(fp8conf.compile, "compile_joint", full_disk)
+    status, out = _doctor(capsys)
+    assert status == 1
+    assert ("problem  compiling a small FP8 model here failed: OSError: [Errno 28] No space left on device: "
+            "'/tmp/torchinductor_x/ab/kernel.py'") in out, out
+    assert "fast paths not checked: the compile failed" in out
+
+
+@pytest.mark.parametrize(("variable", "value", "line"), [
+    ("TORCH_LOGS", "nonsense", "problem  torch cannot be imported: ValueError: Invalid log settings: nonsense, "),
+    ("TORCHINDUCTOR_COMPILE_THREADS", "abc",
+     "problem  Inductor's configuration cannot be read: ValueError: invalid literal for int() with base 10: 'abc'; "),
+])
+def test_doctor_names_a_variable_torch_cannot_read(variable, value, line):
+    """A fresh process: torch reads these as it imports."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, variable: value}
+    proc = subprocess.run([sys.executable, "-m", "fp8conf.tools.cli", "doctor"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert line in proc.stdout, proc.stdout
+    assert f"set in the environment: {variable}={value!r}: unset it or give it a value torch accepts" in proc.stdout
+    assert "fast paths not checked: " in proc.stdout
 

@@ -88,7 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "doctor", help="show versions, the device and whether each of fp8conf's fast paths is on here",
         description="Python, torch, TorchAO and the device; then each fast path of the reference's compile "
-        "(taken or not, with the reason) for a small FP8 model compiled here. Exit status 1 when one is off.",
+        "(taken or not, with the reason) for a small FP8 model compiled here. Exit status 1 when one is off, or when "
+        "the environment has a problem (torch or TorchAO that cannot be imported, a variable torch cannot read, a cache "
+        "folder that cannot take a file, a compile that fails), said as a 'problem' line.",
     )
     return parser
 

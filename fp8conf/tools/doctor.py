@@ -6,16 +6,32 @@ slower or with a higher peak, and says so once in the ``fp8conf`` logger. This c
 up front: versions, the device, and for each fast path whether a small FP8 model compiled here
 takes it, with the reason where it does not. An untested torch or TorchAO gets a warning, never
 a refusal. Exit status 0 when every fast path is on, 1 when one is off.
+
+A doctor is run when something is wrong, so what is wrong with the environment is its finding,
+never its traceback: torch or TorchAO that cannot be imported (or a TorchAO that is not one), an
+environment variable torch cannot read (``TORCH_LOGS``, ``TORCHINDUCTOR_COMPILE_THREADS``: named
+with its value), an Inductor cache folder that cannot take a file (a full disk), a compile that
+fails. Each is a ``problem`` line naming the fix, the checks that need what failed are left out
+(and say so), and the exit status is 1. The traceback goes to the ``fp8conf`` logger at debug.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import platform
 import sys
+import tempfile
 
 from fp8conf.log import logger
 
 __all__ = ["TESTED", "tested_torch", "in_range", "diagnose", "run"]
+
+#: Prefixes of the environment variables torch, Inductor and TorchAO read; one of these whose
+#: name or value an error shows is named beside it.
+_TORCH_VARIABLES = ("TORCH", "PYTORCH", "CUDA_", "GLOO_")
+#: Bytes the cache check writes: a folder on a full disk refuses them.
+_CACHE_PROBE_BYTES = 1 << 20
 
 #: The torch and TorchAO releases the project's test matrix runs (tox.ini, the H200 runs).
 TESTED = {"torch": ("2.11", "2.13", "2.14"), "torchao": ("0.17", "0.18")}
@@ -55,25 +71,94 @@ def in_range(version: str, spec: str) -> bool:
     return True
 
 
-def diagnose() -> dict:
-    """Versions, device and the fast paths a regionally and a fully compiled FP8 block stack
-    take here: ``{"versions": {...}, "device": str, "untested": [...], "paths": {name: reason or None}}``."""
-    import torch
-    import torchao
+def _one_line(exc: BaseException, limit: int = 240) -> str:
+    text = " ".join(str(exc).split()) or "(no message)"
+    return f"{type(exc).__name__}: {text if len(text) <= limit else text[:limit] + ' ...'}"
 
+
+def _variables_behind(exc: BaseException) -> list[str]:
+    """The environment variables of torch's that ``exc`` shows: named in its traceback's source
+    (``os.environ["TORCHINDUCTOR_COMPILE_THREADS"]``) or with their value in its message
+    (``Invalid log settings: nonsense``), as ``NAME='value'``."""
+    import traceback
+
+    shown = "".join(traceback.format_exception(exc))
+    message = str(exc)
+    return [
+        f"{name}={value!r}" for name, value in sorted(os.environ.items())
+        if name.startswith(_TORCH_VARIABLES)
+        and (name in shown or (len(value.strip()) > 1 and value.strip() in message))
+    ]
+
+
+def _cannot(what: str, exc: BaseException) -> str:
+    """The problem line of ``what`` failing with ``exc``, naming the variables behind it."""
+    logger.debug("doctor: %s", what, exc_info=exc)
+    line = f"{what}: {_one_line(exc)}"
+    variables = _variables_behind(exc)
+    if variables:
+        line += f"; set in the environment: {', '.join(variables)}: unset it or give it a value torch accepts"
+    return line
+
+
+def _imported(name: str, problems: list[str]):
+    """The module ``name``, or None with the problem said."""
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # anything a broken install raises while importing
+        line = _cannot(f"{name} cannot be imported", exc)
+        problems.append(line if "set in the environment" in line else f"{line}; reinstall it (pip install --force-reinstall {name})")
+        return None
+
+
+def _torchao_version(torchao, problems: list[str]) -> str | None:
+    """TorchAO's version; None, with the problem said, for a ``torchao`` that is not TorchAO."""
+    version = getattr(torchao, "__version__", None)
+    if isinstance(version, str):
+        return version
+    where = ", ".join(getattr(torchao, "__path__", ())) or getattr(torchao, "__file__", None) or "?"
+    problems.append(f"torchao at {where} is not a TorchAO installation (it has no __version__); reinstall it "
+                    f"(pip install --force-reinstall 'torchao=={TESTED['torchao'][-1]}.*')")
+    return None
+
+
+def _inductor_cache_problem() -> str | None:
+    """Why Inductor's cache folder cannot take a file (it writes every compiled kernel there); None when it can."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(the default)")
+    try:
+        folder = cache_dir()  # made here when missing
+        with tempfile.NamedTemporaryFile(dir=folder, prefix="fp8conf-doctor-") as probe:
+            probe.write(bytes(_CACHE_PROBE_BYTES))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        logger.debug("doctor: the Inductor cache folder %s", folder, exc_info=exc)
+        return (f"Inductor's cache folder {folder} cannot take a file ({exc.strerror or _one_line(exc)}): Inductor writes "
+                "every kernel it compiles there; free space there, or point TORCHINDUCTOR_CACHE_DIR at a folder that can")
+    return None
+
+
+def _internals(found: dict) -> None:
+    """What the installed torch's internals give: failed probes, fast paths, MX scales, V schedules."""
+    from fp8conf import torch_internals
+
+    found["failed_internals"] = [f"{p.name}: {p.reason}" for p in torch_internals.failed_probes()]
+    found["internal_paths"] = {name: None if on else reason for name, on, reason in torch_internals.fast_paths()}
+    native = torch_internals.inductor_lowers_e8m0()
+    found["mx_scales"] = ("float8_e8m0fnu (Inductor compiles e8m0)" if native.found
+                          else f"uint8 bytes (Inductor does not compile e8m0: {native.reason})")
+    v_gloo = torch_internals.v_schedules_start_on_gloo()
+    found["v_schedules_on_gloo"] = None if v_gloo.found else v_gloo.reason
+
+
+def _compiled_paths(torch) -> dict:
+    """The fast paths a regionally and a fully compiled FP8 block stack take here."""
     from fp8conf.compile import compile_joint
     from fp8conf.graph.trace import trace_joint
     from fp8conf.tools.example_models import build_stack
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "torchao": torchao.__version__}
-    untested = [f"{name} {versions[name]}" for name, releases in TESTED.items() if _release(versions[name]) not in releases]
-    if not in_range(torch.__version__, tested_torch()):
-        untested.append(f"torch {torch.__version__} is outside the tested range {tested_torch()}")
-    from fp8conf import torch_internals
-
-    failed = [f"{p.name}: {p.reason}" for p in torch_internals.failed_probes()]
-    internal_paths = {name: None if on else reason for name, on, reason in torch_internals.fast_paths()}
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (no CUDA device)"
     model = build_stack(32, 2, seed=0)
     x = torch.randn(16, 32, requires_grad=True)
     gm = trace_joint(model, (x,))
@@ -84,22 +169,81 @@ def diagnose() -> dict:
             name, _, reason = line.partition(": ")
             key = next(k for k in paths if k.startswith(name))
             paths[key] = paths[key] or f"{mode}: {reason}"
-    paths.update({f"{name} (torch internals)": reason for name, reason in internal_paths.items()})
-    native = torch_internals.inductor_lowers_e8m0()
-    mx_scales = ("float8_e8m0fnu (Inductor compiles e8m0)" if native.found
-                 else f"uint8 bytes (Inductor does not compile e8m0: {native.reason})")
-    v_gloo = torch_internals.v_schedules_start_on_gloo()
-    return {"versions": versions, "device": device, "untested": untested, "paths": paths, "failed_internals": failed,
-            "mx_scales": mx_scales, "v_schedules_on_gloo": None if v_gloo.found else v_gloo.reason}
+    return paths
+
+
+def _untested(versions: dict) -> list[str]:
+    untested = [f"{name} {versions[name]}" for name, releases in TESTED.items()
+                if name in versions and _release(versions[name]) not in releases and versions[name][:1].isdigit()]
+    if not in_range(versions["torch"], tested_torch()):
+        untested.append(f"torch {versions['torch']} is outside the tested range {tested_torch()}")
+    return untested
+
+
+def diagnose() -> dict:
+    """Versions, device and the fast paths a regionally and a fully compiled FP8 block stack
+    take here: ``{"versions": {...}, "device": str, "untested": [...], "paths": {name: reason or
+    None}, "problems": [...], "not_checked": reason or None, ...}``. A check that cannot run adds
+    its ``problems`` line and leaves out those that need it (``not_checked`` says why the fast
+    paths were not)."""
+    problems: list[str] = []
+    found = {"versions": {"python": platform.python_version()}, "device": None, "untested": [], "paths": {},
+             "failed_internals": [], "mx_scales": None, "v_schedules_on_gloo": None, "problems": problems,
+             "not_checked": None}
+    versions = found["versions"]
+    torch = _imported("torch", problems)
+    versions["torch"] = "cannot be imported" if torch is None else torch.__version__
+    if torch is None:
+        found["not_checked"] = "torch cannot be imported"
+        return found
+    try:
+        found["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (no CUDA device)"
+    except Exception as exc:  # a driver or CUDA_VISIBLE_DEVICES torch cannot use: said, the rest goes on
+        problems.append(_cannot("the CUDA device cannot be read", exc))
+    try:
+        # First: TorchAO and every internal import it, and fail all alike when it fails.
+        importlib.import_module("torch._inductor.config")
+    except Exception as exc:  # said as a problem; what needs Inductor is left out
+        problems.append(_cannot("Inductor's configuration cannot be read", exc))
+        versions["torchao"] = "not checked"
+        found["not_checked"] = "Inductor's configuration cannot be read"
+        return found
+    torchao = _imported("torchao", problems)
+    version = None if torchao is None else _torchao_version(torchao, problems)
+    versions["torchao"] = version or ("cannot be imported" if torchao is None else "not a TorchAO installation")
+    blocked = [] if version else ["torchao cannot be imported" if torchao is None else "torchao is not a TorchAO installation"]
+    found["untested"] = _untested(versions)
+    try:
+        _internals(found)
+    except Exception as exc:  # said as a problem; the compile that needs them is left out
+        problems.append(_cannot("torch's internals cannot be probed", exc))
+        blocked.append("torch's internals cannot be probed")
+    if not blocked:
+        cache = _inductor_cache_problem()
+        if cache is not None:
+            problems.append(cache)
+            blocked.append("Inductor's cache folder cannot take a file")
+    if blocked:
+        found["not_checked"] = "; ".join(blocked)
+        return found
+    try:
+        found["paths"] = _compiled_paths(torch)
+    except Exception as exc:  # a compile that fails here is this environment's finding
+        problems.append(_cannot("compiling a small FP8 model here failed", exc))
+        found["not_checked"] = "the compile failed"
+        return found
+    found["paths"].update({f"{name} (torch internals)": reason for name, reason in found.pop("internal_paths").items()})
+    return found
 
 
 def run(args=None) -> int:
     found = diagnose()
     for name, version in found["versions"].items():
         print(f"{name:8} {version}")
-    print(f"device   {found['device']}")
-    # Not a fast path: either dtype carries the same bytes at the same speed.
-    print(f"MX scales travel as {found['mx_scales']}")
+    if found["device"] is not None:
+        print(f"device   {found['device']}")
+    if found["mx_scales"] is not None:  # not a fast path: either dtype carries the same bytes at the same speed
+        print(f"MX scales travel as {found['mx_scales']}")
     if found["v_schedules_on_gloo"] is not None:  # not a fast path either: a schedule refused up front
         print(f"V-shaped pipeline schedules are refused over gloo: {found['v_schedules_on_gloo']}")
     for item in found["untested"]:
@@ -110,8 +254,12 @@ def run(args=None) -> int:
         print(f"warning: {item} is not among the tested releases ({tested}); fast paths may fall back (below)", file=sys.stderr)
     for line in found["failed_internals"]:
         print(f"missing  {line}")
+    for line in found["problems"]:
+        print(f"problem  {line}")
+    if found["not_checked"] is not None:
+        print(f"fast paths not checked: {found['not_checked']}")
     off = 0
     for name, reason in found["paths"].items():
         print(f"{'on ' if reason is None else 'OFF'}  {name}{'' if reason is None else f': {reason}'}")
         off += reason is not None
-    return 1 if off else 0
+    return 1 if off or found["problems"] else 0
