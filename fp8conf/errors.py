@@ -31,7 +31,9 @@ The branches are siblings, so catching one never swallows another stage's failur
     |-- MXConversionError         a module that cannot become an MXLinear (also a ValueError)
     |-- ScaledMMConversionError   a module or torch that cannot become a ScaledMMLinear (also a ValueError)
     |-- NVFP4ConversionError      a module or torch that cannot become an NVFP4Linear (also a ValueError)
-    `-- GroupedExpertsError       an experts module or argument FP8 grouped experts cannot take (also a ValueError)
+    |-- GroupedExpertsError       an experts module or argument FP8 grouped experts cannot take (also a ValueError)
+    `-- RankFailedError           a rank process of a check tool failed (sharded_check, pipeline_check)
+        `-- ProcessGroupStartError     its process group did not start: the machine's network setup
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ __all__ = [
     "ScaledMMConversionError",
     "NVFP4ConversionError",
     "GroupedExpertsError",
+    "RankFailedError",
+    "ProcessGroupStartError",
     "FP8ValidationWarning",
 ]
 
@@ -405,6 +409,32 @@ class GroupedExpertsError(FP8Error, ValueError):
     def __init__(self, message: str, *, module_fqn: str | None = None):
         super().__init__(message)
         self.module_fqn = module_fqn
+
+
+class RankFailedError(FP8Error):
+    """A rank process that a check tool (``sharded_check``, ``pipeline_check``,
+    ``tensor_parallel_check``) spawned failed for a cause that is not fp8conf's own error (which
+    its launcher raises as itself): an exception of torch's or the model's, or an end without an
+    error (killed, crashed in native code). Raised once by the launcher, naming the rank and the
+    cause, in place of the rank's traceback.
+
+    Attributes:
+        rank: the rank that failed.
+        reason: the cause, as the rank said it (``"RuntimeError: ..."``).
+    """
+
+    # Defaults, so that a rank's instance pickles back in its launcher.
+    def __init__(self, message: str, *, rank: int | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.reason = reason
+
+
+class ProcessGroupStartError(RankFailedError):
+    """The ranks' process group did not start (``torch.distributed.init_process_group``): gloo
+    finds no network interface of the name ``GLOO_SOCKET_IFNAME`` gives, the host name resolves to
+    an address the ranks cannot reach, a port is taken. The machine's setup, not the model or
+    fp8conf; the message says what to change."""
 
 
 class FP8ValidationWarning(UserWarning):

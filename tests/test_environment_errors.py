@@ -1,4 +1,4 @@
-"""The machine's problems are told apart from the backend's, and fp8conf doctor survives its
+"""The machine's problems are told apart from the backend's, and the tools survive their
 environment.
 
 * Before any property runs, the suite probes what the selected tests need: a CUDA device for
@@ -8,11 +8,16 @@ environment.
   never a failure of the backend and outside its MUST score.
 * ``fp8conf doctor`` reports a broken TorchAO, a cache folder that cannot take a file, a failing
   compile or a variable torch cannot read as a ``problem`` line, exit status 1, no traceback.
+* The check tools' ranks: fewer than one is a usage error; a rank's failure is one typed error
+  naming the cause (fp8conf's own error as itself, a process group that did not start as
+  ``ProcessGroupStartError``).
 
 The plugin's runs are in-process pytester runs with the torch-free fake backends of
 ``tests/fake_backends.py`` (the probes import torch, which this process has loaded already); one
 runs under xdist, in processes of its own. The doctor runs in this process with imports and
-writes patched, except where torch reads a variable as it imports (a fresh process).
+writes patched, except where torch reads a variable as it imports (a fresh process); the tools'
+ranks run in this process one after another, over torch's fake process group where one must
+start.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch  # imported before any in-process pytester run, which would otherwi
 
 from conformance import distributed, environment
 from conformance.plugin import report as report_model
+from fp8conf import errors as fp8_errors
 import fake_backends  # tests/fake_backends.py (tests/ is on sys.path)
 
 pytest_plugins = ["pytester"]
@@ -346,3 +352,109 @@ def test_doctor_names_a_variable_torch_cannot_read(variable, value, line):
     assert f"set in the environment: {variable}={value!r}: unset it or give it a value torch accepts" in proc.stdout
     assert "fast paths not checked: " in proc.stdout
 
+
+# -- the check tools' ranks: one typed error naming the cause ------------------------------------
+
+
+def _ranks_in_this_process(monkeypatch, start_process_group=None):
+    """Run a tool's ranks in this process, one after another, as torch.multiprocessing reports a
+    failed rank; with ``start_process_group``, in place of the tool's."""
+    import os
+    import traceback
+
+    import torch.multiprocessing as mp
+
+    from fp8conf.tools import ranks
+
+    def start_processes(fn, args=(), nprocs=1, join=True, start_method="spawn"):
+        for rank in range(nprocs):
+            try:
+                fn(rank, *args)
+            except Exception:
+                raise mp.ProcessRaisedException(
+                    f"\n\n-- Process {rank} terminated with the following error:\n{traceback.format_exc()}", rank, os.getpid()
+                ) from None
+
+    monkeypatch.setattr(mp, "start_processes", start_processes)
+    if start_process_group is not None:
+        monkeypatch.setattr(ranks, "start_process_group", start_process_group)
+
+
+def _fake_process_group(backend, init_file, rank, ranks, **options):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=ranks)
+
+
+@pytest.mark.parametrize("ranks", ["0", "-2"])
+def test_a_tool_refuses_fewer_than_one_rank_as_a_usage_error(capsys, ranks):
+    from fp8conf.tools import pipeline_check, sharded_check, tensor_parallel_check
+
+    for tool in (sharded_check, pipeline_check, tensor_parallel_check):
+        with pytest.raises(SystemExit) as ended:
+            tool.main(["--ranks", ranks])
+        assert ended.value.code == 2
+        assert f"argument --ranks: {ranks}: give 1 or more ranks" in capsys.readouterr().err
+    with pytest.raises(fp8_errors.FP8ConfigError, match="ranks must be a whole number of 1 or more, got 0"):
+        sharded_check.launch(ranks=0)
+
+
+def test_fp8conf_own_error_on_a_rank_is_raised_as_itself(monkeypatch, capsys):
+    from fp8conf.tools import sharded_check
+
+    # Rank 0 of 3, over a fake process group: the model's 64 rows do not divide by 3.
+    _ranks_in_this_process(monkeypatch, _fake_process_group)
+    with pytest.raises(fp8_errors.FP8ConfigError, match="cannot be sharded evenly along dim 0 over 3 ranks") as raised:
+        sharded_check.launch(ranks=3, float8_all_gather=True, dim=64, blocks=1, tokens=6, repeats=1)
+    assert raised.value.__notes__ == ["raised on rank 0 of 3 of sharded_check"]
+    assert sharded_check.main(["--ranks", "3", "--float8-all-gather", "on", "--blocks", "1", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sharded_check: FP8ConfigError: shard_data_parallel: parameter 'model.blocks.0.norm.weight' of "
+                          "shape (64,) cannot be sharded evenly along dim 0 over 3 ranks"), err
+    assert err.rstrip().endswith("(raised on rank 0 of 3 of sharded_check)") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("tool", ["sharded_check", "pipeline_check"])
+def test_a_process_group_that_cannot_start_is_one_typed_error_naming_the_variable(monkeypatch, capsys, tool):
+    import importlib
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "bogus0")
+    _ranks_in_this_process(monkeypatch)
+    module = importlib.import_module(f"fp8conf.tools.{tool}")
+    with pytest.raises(fp8_errors.ProcessGroupStartError) as raised:
+        module.launch(ranks=2)
+    assert raised.value.rank == 0 and "Unable to find address for: bogus0" in raised.value.reason
+    assert module.main(["--ranks", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{tool}: ProcessGroupStartError: the gloo process group of 2 ranks did not start on rank 0: "
+                          "RuntimeError: [enforce fail"), err
+    assert "GLOO_SOCKET_IFNAME='bogus0' is set: unset it, or name a network interface of this machine" in err
+    assert "Traceback" not in err
+
+
+def test_any_other_rank_failure_is_a_rank_failed_error(monkeypatch):
+    import pickle
+
+    import torch.multiprocessing as mp
+
+    from fp8conf.tools import ranks
+
+    def broken(rank):
+        raise RuntimeError(f"rank {rank}: no kernel for this dtype")
+
+    _ranks_in_this_process(monkeypatch)
+    with pytest.raises(fp8_errors.RankFailedError, match=r"^tool: rank 0 of 2 failed: RuntimeError: rank 0: no kernel") as raised:
+        ranks.spawn(broken, (), ranks=2, tool="tool")
+    assert raised.value.rank == 0 and raised.value.reason == "RuntimeError: rank 0: no kernel for this dtype"
+
+    def killed(*args, **kwargs):
+        raise mp.ProcessExitedException("process 1 terminated with signal SIGKILL", 1, 123, -9, "SIGKILL")
+
+    monkeypatch.setattr(mp, "start_processes", killed)
+    with pytest.raises(fp8_errors.RankFailedError, match="rank 1 of 2 failed: it ended without an error of its own"):
+        ranks.spawn(broken, (), ranks=2, tool="tool")
+    # What a rank raises travels to its launcher pickled: the typed errors survive it whole.
+    sent = fp8_errors.ProcessGroupStartError("did not start", rank=1, reason="RuntimeError: x")
+    received = pickle.loads(pickle.dumps(sent))
+    assert (type(received), received.rank, received.reason) == (type(sent), 1, "RuntimeError: x")

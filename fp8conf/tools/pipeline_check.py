@@ -26,17 +26,18 @@ import collections
 import dataclasses
 import os
 import statistics
+import sys
 import tempfile
 import time
 
 import torch
 
-from fp8conf.errors import FP8ConfigError
+from fp8conf.errors import FP8ConfigError, FP8Error
 from fp8conf.graph.roles import OpRole, classify_node
 from fp8conf.graph.trace import joint_signature, run_joint, trace_joint
 from fp8conf.pipeline.stage import CHECKED_SCHEDULES, GraphPPStage
+from fp8conf.tools import ranks as rank_processes
 from fp8conf.tools.pipeline_idle import STEP_LABEL, idle_share
-from fp8conf.tools.ranks import leave as leave_rank
 
 __all__ = ["PipelineCheck", "launch", "main", "stage_modules", "stage_indices"]
 
@@ -186,7 +187,7 @@ def _worker(rank, ranks, init_file, options, result_dir):
     device = f"cuda:{rank}" if options["backend"] == "nccl" else "cpu"
     if device != "cpu":
         torch.cuda.set_device(rank)
-    dist.init_process_group(options["backend"], init_method=f"file://{init_file}", rank=rank, world_size=ranks)
+    rank_processes.start_process_group(options["backend"], init_file, rank, ranks)
     try:
         modules, batch, target = _problem(options, device)
         num_stages = ranks * options["stages_per_rank"]
@@ -217,7 +218,7 @@ def _worker(rank, ranks, init_file, options, result_dir):
         torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
-    leave_rank()
+    rank_processes.leave()
 
 
 def _casts(gm) -> int:
@@ -354,9 +355,8 @@ def launch(*, schedule: str = "ZBVZeroBubble", ranks: int = 2, stages_per_rank: 
     and return the check of the last. ``stages_per_rank`` defaults to 2 for the V-shaped schedules
     and 1 otherwise; ``blocks`` to one per stage. ``problem``, a picklable callable
     ``(options, num_stages, device) -> (stage modules, batch, target)``, replaces the FP8 block
-    stack (integer targets are token ids, taken with cross-entropy)."""
-    import torch.multiprocessing as mp
-
+    stack (integer targets are token ids, taken with cross-entropy). A failed rank raises one error
+    naming the cause (:func:`fp8conf.tools.ranks.spawn`)."""
     if stages_per_rank is None:
         stages_per_rank = 2 if schedule in _V_SHAPED else 1
     stage_indices(schedule, 0, ranks, stages_per_rank)  # a usage mistake fails here, not in every process
@@ -372,7 +372,7 @@ def launch(*, schedule: str = "ZBVZeroBubble", ranks: int = 2, stages_per_rank: 
                    problem=problem)
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
-        mp.start_processes(_worker, args=(ranks, init_file, options, tmp), nprocs=ranks, join=True, start_method="spawn")
+        rank_processes.spawn(_worker, (ranks, init_file, options, tmp), ranks=ranks, tool="pipeline_check")
         results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(ranks)]
     device_name = torch.cuda.get_device_name(0) if backend == "nccl" else "CPU"
     return _compare(options, results, device_name)
@@ -387,7 +387,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=f"Schedules run and checked: {schedules}.",
     )
     parser.add_argument("--schedule", default="ZBVZeroBubble", help="a torch.distributed.pipelining schedule name (default ZBVZeroBubble)")
-    parser.add_argument("--ranks", type=int, default=2, help="processes, one pipeline rank each (default 2)")
+    parser.add_argument("--ranks", type=rank_processes.rank_count, default=2, help="processes, one pipeline rank each (default 2)")
     parser.add_argument("--stages-per-rank", type=int, default=None, help="default 2 for the V-shaped schedules, else 1")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"], help="gloo: CPU; nccl: one GPU per rank")
@@ -401,8 +401,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    check = launch(schedule=args.schedule, ranks=args.ranks, stages_per_rank=args.stages_per_rank, microbatches=args.microbatches,
-                   backend=args.backend, dim=args.dim, blocks=args.blocks, tokens=args.tokens, recipe=args.recipe, compile=args.compile)
+    try:
+        check = launch(schedule=args.schedule, ranks=args.ranks, stages_per_rank=args.stages_per_rank,
+                       microbatches=args.microbatches, backend=args.backend, dim=args.dim, blocks=args.blocks,
+                       tokens=args.tokens, recipe=args.recipe, compile=args.compile)
+    except FP8Error as exc:
+        print(f"pipeline_check: {rank_processes.one_line(exc)}", file=sys.stderr)
+        return 2
     print(check.summary())
     # Eager stages must match bitwise; Inductor's kernels may round float32 differently from
     # eager ones, in a compiled region (seen on CUDA: 2e-6) or the compiled remainder between

@@ -23,7 +23,10 @@ match the traced step's within 1e-4 (Inductor rounds float32 its own way). ``ful
 (the shards' ``device_mesh`` placeholders carry no example value).
 
 It reports the bytes all-gathered per step (from the collectives' records in the traced graph)
-and the median step times, eager and traced. Exit status 1 when a check fails.
+and the median step times, eager and traced. Exit status 1 when a check fails, 2 when the step
+cannot run: a usage mistake, or a rank that failed, said in one line (fp8conf's own error as
+itself, a process group that did not start as :class:`~fp8conf.errors.ProcessGroupStartError`
+naming what to change on the machine; :mod:`fp8conf.tools.ranks`).
 
 ::
 
@@ -43,8 +46,8 @@ import time
 
 import torch
 
-from fp8conf.errors import FP8ConfigError
-from fp8conf.tools.ranks import leave as leave_rank
+from fp8conf.errors import FP8ConfigError, FP8Error
+from fp8conf.tools import ranks as rank_processes
 
 __all__ = ["ShardedCheck", "SPLIT_BATCH_TOLERANCE", "launch", "main"]
 
@@ -158,7 +161,7 @@ def _worker(rank, ranks, init_file, options, result_dir):
         torch.set_num_threads(max(1, (os.cpu_count() or ranks) // ranks))
     else:
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=ranks)
+    rank_processes.start_process_group(backend, init_file, rank, ranks)
     try:
         on = options["float8_all_gather"]
         mesh = init_device_mesh("cpu" if backend == "gloo" else "cuda", (ranks,))
@@ -202,23 +205,22 @@ def _worker(rank, ranks, init_file, options, result_dir):
         }, os.path.join(result_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
-    leave_rank()
+    rank_processes.leave()
 
 
 def launch(*, float8_all_gather: bool = True, ranks: int = 2, dim: int = 64, blocks: int = 2, tokens: int = 32,
            recipe: str = "tensorwise", repeats: int = 3, compile: str | None = None, backend: str = "gloo") -> ShardedCheck:
     """Spawn ``ranks`` processes (``backend`` ``"gloo"`` on CPU, ``"nccl"`` one GPU each), run the
-    checks and return them (``compile``: also compile the traced step, ``"regional"``)."""
+    checks and return them (``compile``: also compile the traced step, ``"regional"``). A failed
+    rank raises one error naming the cause (:func:`fp8conf.tools.ranks.spawn`)."""
     if backend == "nccl" and torch.cuda.device_count() < ranks:
         raise FP8ConfigError(f"sharded_check --backend nccl --ranks {ranks}: this machine has {torch.cuda.device_count()} GPU(s); "
                              "ask for at most that many ranks")
-    import torch.multiprocessing as mp
-
     options = dict(float8_all_gather=float8_all_gather, dim=dim, blocks=blocks, tokens=tokens, recipe=recipe, repeats=repeats,
                    compile=compile, backend=backend)
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
-        mp.start_processes(_worker, args=(ranks, init_file, options, tmp), nprocs=ranks, join=True, start_method="spawn")
+        rank_processes.spawn(_worker, (ranks, init_file, options, tmp), ranks=ranks, tool="sharded_check")
         results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(ranks)]
     parts = [p for r in results for p in r["error_parts"]]
     error = (sum(d for d, _ in parts) / max(sum(n for _, n in parts), 1e-30)) ** 0.5
@@ -251,7 +253,7 @@ def _parser() -> argparse.ArgumentParser:
         "and its traced graph's weight all-gathers against the float8 all-gather setting.",
     )
     parser.add_argument("--float8-all-gather", choices=["on", "off", "both"], default="both")
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", type=rank_processes.rank_count, default=2, help="processes, one rank each (default 2)")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                         help="gloo: processes on the CPU; nccl: one GPU per rank")
     parser.add_argument("--dim", type=int, default=64)
@@ -273,8 +275,12 @@ def main(argv=None) -> int:
               "ask for at most that many ranks", file=sys.stderr)
         return 2
     for on in settings:
-        check = launch(float8_all_gather=on, ranks=args.ranks, dim=args.dim, blocks=args.blocks, tokens=args.tokens,
-                       recipe=args.recipe, repeats=args.repeats, compile=args.compile, backend=args.backend)
+        try:
+            check = launch(float8_all_gather=on, ranks=args.ranks, dim=args.dim, blocks=args.blocks, tokens=args.tokens,
+                           recipe=args.recipe, repeats=args.repeats, compile=args.compile, backend=args.backend)
+        except FP8Error as exc:
+            print(f"sharded_check: {rank_processes.one_line(exc)}", file=sys.stderr)
+            return 2
         print(check.summary())
         ok = ok and check.ok
     return 0 if ok else 1

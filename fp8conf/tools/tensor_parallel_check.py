@@ -30,11 +30,13 @@ import argparse
 import copy
 import dataclasses
 import os
+import sys
 import tempfile
 
 import torch
 
-from fp8conf.tools.ranks import leave as leave_rank
+from fp8conf.errors import FP8Error
+from fp8conf.tools import ranks as rank_processes
 
 __all__ = ["TensorParallelCheck", "TOLERANCE", "BIAS_TOLERANCE", "COMPILED_TOLERANCE", "tolerance_of", "launch", "main"]
 
@@ -108,7 +110,7 @@ def _worker(rank, ranks, init_file, options, out_dir):
     from fp8conf.parallel import shard_tensor_parallel
 
     torch.set_num_threads(1)  # the ranks share this machine's cores
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=ranks)
+    rank_processes.start_process_group("gloo", init_file, rank, ranks)
     try:
         dim, hidden, tokens = options["dim"], options["hidden"], options["tokens"]
         model = _model(dim, hidden)
@@ -151,19 +153,18 @@ def _worker(rank, ranks, init_file, options, out_dir):
         }, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
-    leave_rank()
+    rank_processes.leave()
 
 
 def launch(*, ranks: int = 2, dim: int = 32, hidden: int = 64, tokens: int = 16, compile: str | None = None) -> TensorParallelCheck:
     """Spawn ``ranks`` gloo processes, run the checks and return them (``compile``: also compile
-    the traced step, ``"regional"``)."""
-    import torch.multiprocessing as mp
-
+    the traced step, ``"regional"``). A failed rank raises one error naming the cause
+    (:func:`fp8conf.tools.ranks.spawn`)."""
     if compile not in (None, "regional"):
         raise ValueError(f"tensor_parallel_check: compile must be None or 'regional' (a sharded step is not compiled whole), got {compile!r}")
     options = dict(dim=dim, hidden=hidden, tokens=tokens, compile=compile)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_worker, args=(ranks, os.path.join(tmp, "init"), options, tmp), nprocs=ranks, join=True, start_method="spawn")
+        rank_processes.spawn(_worker, (ranks, os.path.join(tmp, "init"), options, tmp), ranks=ranks, tool="tensor_parallel_check")
         results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(ranks)]
     errors = {k: max(r["errors"][k] for r in results) for k in results[0]["errors"]}
     return TensorParallelCheck(
@@ -175,14 +176,18 @@ def launch(*, ranks: int = 2, dim: int = 32, hidden: int = 64, tokens: int = 16,
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fp8conf.tools.tensor_parallel_check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", type=rank_processes.rank_count, default=2)
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=64, help="split over the ranks; each rank's part a multiple of 16")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--compile", choices=["regional"], default=None,
                         help="also compile the traced step regionally and compare it with the traced step")
     args = parser.parse_args(argv)
-    check = launch(ranks=args.ranks, dim=args.dim, hidden=args.hidden, tokens=args.tokens, compile=args.compile)
+    try:
+        check = launch(ranks=args.ranks, dim=args.dim, hidden=args.hidden, tokens=args.tokens, compile=args.compile)
+    except FP8Error as exc:
+        print(f"tensor_parallel_check: {rank_processes.one_line(exc)}", file=sys.stderr)
+        return 2
     print(check.summary())
     return 0 if check.ok else 1
 
