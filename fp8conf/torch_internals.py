@@ -147,6 +147,7 @@ def probe(name: str) -> Probe:
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
         except ImportError as exc:  # a shorter prefix may be the module; the last error is the reason
+            logger.debug("probe of torch internal %s: %s is not a module (%s)", name, ".".join(parts[:cut]), exc)
             error = str(exc)
             continue
         except Exception as exc:  # an internal module that fails while importing is as good as absent

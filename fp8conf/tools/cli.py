@@ -249,6 +249,7 @@ def _how_the_run_ended(path: Path | None, *, since: float) -> str | None:
             return None
         return json.loads(path.read_text(encoding="utf-8"))["run"]["ended"]
     except FileNotFoundError:
+        logger.debug("fp8conf check: no report at %s: this run wrote none", path)
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("fp8conf check: the report %s cannot be read as this run's (%s: %s); its exit status is pytest's",

@@ -91,24 +91,32 @@ def _variables_behind(exc: BaseException) -> list[str]:
     ]
 
 
-def _cannot(what: str, exc: BaseException) -> str:
-    """The problem line of ``what`` failing with ``exc``, naming the variables behind it."""
-    logger.debug("doctor: %s", what, exc_info=exc)
-    line = f"{what}: {_one_line(exc)}"
-    variables = _variables_behind(exc)
-    if variables:
-        line += f"; set in the environment: {', '.join(variables)}: unset it or give it a value torch accepts"
-    return line
+#: What :func:`_guarded` returns for a check that raised.
+_FAILED = object()
+
+
+def _guarded(what: str, call, problems: list[str], *, fix: str | None = None):
+    """What ``call()`` returns; :data:`_FAILED` when it raises, with the problem said: ``what``,
+    the error in one line, the torch variables behind it and what to do about them (else
+    ``fix``). The traceback goes to the ``fp8conf`` logger at debug."""
+    try:
+        return call()
+    except Exception as exc:  # the environment's finding: a problem line, never a traceback
+        logger.debug("doctor: %s", what, exc_info=exc)
+        line = f"{what}: {_one_line(exc)}"
+        variables = _variables_behind(exc)
+        if variables:
+            line += f"; set in the environment: {', '.join(variables)}: unset it or give it a value torch accepts"
+        elif fix:
+            line += f"; {fix}"
+        problems.append(line)
+        return _FAILED
 
 
 def _imported(name: str, problems: list[str]):
-    """The module ``name``, or None with the problem said."""
-    try:
-        return importlib.import_module(name)
-    except Exception as exc:  # anything a broken install raises while importing
-        line = _cannot(f"{name} cannot be imported", exc)
-        problems.append(line if "set in the environment" in line else f"{line}; reinstall it (pip install --force-reinstall {name})")
-        return None
+    """The module ``name``; :data:`_FAILED`, with the problem said, when it cannot be imported."""
+    return _guarded(f"{name} cannot be imported", lambda: importlib.import_module(name), problems,
+                    fix=f"reinstall it (pip install --force-reinstall {name})")
 
 
 def _torchao_version(torchao, problems: list[str]) -> str | None:
@@ -192,31 +200,25 @@ def diagnose() -> dict:
              "not_checked": None}
     versions = found["versions"]
     torch = _imported("torch", problems)
-    versions["torch"] = "cannot be imported" if torch is None else torch.__version__
-    if torch is None:
+    versions["torch"] = "cannot be imported" if torch is _FAILED else torch.__version__
+    if torch is _FAILED:
         found["not_checked"] = "torch cannot be imported"
         return found
-    try:
-        found["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (no CUDA device)"
-    except Exception as exc:  # a driver or CUDA_VISIBLE_DEVICES torch cannot use: said, the rest goes on
-        problems.append(_cannot("the CUDA device cannot be read", exc))
-    try:
-        # First: TorchAO and every internal import it, and fail all alike when it fails.
-        importlib.import_module("torch._inductor.config")
-    except Exception as exc:  # said as a problem; what needs Inductor is left out
-        problems.append(_cannot("Inductor's configuration cannot be read", exc))
+    device = _guarded("the CUDA device cannot be read", lambda: torch.cuda.get_device_name()
+                      if torch.cuda.is_available() else "CPU (no CUDA device)", problems)
+    found["device"] = None if device is _FAILED else device
+    # First: TorchAO and every internal import it, and fail all alike when it fails.
+    if _guarded("Inductor's configuration cannot be read", lambda: importlib.import_module("torch._inductor.config"),
+                problems) is _FAILED:
         versions["torchao"] = "not checked"
         found["not_checked"] = "Inductor's configuration cannot be read"
         return found
     torchao = _imported("torchao", problems)
-    version = None if torchao is None else _torchao_version(torchao, problems)
-    versions["torchao"] = version or ("cannot be imported" if torchao is None else "not a TorchAO installation")
-    blocked = [] if version else ["torchao cannot be imported" if torchao is None else "torchao is not a TorchAO installation"]
+    version = None if torchao is _FAILED else _torchao_version(torchao, problems)
+    versions["torchao"] = version or ("cannot be imported" if torchao is _FAILED else "not a TorchAO installation")
+    blocked = [] if version else [f"torchao {'cannot be imported' if torchao is _FAILED else 'is not a TorchAO installation'}"]
     found["untested"] = _untested(versions)
-    try:
-        _internals(found)
-    except Exception as exc:  # said as a problem; the compile that needs them is left out
-        problems.append(_cannot("torch's internals cannot be probed", exc))
+    if _guarded("torch's internals cannot be probed", lambda: _internals(found), problems) is _FAILED:
         blocked.append("torch's internals cannot be probed")
     if not blocked:
         cache = _inductor_cache_problem()
@@ -226,13 +228,11 @@ def diagnose() -> dict:
     if blocked:
         found["not_checked"] = "; ".join(blocked)
         return found
-    try:
-        found["paths"] = _compiled_paths(torch)
-    except Exception as exc:  # a compile that fails here is this environment's finding
-        problems.append(_cannot("compiling a small FP8 model here failed", exc))
+    paths = _guarded("compiling a small FP8 model here failed", lambda: _compiled_paths(torch), problems)
+    if paths is _FAILED:
         found["not_checked"] = "the compile failed"
         return found
-    found["paths"].update({f"{name} (torch internals)": reason for name, reason in found.pop("internal_paths").items()})
+    found["paths"] = {**paths, **{f"{name} (torch internals)": reason for name, reason in found.pop("internal_paths").items()}}
     return found
 
 
