@@ -73,7 +73,8 @@ def cuda_problem(device: str) -> str | None:
     except RuntimeError as exc:
         return f"{device!r} is not a device torch knows ({exc}); use --fp8-device=cuda or cpu"
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        return f"torch {torch.__version__} is built without CUDA; install a CUDA build of torch, or run on the CPU with --fp8-device=cpu"
+        return (f"torch {torch.__version__} is built without CUDA; install a CUDA build of torch, or run on the CPU "
+                "with --fp8-device=cpu")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     unset = f"; CUDA_VISIBLE_DEVICES={visible!r} is set: unset it or give device indices (e.g. 0)" if visible is not None else ""
     if not torch.cuda.is_available():
@@ -123,7 +124,8 @@ def gloo_problem(world: int = 2) -> str | None:
         except Exception as exc:  # what the rank saw is the probe's answer
             errors[index] = exc
 
-    threads = [threading.Thread(target=rank, args=(index,), daemon=True, name=f"fp8conf-gloo-probe-{index}") for index in range(world)]
+    threads = [threading.Thread(target=rank, args=(index,), daemon=True, name=f"fp8conf-gloo-probe-{index}")
+               for index in range(world)]
     for thread in threads:
         thread.start()
     for thread in threads:

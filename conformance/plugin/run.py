@@ -272,7 +272,8 @@ class ConformanceRun:
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Generator[None, Any, Any]:
         result = yield
-        if result and report.failed and any(key == ENVIRONMENT_KEY for key, _ in getattr(report, "user_properties", ())):
+        stopped = any(key == ENVIRONMENT_KEY for key, _ in getattr(report, "user_properties", ()))
+        if result and report.failed and stopped:
             result = ("error", "E", "ERROR (environment)")  # counted with pytest's errors, not its failures
         if result and not self._is_xdist_worker:
             return self.progress.status_of(report, tuple(result))
