@@ -259,6 +259,8 @@ def test_an_environment_error_is_reported_apart_from_the_backends_failures(suite
     summary = report["summary"]
     assert (summary["must_passed"], summary["must_applicable"], summary["must_total"]) == (1, 1, 2)
     assert summary["must_environment_errors"] == ["PROV-001"] and summary["defects"] == []
+    # 1/1 of what ran would read as a pass of a run the machine stopped.
+    assert summary["must_score"] is None
     assert "| PROV-001 | MUST | provenance | error (environment) |" in (suite.path / "r.md").read_text()
 
 

@@ -288,8 +288,9 @@ def must_summary(rows: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     ``must_total``, the number the score is read against, so "45/47 passed, 2 skipped" never
     reads as a full score. So does one the machine stopped (``environment_error``, listed in
     ``must_environment_errors``): it is no failure of the backend, and no pass either.
-    ``must_applicable`` and ``must_score`` keep their first meaning, the properties that ran to a
-    verdict and the share of them that passed.
+    ``must_applicable`` keeps its first meaning, the properties that ran to a verdict;
+    ``must_score`` is the share of them that passed, or None where the machine stopped one: a
+    score over what remained would read as a pass of what was never checked.
     """
     # An expected failure is applicable and not passed; an xpass passed all its tests.
     must = [(pid, row) for pid, row in rows.items() if row["level"] == "MUST"]
@@ -304,7 +305,7 @@ def must_summary(rows: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         "must_passed": passed,
         "must_applicable": len(applicable),
-        "must_score": passed / len(applicable) if applicable else None,
+        "must_score": passed / len(applicable) if applicable and not stopped else None,
         "must_skipped": len(skipped),
         "must_total": len(applicable) + len(skipped) + len(stopped),
         "must_skipped_reasons": reasons,
