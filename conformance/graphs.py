@@ -254,12 +254,11 @@ def _own_containers(value):
 
 
 def live_nodes(gm: torch.fx.GraphModule) -> set:
-    """The nodes that run: those the graph's outputs depend on, every node with a side effect
-    (an in-place or otherwise mutating op, as torch's dead-code elimination judges it:
+    """The nodes torch's dead-code elimination keeps: those the graph's outputs depend on, every
+    node with a side effect (an in-place or otherwise mutating op, as it judges it:
     ``Node.is_impure``, random ops not counted as such) and everything those depend on. A
-    functional graph's dead code computes nothing; a ``make_fx`` graph's in-place ``mul_`` on a
-    value nothing returns still runs, and torch's partitioner keeps it. The same definition
-    serves a stage graph and its callables alike (SPEC.md, "Counting what runs")."""
+    ``make_fx`` graph's in-place ``mul_`` on a value nothing returns stays, with what it reads.
+    What counts as FP8 compute is what reaches an output (:mod:`conformance.dead_compute`)."""
     return _with_inputs(n for n in gm.graph.nodes if n.op == "output" or _has_side_effect(n))
 
 

@@ -7,7 +7,7 @@
   models for many properties) and hands each caller its own copy of the graph, so that what a
   backend tags or rewrites in place stays with that property; :func:`fresh_copy` gives another;
 * :func:`fp8_ops` is the suite's ground truth of FP8 compute for a backend, built once, and
-  :func:`compute_counts_that_run` of how much of it a traced graph runs per (module, pass);
+  :func:`fp8_compute_truth` of how much of it a traced graph must hold per (module, pass);
 * :func:`serving` scopes a test to one backend: model strategies draw only the quantized module
   kinds it claims, and reproducers of models it converts name it;
 * :func:`fail` prints the property ID, its spec line, what was expected versus seen, and the
@@ -31,15 +31,14 @@ import pytest
 from conformance import evidence, strategies
 from conformance.api.errors import ValidationFailure
 from conformance.api.spec import get_property
-from conformance.graphs import (
-    Fp8Ops, Oracle, RewriteFailed, copy_graph_module, fp8_compute_nodes, run_for_side_effects_only, trace_and_rewrite, trace_with_oracle,
-)
+from conformance.dead_compute import ComputeTruth, compute_truth
+from conformance.graphs import Fp8Ops, Oracle, RewriteFailed, copy_graph_module, trace_and_rewrite, trace_with_oracle
 from conformance.models import ModelSpec, build_model
 
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
-    "require_subject", "compute_counts_that_run", "declared_ops", "traced_before_rewrite", "owns_float8", "float8_converter", "built_with",
+    "require_subject", "fp8_compute_truth", "declared_ops", "traced_before_rewrite", "owns_float8", "float8_converter", "built_with",
     "attributed",
 ]
 
@@ -214,33 +213,13 @@ def declared_ops(property_id: str, backend) -> Fp8Ops:
         fail(property_id, f"backend {backend.name!r}: fp8_compute_ops() or e8m0_op() raised or returned no op: {type(exc).__name__}: {exc}")
 
 
-def compute_counts_that_run(property_id: str, backend, spec, gm, oracle: Oracle) -> tuple[dict, dict]:
-    """``(expected, kept)``: the FP8 compute ``gm`` must run per ``(fqn, pass)``, and the part of
-    it kept only by a side effect (SPEC.md, "Counting what runs").
-
-    ``expected`` is the recipe's count for what the step needs (``spec.expected_compute_counts()``)
-    plus the FP8 compute the graph runs only for a side-effecting op (an in-place op on a value
-    nothing returns: :func:`conformance.graphs.run_for_side_effects_only`), attributed by the
-    suite's oracle, never by the backend's provenance. Only what the recipe computes though the
-    step does not need it is admitted: in the backward, one grad_input per call whose input needs
-    no gradient; anything else kept (``kept`` lists it all) is not added, so a count that
-    includes it fails. A functional graph keeps nothing, and ``expected`` is the recipe's."""
-    kept: dict = {}
-    side_effects_only = run_for_side_effects_only(gm)
-    for node in fp8_compute_nodes(gm, fp8_ops(property_id, backend)):
-        if node in side_effects_only:
-            key = (oracle.issued_by.get(node), "backward" if backend.is_backward(node) else "forward")
-            kept[key] = kept.get(key, 0) + 1
-    admitted: dict = {}
-    configs = spec.quantized_modules()
-    for fqn, input_grad in spec.calls():
-        if not input_grad and not configs[fqn][2]:
-            admitted[(fqn, "backward")] = admitted.get((fqn, "backward"), 0) + 1
-    expected = dict(spec.expected_compute_counts())
-    for key, count in kept.items():
-        if key in admitted:
-            expected[key] = expected.get(key, 0) + min(count, admitted[key])
-    return expected, kept
+def fp8_compute_truth(property_id: str, backend, spec, gm, oracle: Oracle) -> ComputeTruth:
+    """The FP8 compute ``gm`` must hold per ``(fqn, pass)``: the recipe's count for what the step
+    needs, what the graph keeps within the allowance (a grad_input nobody needs, kept for an
+    in-place op) and the dead FP8 compute beyond it (SPEC.md, "Counting what the outputs need";
+    :func:`conformance.dead_compute.compute_truth`). Attributed by the suite's oracle, never by
+    the backend's provenance; a functional graph keeps nothing, and its truth is the recipe's."""
+    return compute_truth(spec, gm, oracle, fp8_ops(property_id, backend), lambda n: "backward" if backend.is_backward(n) else "forward")
 
 
 def compile_settings():

@@ -2,7 +2,7 @@
 
 Each models a real way FP8 gets lost in a graph trainer: a lowering that turns a scaled matmul
 into a high-precision one, a pass that rebuilds a node without its metadata, a rewrite that
-feeds a scaled op a high-precision operand. New nodes get fake values computed in the graph's
+feeds a scaled op a high-precision operand, a rewrite that runs a matmul twice. New nodes get fake values computed in the graph's
 own fake mode, so dtypes and shapes stay truthful for every reader.
 """
 
@@ -15,7 +15,7 @@ from conformance.graphs import copy_codegen, grouped_offsets
 
 __all__ = [
     "lower_to_high_precision", "lower_grouped_to_high_precision", "rebuild_without_meta", "rebuild_chain_without_meta", "upcast_operand",
-    "eliminate_common_subexpressions",
+    "duplicate_compute", "eliminate_common_subexpressions",
 ]
 
 aten = torch.ops.aten
@@ -107,11 +107,30 @@ def rebuild_chain_without_meta(gm: torch.fx.GraphModule, cast: torch.fx.Node, sa
 
 
 def upcast_operand(gm: torch.fx.GraphModule, node: torch.fx.Node, index: int = 0) -> torch.fx.GraphModule:
-    """Feed the scaled op a float32 copy of matrix operand ``index`` (the op stays, FP8 is gone)."""
+    """Feed the scaled op a float32 copy of its argument ``index``, a matrix operand (the op
+    stays, FP8 is gone)."""
     operand = node.args[index]
     upcast = _insert(gm.graph, node, operand, aten._to_copy.default, operand, dtype=torch.float32)
     node.args = tuple(upcast if i == index else a for i, a in enumerate(node.args))
     return _finish(gm)
+
+
+def duplicate_compute(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node:
+    """Compute ``node`` twice, both results needed: a twin of ``node`` (its metadata copied) is
+    added with factor zero into what ``node``'s users read, ``add(node, twin, alpha=0)``. The
+    values stay those of the graph; the twin reaches every output ``node`` reaches, so it counts
+    (a dead copy would not: SPEC.md, "Counting what the outputs need"). Returns the twin."""
+    users = list(node.users)
+    with gm.graph.inserting_after(node):
+        twin = gm.graph.node_copy(node)
+    with gm.graph.inserting_after(twin):
+        joined = gm.graph.call_function(aten.add.Tensor, (node, twin), {"alpha": 0})
+    joined.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+    _fake(joined, aten.add.Tensor, node, twin, alpha=0)
+    for user in users:
+        user.replace_input_with(node, joined)
+    _finish(gm)
+    return twin
 
 
 def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -9,7 +9,7 @@ import torch
 
 from conformance.backends.reference import ReferenceBackend
 from conformance.graphs import Fp8Ops, copy_graph_module, fp8_compute_nodes, run_for_side_effects_only
-from conformance.harness import compute_counts_that_run, fp8_ops, traced
+from conformance.harness import fp8_compute_truth, fp8_ops, traced
 from conformance.models import LayerSpec, ModelSpec
 
 SPEC = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="tensorwise"), LayerSpec(width=32, recipe="mxfp8")))
@@ -123,29 +123,32 @@ def _makefx_with_torchao_linears():
     return MakeFxWithTorchAO()
 
 
-def test_the_ground_truth_counts_a_grad_input_kept_by_an_in_place_op_only_where_the_graph_runs_it():
+def test_the_ground_truth_is_the_recipes_and_admits_a_grad_input_kept_by_an_in_place_op():
     recipe = FIRST_ROWWISE.expected_compute_counts()
     assert recipe[("layers.0", "backward")] == 1  # grad_weight only: the step needs no grad_input
-    # make_fx keeps the in-place op, so the matmul it scales runs: attributed by the suite's oracle.
+    # make_fx keeps the in-place op, and with it the matmul it scales, which no output needs: the
+    # truth is the recipe's, and a count may add that matmul (attributed by the suite's oracle).
     makefx = _makefx_with_torchao_linears()
     case = traced("VAL-007", makefx, FIRST_ROWWISE)
-    expected, kept = compute_counts_that_run("VAL-007", makefx, FIRST_ROWWISE, case.gm, case.oracle)
-    assert kept == {("layers.0", "backward"): 1}, kept
-    assert expected == {**recipe, ("layers.0", "backward"): 2}, expected
-    # AOT export is functional: nothing runs for a side effect, the truth is the recipe's.
+    truth = fp8_compute_truth("VAL-007", makefx, FIRST_ROWWISE, case.gm, case.oracle)
+    assert truth.needed == recipe and truth.kept == {("layers.0", "backward"): 1} and not truth.dead, truth
+    assert truth.admits(("layers.0", "backward"), 1) and truth.admits(("layers.0", "backward"), 2)
+    assert not truth.admits(("layers.0", "backward"), 3) and not truth.admits(("layers.0", "forward"), 2)
+    # AOT export is functional: nothing is kept, the truth is the recipe's.
     case = traced("VAL-007", REFERENCE, FIRST_ROWWISE)
-    assert compute_counts_that_run("VAL-007", REFERENCE, FIRST_ROWWISE, case.gm, case.oracle) == (recipe, {})
+    truth = fp8_compute_truth("VAL-007", REFERENCE, FIRST_ROWWISE, case.gm, case.oracle)
+    assert (truth.needed, truth.kept, truth.dead) == (recipe, {}, ())
 
 
-def test_kept_fp8_compute_beyond_an_unneeded_grad_input_is_not_admitted():
+def test_a_kept_matmul_beyond_an_unneeded_grad_input_is_dead_compute():
     # The same graph judged as if the input needed a gradient: no grad_input goes unneeded, so
-    # the kept matmul is listed but not added, and a backend that counts it fails VAL-007.
+    # the kept matmul is not admitted; it runs for nothing, and the graph holding it fails VAL-007.
     makefx = _makefx_with_torchao_linears()
     case = traced("VAL-007", makefx, FIRST_ROWWISE)
     needs_grad = dataclasses.replace(FIRST_ROWWISE, input_requires_grad=True)
-    expected, kept = compute_counts_that_run("VAL-007", makefx, needs_grad, case.gm, case.oracle)
-    assert kept == {("layers.0", "backward"): 1}
-    assert expected == needs_grad.expected_compute_counts()
+    truth = fp8_compute_truth("VAL-007", makefx, needs_grad, case.gm, case.oracle)
+    assert truth.needed == needs_grad.expected_compute_counts() and truth.kept == {}
+    assert [key for _, key in truth.dead] == [("layers.0", "backward")]
 
 
 def test_fp8_compute_the_suites_attribution_gives_to_no_module_is_a_verdict_with_its_evidence():

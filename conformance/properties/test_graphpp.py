@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 from conformance import rewrites
 from conformance.families import FAMILIES
 from conformance.family_examples import family_examples
-from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, live_nodes, tagged_groups
+from conformance.dead_compute import dead_fp8_compute, keepable_dead_compute, needed_fp8_compute, unneeded_grad_inputs
+from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, output_dependencies, tagged_groups
 from conformance.api.errors import SplitFailure, ValidationFailure
 from conformance.harness import (
-    call_backend, check, compute_counts_that_run, fail, fp8_ops, fresh_args, grad_outputs, strict_error, traced,
+    call_backend, check, fail, fp8_ops, fresh_args, grad_outputs, strict_error, traced,
 )
 from conformance.stages import split_step
 from conformance.notes import note
@@ -78,12 +79,12 @@ def _pass_of(backend, node) -> str:
 
 
 def _by_pass(backend, gm, select) -> dict[str, list]:
-    """The nodes that run in the stage graph (:func:`conformance.graphs.live_nodes`) that
-    ``select`` picks, by pass."""
-    live = live_nodes(gm)
+    """The nodes of the stage graph that ``select`` picks and that some output of it needs
+    (what counts: SPEC.md, "Counting what the outputs need"), by pass."""
+    needed = output_dependencies(gm)
     found = {p: [] for p in PASSES}
     for node in gm.graph.nodes:
-        if node in live and select(node):
+        if node in needed and select(node):
             found[_pass_of(backend, node)].append(node)
     return found
 
@@ -95,13 +96,14 @@ def _per_pass(backend, gm, split, select) -> list[tuple[str, list, list]]:
 
 
 def _in_parts(split, select) -> dict[str, list]:
-    """What ``select`` picks among the nodes that run in the callables (the stage graph's
-    definition: :func:`conformance.graphs.live_nodes`), the forward callable against the forward
-    pass and dI plus dW against the backward pass."""
+    """What ``select`` picks among the nodes each callable's own outputs need (the stage
+    graph's definition), the forward callable against the forward pass and dI plus dW against
+    the backward pass. A node no output of its callable needs does not count here; BND-002
+    holds the callables to running no such FP8 compute."""
 
     def pick(part):
-        live = live_nodes(part)
-        return [n for n in part.graph.nodes if n in live and select(n)]
+        needed = output_dependencies(part)
+        return [n for n in part.graph.nodes if n in needed and select(n)]
 
     return {"forward": pick(split.forward), "backward": pick(split.backward_input) + pick(split.backward_weight)}
 
@@ -154,10 +156,14 @@ def _check_split_step(fp8_backend, spec, case, label, gm, split, args, grads, ex
 @family_examples
 @given(spec=stages)
 def test_BND_002_every_fp8_compute_node_lands_in_exactly_one_callable(fp8_backend, spec):
-    """Cheapest defect: dW running again the FP8 matmuls of dI whose results it needs (results stay
-    bitwise equal, so BND-001 passes). The FP8 compute per pass in the callables must equal the
-    stage graph's live compute; a defect that drops one matmul and duplicates another keeps the
-    count but changes values (BND-001) and provenance (BND-005)."""
+    """Cheapest defects: dW running again the FP8 matmuls of dI whose results it needs (results
+    stay bitwise equal, so BND-001 passes), and a split that leaves in dW a copy of each weight
+    gradient's FP8 matmul that nothing reads (values and counts of what is needed stay right, and
+    the callable's code runs the copies). The FP8 compute per pass that the callables' outputs
+    need must equal the stage graph's; and no callable may hold FP8 compute its outputs do not
+    need, beyond what the stage graph itself keeps for an in-place op. A defect that drops one
+    matmul and duplicates another keeps the count but changes values (BND-001) and provenance
+    (BND-005)."""
     _each_split("BND-002", fp8_backend, spec, _check_compute_placed_once)
 
 
@@ -168,10 +174,36 @@ def _check_compute_placed_once(fp8_backend, spec, label, gm, split):
         check(
             len(parts) == len(joint),
             "BND-002",
-            f"{label}: the stage's {pass_name} pass has {len(joint)} FP8 compute node(s), {where} hold "
-            f"{len(parts)}: FP8 compute was {'duplicated' if len(parts) > len(joint) else 'dropped'} by the split",
+            f"{label}: the stage's {pass_name} pass has {len(joint)} FP8 compute node(s) its outputs need, {where} hold "
+            f"{len(parts)} that their outputs need: FP8 compute was {'duplicated' if len(parts) > len(joint) else 'dropped'} by the split",
             spec,
         )
+    _check_no_dead_compute_runs(fp8_backend, spec, label, gm, split, ops)
+
+
+def _check_no_dead_compute_runs(fp8_backend, spec, label, gm, split, ops):
+    """A callable's code runs every node it holds: FP8 compute none of its outputs need runs for
+    nothing. The backward callables may keep, between them, as much of it as the stage graph
+    keeps for an in-place op (a grad_input nobody needs, at most one per call whose input needs
+    no gradient, never a copy of other FP8 compute); dropping it is always right."""
+    keepable = [n for n in keepable_dead_compute(gm, ops) if fp8_backend.is_backward(n)]
+    allowance = min(len(keepable), sum(unneeded_grad_inputs(spec).values()))
+    running = []
+    for name, part in split.parts.items():
+        covered = set(keepable_dead_compute(part, ops)) if name != "forward" else set()
+        for node in dead_fp8_compute(part, ops):
+            if node in covered and allowance > 0:
+                allowance -= 1
+            else:
+                running.append(f"'{node.name}' ({node.target}) in {name}")
+    shown = ", ".join(running[:4]) + (f" and {len(running) - 4} more" if len(running) > 4 else "")
+    check(
+        not running,
+        "BND-002",
+        f"{label}: the callables run {len(running)} FP8 compute node(s) that none of their outputs need: {shown}. A callable "
+        "executes every node of its code; a copy the split left behind runs for nothing (remove it: dead FP8 compute may be dropped)",
+        spec,
+    )
 
 
 @pytest.mark.fp8_property("BND-003")
@@ -235,7 +267,7 @@ def _check_regions_after_split(fp8_backend, spec, label, gm, split):
             reason = incompleteness(nodes, fp8_backend.is_backward, ops)
             check(reason is None, "BND-004", f"{label}, in {name}: tagged region {region_id!r} is incomplete: {reason}", spec)
         tagged = _tagged_nodes(part)
-        computes = fp8_compute_nodes(part, ops)
+        computes = needed_fp8_compute(part, ops)
         part_tagged["forward" if name == "forward" else "backward"] += [n for n in computes if n in tagged]
     for pass_name in PASSES:
         check(
@@ -347,30 +379,17 @@ def test_BND_007_backward_weight_holds_the_fp8_compute_no_input_gradient_needs(f
 def _check_weight_compute_in_dw(fp8_backend, spec, label, gm, split):
     ops = fp8_ops("BND-007", fp8_backend)
     expected_i, expected_w = _backward_compute_by_need(spec)
-    expected_w += _kept_for_in_place_ops(fp8_backend, spec)
     owner = lambda n: getattr(fp8_backend.provenance(n), "module_fqn", None)
-    seen_i = collections.Counter(owner(n) for n in fp8_compute_nodes(split.backward_input, ops))
-    seen_w = collections.Counter(owner(n) for n in fp8_compute_nodes(split.backward_weight, ops))
+    # What each callable's outputs need counts; FP8 compute they do not need is BND-002's business.
+    seen_i = collections.Counter(owner(n) for n in needed_fp8_compute(split.backward_input, ops))
+    seen_w = collections.Counter(owner(n) for n in needed_fp8_compute(split.backward_weight, ops))
     check(
         seen_i == expected_i and seen_w == expected_w,
         "BND-007",
         f"{label}: per module, backward FP8 compute some input gradient depends on: {dict(expected_i)}, the rest: "
-        f"{dict(expected_w)}; backward_input holds {dict(seen_i)}, backward_weight {dict(seen_w)}. dW's matmuls "
-        "belong in backward_weight, which a zero-bubble schedule runs later; dI must not finish them",
+        f"{dict(expected_w)}; backward_input holds {dict(seen_i)}, backward_weight {dict(seen_w)} that their outputs need. "
+        "dW's matmuls belong in backward_weight, which a zero-bubble schedule runs later; dI must not finish them",
         spec,
-    )
-
-
-def _kept_for_in_place_ops(backend, spec) -> collections.Counter:
-    """Per module, the backward FP8 matmuls the traced stage runs only for an in-place op (a
-    grad_input nobody needs, scaled in place): no input gradient depends on them, so they are
-    dW's. The suite's ground truth (:func:`conformance.harness.compute_counts_that_run`) beyond
-    the recipe's count; none in a functional graph."""
-    case = traced("BND-007", backend, spec)
-    expected, _ = compute_counts_that_run("BND-007", backend, spec, case.gm, case.oracle)
-    recipe = spec.expected_compute_counts()
-    return collections.Counter(
-        {fqn: count - recipe.get((fqn, pass_name), 0) for (fqn, pass_name), count in expected.items() if pass_name == "backward"}
     )
 
 

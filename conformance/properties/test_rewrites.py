@@ -18,7 +18,8 @@ from hypothesis import given
 from conformance.api.types import StageSplit
 from conformance.families import FAMILIES
 from conformance.family_examples import family_examples
-from conformance.graphs import fp8_compute_nodes, live_nodes
+from conformance.dead_compute import needed_fp8_compute
+from conformance.graphs import fp8_compute_nodes, output_dependencies
 from conformance.harness import (
     call_backend, check, fail, fp8_ops, fresh_args, grad_outputs, traced, traced_before_rewrite,
 )
@@ -32,10 +33,11 @@ _TOLERANCE = 1e-3
 
 
 def _compute_per_module(backend, gm, oracle) -> collections.Counter:
-    """FP8 compute per (issuing module by the suite's oracle, pass)."""
+    """FP8 compute that reaches the outputs (what counts; a rewrite may drop dead FP8 compute),
+    per (issuing module by the suite's oracle, pass)."""
     ops = fp8_ops("RWR-001", backend)
     return collections.Counter(
-        (oracle.issued_by.get(n), "backward" if backend.is_backward(n) else "forward") for n in fp8_compute_nodes(gm, ops)
+        (oracle.issued_by.get(n), "backward" if backend.is_backward(n) else "forward") for n in needed_fp8_compute(gm, ops)
     )
 
 
@@ -100,9 +102,10 @@ def test_RWR_002_a_rewrite_keeps_where_a_split_puts_each_modules_fp8_compute(fp8
         owner = lambda n: getattr(fp8_backend.provenance(n), "module_fqn", None)
         found = {}
         for name, part in (("forward", split.forward), ("backward_input", split.backward_input), ("backward_weight", split.backward_weight)):
-            counts = collections.Counter(owner(n) for n in fp8_compute_nodes(part, ops))
+            counts = collections.Counter(owner(n) for n in needed_fp8_compute(part, ops))
             # dW work in high precision too (a recipe's high-precision weight gradient): matmuls.
-            counts["(high-precision matmuls)"] = sum(1 for n in live_nodes(part) if n.op == "call_function" and str(n.target) in _MATMULS)
+            needed = output_dependencies(part)
+            counts["(high-precision matmuls)"] = sum(1 for n in needed if n.op == "call_function" and str(n.target) in _MATMULS)
             found[name] = counts
         return found
 

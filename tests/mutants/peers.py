@@ -8,13 +8,12 @@ one (their properties are checked on ``makefx`` itself, which implements them di
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import hashlib
 import json
 
 from conformance.api.types import StageSplit
-from conformance.backends import makefx_fingerprint, makefx_stages, makefx_trainer
+from conformance.backends import makefx_fingerprint, makefx_trainer
 from conformance.backends.makefx import MakeFxBackend
 from conformance.backends.reference import ReferenceBackend
 from mutants.backends import _replaced
@@ -118,47 +117,6 @@ class WholeStepStrictInEveryModule(MakeFxBackend):
         return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-class CountsOnlyWhatOutputsNeed(MakeFxBackend):
-    """Its reported counts leave out the FP8 matmuls the step runs only for an in-place op (a
-    first rowwise layer's grad_input, which TorchAO scales in place and torch keeps): it counts
-    as a functional graph would, not what runs."""
-
-    name = "mutant-counts-only-what-outputs-need"
-    KILLED_BY = "VAL-007"
-    # The in-place op is TorchAO's (its rowwise grad_input scaling): shown the trainer's own float8
-    # linears, which have none, the defect would never show.
-    capabilities = MakeFxBackend.capabilities - {"float8_modules"}
-
-    def validate(self, gm, *, strict):
-        report = super().validate(gm, strict=strict)
-        counts = collections.Counter(report.compute_counts)
-        for node in makefx_trainer._kept_by_mutation(gm):
-            found = makefx_trainer.module_provenance(node)
-            if makefx_trainer.is_fp8_matmul(node) and found is not None:
-                counts[(found[0], makefx_trainer.phase_of(node))] -= 1
-        return dataclasses.replace(report, compute_counts=dict(counts))
-
-
-class SplitDropsInPlaceOps(MakeFxBackend):
-    """Its split keeps what the gradients need and nothing else: the in-place ops no gradient
-    needs, and the FP8 matmul they scale, which the joint step runs, are in no callable."""
-
-    name = "mutant-split-drops-in-place-ops"
-    KILLED_BY = "BND-002"
-    # The in-place op is TorchAO's (its rowwise grad_input scaling): shown the trainer's own float8
-    # linears, which have none, the defect would never show.
-    capabilities = MakeFxBackend.capabilities - {"float8_modules"}
-
-    def split_stage(self, gm, *, strict=True):
-        ancestors = makefx_stages._ancestors
-
-        def needed_only(roots, within):
-            return ancestors([r for r in roots if not r.is_impure()], within)
-
-        with _replaced(makefx_stages, "_ancestors", needed_only):
-            return super().split_stage(gm, strict=strict)
-
-
 def _leaves(value, prefix=""):
     """A config dataclass flattened to ``{dotted path: value}``."""
     if dataclasses.is_dataclass(value):
@@ -205,7 +163,7 @@ class InexpressibleFieldsIgnored(MakeFxBackend):
 
 
 MUTANTS = [NoRegions]
-MAKEFX_MUTANTS = [RunnerRunsTheJointGraph, JobConfigIgnored, CountsOnlyWhatOutputsNeed, SplitDropsInPlaceOps]
+MAKEFX_MUTANTS = [RunnerRunsTheJointGraph, JobConfigIgnored]
 MAKEFX_MUTANTS += [
     WholeStepIgnoresRecipe,
     WholeStepUsesPythonHash,
