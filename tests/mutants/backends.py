@@ -235,6 +235,67 @@ class ExistenceOnlyCounts(ReferenceBackend):
             return super().validate(gm, strict=strict)
 
 
+def _what_outputs_need(gm):
+    """A copy of ``gm`` without the nodes no output needs: what a trainer whose validation
+    ignores dead code judges (rightly: such code computes nothing the step returns)."""
+    from conformance.graphs import copy_graph_module, output_dependencies
+
+    needed_only = copy_graph_module(gm)
+    needed = output_dependencies(needed_only)
+    for node in reversed(list(needed_only.graph.nodes)):
+        if node.op == "call_function" and node not in needed:
+            needed_only.graph.erase_node(node)
+    needed_only.recompile()
+    return needed_only
+
+
+class _LeavesDeadCopies(ReferenceBackend):
+    """Its post-trace pass rebuilds FP8 matmuls (as a fusion does) and leaves each original in the
+    graph, read by nothing, or only by an in-place op; its validation judges what the outputs
+    need, so every count and check stays right while the graph's code runs those matmuls twice."""
+
+    in_place = False
+
+    def trace_joint(self, model, args):
+        import torch
+
+        gm = super().trace_joint(model, args)
+        graph = gm.graph
+        for node in [n for n in graph.nodes if fp8conf.graph.roles.is_fp8_compute(n)]:
+            if self.in_place and not self.is_backward(node):
+                continue
+            with graph.inserting_after(node):
+                rebuilt = graph.node_copy(node)
+            node.replace_all_uses_with(rebuilt)
+            if self.in_place:
+                # The original's result scaled in place, as TorchAO scales a rowwise matmul's:
+                # torch's dead-code elimination keeps both.
+                with graph.inserting_after(rebuilt):
+                    scaled = graph.call_function(torch.ops.aten.mul_.Scalar, (node, 1.0))
+                scaled.meta.update(node.meta)  # the same tensor, in the same pass
+        gm.recompile()
+        return gm
+
+    def validate(self, gm, *, strict):
+        return super().validate(_what_outputs_need(gm), strict=strict)
+
+
+class DeadCopiesLeftByRewrite(_LeavesDeadCopies):
+    """Leaves a copy of every FP8 matmul that nothing reads."""
+
+    name = "mutant-dead-copies-left-by-rewrite"
+    KILLED_BY = "VAL-007"
+
+
+class DeadCopiesKeptInPlace(_LeavesDeadCopies):
+    """Leaves a copy of every backward FP8 matmul that only an in-place op reads: kept for a
+    side effect as a grad_input nobody needs may be, but a copy of a needed matmul is never that."""
+
+    name = "mutant-dead-copies-kept-in-place"
+    KILLED_BY = "VAL-007"
+    in_place = True
+
+
 class ConstantSummary(ReferenceBackend):
     """Gives every report the same summary line, whatever validation found."""
 
@@ -332,6 +393,8 @@ MUTANTS = [
     AnyFP8OperandCounts,
     ValidationWritesMeta,
     ExistenceOnlyCounts,
+    DeadCopiesLeftByRewrite,
+    DeadCopiesKeptInPlace,
     ConstantSummary,
     EmulatedNotExempt,
     OneEmulatedExemptsAll,

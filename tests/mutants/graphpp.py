@@ -244,6 +244,24 @@ class WeightWorkInInput(ReferenceBackend):
             return super().split_stage(gm, strict=strict)
 
 
+class DeadWeightMatmulCopies(ReferenceBackend):
+    """Its split leaves in backward_weight a copy of every FP8 matmul there that nothing reads
+    (a pass that rebuilt dW's matmuls and kept the originals): values, counts of what the outputs
+    need and provenance stay right, and dW's code runs each weight-gradient matmul twice."""
+
+    name = "mutant-dead-weight-matmul-copies"
+    KILLED_BY = "BND-002"
+
+    def split_stage(self, gm, *, strict=True):
+        split = super().split_stage(gm, strict=strict)
+        graph = split.backward_weight.graph
+        for node in [n for n in graph.nodes if is_fp8_compute(n)]:
+            with graph.inserting_after(node):
+                graph.node_copy(node)
+        split.backward_weight.recompile()
+        return split
+
+
 MUTANTS = [
     WeightRequantizes,
     CastDuplicatedAcrossCut,
@@ -255,4 +273,5 @@ MUTANTS = [
     SplitSkipsStrictValidation,
     ParamGradsOutOfOrder,
     WeightWorkInInput,
+    DeadWeightMatmulCopies,
 ]
