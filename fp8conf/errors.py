@@ -14,6 +14,7 @@ The branches are siblings, so catching one never swallows another stage's failur
     |   |-- MissingProvenanceError, UnsupportedLoweringError, ComputeCountError,
     |   |   `-- UndeclaredFP8ModuleError  FP8 compute in a module that declares no quantization
     |   |-- NoQuantizedModulesError
+    |   |-- ScaleMismatchError    a scaled matmul's scales of another dtype, shape or layout than its scaling takes
     |   `-- WeightAllGatherError  a sharded weight gathered in another precision than the setting
     |-- FP8RegionError            an FP8 region that cannot be compiled as asked
     |   `-- IncompleteRegionError, RegionCompileError
@@ -50,6 +51,7 @@ __all__ = [
     "UnsupportedLoweringError",
     "ComputeCountError",
     "NoQuantizedModulesError",
+    "ScaleMismatchError",
     "WeightAllGatherError",
     "FP8RegionError",
     "GraphCompileError",
@@ -160,6 +162,17 @@ class NoQuantizedModulesError(FP8ValidationError):
     """Strict FP8 validation was requested for a graph traced from a model without FP8 modules."""
 
     property_id = "VAL-001"
+
+
+class ScaleMismatchError(FP8ValidationError):
+    """FP8 compute whose scales torch would refuse: of another dtype, shape or layout than the
+    scaling its arguments declare (``aten._scaled_mm_v2``'s ``recipe_a`` / ``recipe_b`` and
+    swizzles) or imply (``aten._scaled_mm``'s operand and scale shapes), or a list of scales
+    whose length is not its list of recipes'. ``node_name`` is the matmul's node; the message
+    names the scale, what its scaling takes and what it is. A rule of fp8conf's own (``property_id``
+    ``"VAL-SCALE"``), not a property of the conformance spec."""
+
+    property_id = "VAL-SCALE"
 
 
 class WeightAllGatherError(FP8ValidationError):

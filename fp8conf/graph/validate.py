@@ -13,7 +13,11 @@ Rules checked (conformance IDs in brackets):
 * a graph that is one part of a larger one (a GraphPP callable, :mod:`fp8conf.graph.split`) is
   checked with the FP8 compute the other parts hold counted in (``sibling_compute``, or
   ``gm.meta[SIBLING_COMPUTE_META_KEY]`` where the cutting pass recorded it), so it is never failed
-  for compute that lives elsewhere [BND-006].
+  for compute that lives elsewhere [BND-006];
+* every FP8 compute node's scales are of the dtype, shape and layout its scaling takes, as torch's
+  Meta kernels check them when the graph compiles (:mod:`fp8conf.graph.scales`; ``VAL-SCALE``,
+  a rule of fp8conf's own): a rewrite that swapped, cast or dropped a scale is named here, with
+  its module and node, rather than by torch's error at compile or run time.
 
 Validation reads the graph and never writes to it [VAL-005]. Strict mode raises the first
 finding as its :class:`~fp8conf.errors.FP8ValidationError` subclass (all findings attached);
@@ -34,6 +38,7 @@ from fp8conf.arguments import require
 from fp8conf import errors
 from fp8conf.graph.provenance import get_provenance, node_passes, unattributed_fp8_compute
 from fp8conf.graph.roles import is_fp8_compute
+from fp8conf.graph.scales import SCALE_PROPERTY_ID, scale_findings
 from fp8conf.graph.trace import trace_info
 
 __all__ = ["SIBLING_COMPUTE_META_KEY", "Finding", "ValidationReport", "validate_fp8_graph"]
@@ -47,6 +52,7 @@ _ERROR_BY_PROPERTY = {
     "VAL-002": errors.UnsupportedLoweringError,
     "VAL-003": errors.MissingProvenanceError,
     "VAL-007": errors.ComputeCountError,
+    SCALE_PROPERTY_ID: errors.ScaleMismatchError,
 }
 
 
@@ -106,6 +112,7 @@ def validate_fp8_graph(
         sibling_compute = gm.meta.get(SIBLING_COMPUTE_META_KEY, {})
     per_call.update(sibling_compute)
     findings.extend(_check_calls(info, per_call, gm, passes, witnesses))
+    findings.extend(scale_findings(gm.graph, passes))
     counts: collections.Counter = collections.Counter()
     for (fqn, _call, pass_name), n in per_call.items():
         counts[(fqn, pass_name)] += n
