@@ -136,7 +136,7 @@ def _float16(gm, node: torch.fx.Node, scale: torch.fx.Node) -> torch.fx.Node:
     return _inserted(gm, node, torch.ops.aten._to_copy.default, (scale,), {"dtype": torch.float16})
 
 
-def _refused(gm, node: torch.fx.Node, *expected: str) -> fp8conf.ScaleMismatchError:
+def _expect_refused(gm, node: torch.fx.Node, *expected: str) -> fp8conf.ScaleMismatchError:
     """Strict validation raises for ``node`` and non-strict reports the same finding; every text
     of ``expected`` is in the message. Torch's own kernel refuses the edited call too."""
     with pytest.raises(fp8conf.ScaleMismatchError) as caught:
@@ -176,7 +176,7 @@ def test_swapped_scale_lists_of_a_v2_rowwise_matmul_are_refused_as_swapped():
     scale_a, scale_b = mm.args[2], mm.args[5]
     _set_arg(mm, 2, scale_b)
     _set_arg(mm, 5, scale_a)
-    _refused(gm, mm, f"scale_a[0] '{scale_b[0].name}' is float32 (1, 32); its scaling takes shape (8, 1)",
+    _expect_refused(gm, mm, f"scale_a[0] '{scale_b[0].name}' is float32 (1, 32); its scaling takes shape (8, 1)",
              "recipe_a [RowWise]", "the two operands' scales are swapped")
 
 
@@ -186,14 +186,14 @@ def test_a_float16_copy_of_a_v2_scale_is_refused(family):
     gm, mm = _edited(family)
     copy = _float16(gm, mm, mm.args[5][0])
     _set_arg(mm, 5, [copy])
-    _refused(gm, mm, f"scale_b[0] '{copy.name}' is float16", "its scaling takes float32")
+    _expect_refused(gm, mm, f"scale_b[0] '{copy.name}' is float16", "its scaling takes float32")
 
 
 @_needs_v2
 def test_an_empty_scale_list_of_a_v2_matmul_is_refused():
     gm, mm = _edited("scaled_mm-tensorwise")
     _set_arg(mm, 2, [])
-    _refused(gm, mm, "scale_a is an empty list, but recipe_a [TensorWise] takes 1")
+    _expect_refused(gm, mm, "scale_a is an empty list, but recipe_a [TensorWise] takes 1")
 
 
 @_needs_v2
@@ -201,14 +201,14 @@ def test_a_wrong_shaped_v2_rowwise_scale_is_refused():
     gm, mm = _edited("scaled_mm-rowwise")
     flat = _inserted(gm, mm, torch.ops.aten.view.default, (mm.args[2][0], [8]))
     _set_arg(mm, 2, [flat])
-    _refused(gm, mm, f"scale_a[0] '{flat.name}' is float32 (8,); its scaling takes shape (8, 1)")
+    _expect_refused(gm, mm, f"scale_a[0] '{flat.name}' is float32 (8,); its scaling takes shape (8, 1)")
 
 
 def test_a_wrong_shaped_rowwise_scale_of_the_first_api_is_refused():
     gm, mm = _edited("float8-rowwise")
     column = _inserted(gm, mm, torch.ops.aten.t.default, (mm.args[2],))  # (16, 1) -> (1, 16)
     _set_arg(mm, 2, column)
-    _refused(gm, mm, f"scale_a '{column.name}' (1, 16) and scale_b", "rowwise (16, 1) and (1, 32)")
+    _expect_refused(gm, mm, f"scale_a '{column.name}' (1, 16) and scale_b", "rowwise (16, 1) and (1, 32)")
 
 
 def test_swapped_rowwise_scales_of_the_first_api_are_refused_as_swapped():
@@ -216,14 +216,14 @@ def test_swapped_rowwise_scales_of_the_first_api_are_refused_as_swapped():
     scale_a, scale_b = mm.args[2], mm.args[3]
     _set_arg(mm, 2, scale_b)
     _set_arg(mm, 3, scale_a)
-    _refused(gm, mm, "fit no scaling of a (16, 32) x (32, 32) matmul", "the two operands' scales are swapped")
+    _expect_refused(gm, mm, "fit no scaling of a (16, 32) x (32, 32) matmul", "the two operands' scales are swapped")
 
 
 def test_a_float16_tensorwise_scale_of_the_first_api_is_refused():
     gm, mm = _edited("float8-tensorwise")
     copy = _float16(gm, mm, mm.args[3])
     _set_arg(mm, 3, copy)
-    _refused(gm, mm, f"scale_b '{copy.name}' is float16 ()", "its scaling takes float32")
+    _expect_refused(gm, mm, f"scale_b '{copy.name}' is float16 ()", "its scaling takes float32")
 
 
 @_needs_v2_api
@@ -231,21 +231,21 @@ def test_swizzled_mx_scales_viewed_as_bytes_are_refused():
     gm, mm = _edited("mxfp8_swizzled")
     as_bytes = _inserted(gm, mm, torch.ops.aten.view.dtype, (mm.args[2][0], torch.uint8))
     _set_arg(mm, 2, [as_bytes])
-    _refused(gm, mm, f"scale_a[0] '{as_bytes.name}' is uint8 (512,); its scaling takes float8_e8m0fnu")
+    _expect_refused(gm, mm, f"scale_a[0] '{as_bytes.name}' is uint8 (512,); its scaling takes float8_e8m0fnu")
 
 
 @_needs_v2_api
 def test_swizzled_mx_scales_declared_unswizzled_are_refused():
     gm, mm = _edited("mxfp8_swizzled")
     _set_arg(mm, 7, [0])
-    _refused(gm, mm, "swizzle_b declares NO_SWIZZLE; MX BlockWise1x32 scaling takes SWIZZLE_32_4_4")
+    _expect_refused(gm, mm, "swizzle_b declares NO_SWIZZLE; MX BlockWise1x32 scaling takes SWIZZLE_32_4_4")
 
 
 @_needs_nvfp4
 def test_an_nvfp4_call_without_its_global_scale_is_refused():
     gm, mm = _edited("nvfp4")
     _set_arg(mm, 5, mm.args[5][:1])
-    _refused(gm, mm, "scale_b holds 1 scale(s)", "recipe_b [BlockWise1x16, TensorWise] takes 2")
+    _expect_refused(gm, mm, "scale_b holds 1 scale(s)", "recipe_b [BlockWise1x16, TensorWise] takes 2")
 
 
 def test_swapped_scales_of_fp8conf_s_e8m0_op_are_refused():
@@ -253,14 +253,14 @@ def test_swapped_scales_of_fp8conf_s_e8m0_op_are_refused():
     scale_a, scale_b = mm.args[2], mm.args[3]
     _set_arg(mm, 2, scale_b)
     _set_arg(mm, 3, scale_a)
-    _refused(gm, mm, f"a_scale '{scale_b.name}' is", "(32, 2); its scaling takes shape (8, 2)", "swapped")
+    _expect_refused(gm, mm, f"a_scale '{scale_b.name}' is", "(32, 2); its scaling takes shape (8, 2)", "swapped")
 
 
 def test_a_float16_scale_of_a_grouped_matmul_is_refused():
     gm, mm = _edited("grouped")
     copy = _float16(gm, mm, mm.args[2])
     _set_arg(mm, 2, copy)
-    _refused(gm, mm, "grouped scales are both float32 (rowwise) or both float8_e8m0fnu (MXFP8)")
+    _expect_refused(gm, mm, "grouped scales are both float32 (rowwise) or both float8_e8m0fnu (MXFP8)")
 
 
 def test_a_scale_without_recorded_value_is_a_finding_and_the_graph_is_left_as_it_was():
