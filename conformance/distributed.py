@@ -31,6 +31,7 @@ import torch.fx
 
 from conformance.environment import GLOO_START_FAILED, EnvironmentProblem, gloo_fix, gloo_start_evidence
 from conformance.graphs import Fp8Ops, is_fp8_compute, is_fp8_dtype
+from conformance.rank_processes import start_ranks
 
 __all__ = [
     "WORLD_SIZE",
@@ -354,7 +355,7 @@ def _leave_rank() -> None:
 @functools.lru_cache(maxsize=8)
 def gloo_gradients(backend_class: type, cases: tuple[GlooCase, ...], world: int = WORLD_SIZE) -> tuple:
     """Per case and rank, ``("ok", {parameter FQN: relative error})`` or ``("error", message)``:
-    the backend's sharded step in ``world`` gloo processes (spawned, one CPU thread each) against
+    the backend's sharded step in ``world`` gloo processes (:func:`~conformance.rank_processes.start_ranks`, one CPU thread each) against
     the unsharded eager step. Run once per backend class and cases in a session.
 
     Raises :class:`~conformance.environment.EnvironmentProblem` when a rank's process group did
@@ -365,8 +366,8 @@ def gloo_gradients(backend_class: type, cases: tuple[GlooCase, ...], world: int 
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
         try:
-            mp.start_processes(_gloo_worker, args=(world, init_file, backend_class, cases, tmp), nprocs=world,
-                               join=True, start_method="spawn")
+            start_ranks(_gloo_worker, (world, init_file, backend_class, cases, tmp), nprocs=world,
+                        preload=(__name__, backend_class.__module__))
         except mp.ProcessRaisedException as exc:
             evidence = gloo_start_evidence(str(exc))
             if evidence is None:

@@ -124,15 +124,18 @@ def _one_error(failure: Exception, errors_dir: str, tool: str, ranks: int) -> Ex
 
 
 def spawn(worker, args: tuple, *, ranks: int, tool: str) -> None:
-    """Run ``worker(rank, *args)`` in ``ranks`` spawned processes and wait for them; a failed rank
-    is raised as one error (see the module's docstring)."""
+    """Run ``worker(rank, *args)`` in ``ranks`` processes (forked from a server that imported torch
+    and fp8conf once: :func:`conformance.rank_processes.start_ranks`) and wait for them; a failed
+    rank is raised as one error (see the module's docstring)."""
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise FP8ConfigError(f"{tool}: ranks must be a whole number of 1 or more, got {ranks!r}")
     import torch.multiprocessing as mp
 
+    from conformance.rank_processes import start_ranks
+
     with tempfile.TemporaryDirectory(prefix=f"fp8conf-{tool}-") as errors_dir:
         try:
-            mp.start_processes(_run_rank, args=(worker, errors_dir, args), nprocs=ranks, join=True, start_method="spawn")
+            start_ranks(_run_rank, (worker, errors_dir, args), nprocs=ranks, preload=("fp8conf", __name__, worker.__module__))
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:
             logger.debug("%s: a rank failed:\n%s", tool, failure)
             raise _one_error(failure, errors_dir, tool, ranks) from None
