@@ -543,30 +543,30 @@ def backend_locator(backend) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def fingerprints_in_subprocess(backend, specs, *, hash_seeds=("0", "1"), timeout: float = 300) -> list[dict]:
-    """Run one child process per hash seed, concurrently; the ``i``-th child builds every spec's
-    model in reverse registration order when ``i`` is odd. Returns, per child,
-    ``{"seed", "reordered", "results": [{"fingerprint", "signature"}...]}``."""
-    path = os.pathsep.join(p for p in sys.path if p)
-    procs = []
-    for i, seed in enumerate(hash_seeds):
-        request = {"backend": backend_locator(backend), "specs": [repr(s) for s in specs], "reorder": bool(i % 2)}
-        env = dict(os.environ, PYTHONHASHSEED=str(seed), PYTHONPATH=path)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "conformance.fingerprints"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-        )
-        procs.append((seed, request, proc))
-    answers = []
-    for seed, request, proc in procs:
-        out, err = proc.communicate(json.dumps(request), timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"child with PYTHONHASHSEED={seed} exited {proc.returncode}:\n{err[-3000:]}")
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        if not lines:
-            raise RuntimeError(f"child with PYTHONHASHSEED={seed} printed no answer:\n{out[-2000:]}\n{err[-2000:]}")
-        answers.append({"seed": seed, "reordered": request["reorder"], **json.loads(lines[-1])})
-    return answers
+def other_hash_seed() -> str:
+    """A ``PYTHONHASHSEED`` other than this process's: 0, or 1 where this process runs with 0
+    (an unset or ``random`` seed is a random key, never the fixed one of seed 0)."""
+    return "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
+
+
+def fingerprints_in_subprocess(backend, specs, *, hash_seed: str | None = None, timeout: float = 300) -> list[dict]:
+    """Run one child process with ``PYTHONHASHSEED`` ``hash_seed`` (default: :func:`other_hash_seed`)
+    that builds every spec's model in registration order and in reverse order. Returns, per
+    order, ``{"seed", "reordered", "results": [{"fingerprint", "signature"}...]}``: one process
+    start (seconds of imports) for both, where a process per order compared no more."""
+    seed = other_hash_seed() if hash_seed is None else str(hash_seed)
+    request = {"backend": backend_locator(backend), "specs": [repr(s) for s in specs]}
+    env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-m", "conformance.fingerprints"], input=json.dumps(request),
+                          capture_output=True, env=env, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child with PYTHONHASHSEED={seed} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"child with PYTHONHASHSEED={seed} printed no answer:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    answer = json.loads(lines[-1])
+    return [{"seed": seed, "reordered": reordered, "results": answer[key]}
+            for reordered, key in ((False, "results"), (True, "reordered_results"))]
 
 
 def _child() -> int:
@@ -580,14 +580,16 @@ def _child() -> int:
         obj = getattr(obj, part)
     backend = obj()
     namespace = {"ModelSpec": ModelSpec, "LayerSpec": LayerSpec}
-    results = []
+    answer = {"hash_seed": os.environ.get("PYTHONHASHSEED"), "results": [], "reordered_results": []}
     for text in request["specs"]:
         spec = eval(text, namespace)  # noqa: S307 - the parent wrote these reprs
-        model, _ = build_model(spec, float8=backend.convert_float8 if "float8_modules" in backend.capabilities else None)
-        if request["reorder"]:
-            model = reordered(model, spec)
-        results.append({"fingerprint": backend.fingerprint(model, strict=True), "signature": backend.quantization_signature(model, strict=True)})
-    print(json.dumps({"hash_seed": os.environ.get("PYTHONHASHSEED"), "results": results}))
+        for key in ("results", "reordered_results"):
+            model, _ = build_model(spec, float8=backend.convert_float8 if "float8_modules" in backend.capabilities else None)
+            if key == "reordered_results":
+                model = reordered(model, spec)
+            answer[key].append({"fingerprint": backend.fingerprint(model, strict=True),
+                                "signature": backend.quantization_signature(model, strict=True)})
+    print(json.dumps(answer))
     return 0
 
 
