@@ -46,6 +46,15 @@ def _keep_hypothesis_profile():
     settings.load_profile(name)
 
 
+@pytest.fixture(scope="session")
+def other_backend_runs(request, tmp_path_factory):
+    """The whole-suite runs of the backends other than the reference, one plan in one process
+    (tests/suite_runs.py: :func:`other_backend_runs`), for the tests of every module that reads them."""
+    import suite_runs
+
+    return suite_runs.other_backend_runs(request, tmp_path_factory)
+
+
 @pytest.fixture
 def inductor_calls(monkeypatch):
     """The graphs given to the real ``standalone_compile`` or ``compile_fx_inner`` (full mode's

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["HANG_GUARD_S", "TEST_TIMEOUT_S", "Run", "Verdict", "failing", "reads_shared_run", "run_suite", "run_suites"]
+__all__ = ["HANG_GUARD_S", "OTHER_BACKENDS", "TEST_TIMEOUT_S", "Run", "Verdict", "failing", "other_backend_runs", "reads_shared_run", "run_suite", "run_suites"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -206,6 +206,23 @@ def reads_shared_run(group: str):
         return test
 
     return mark
+
+
+#: The xdist group, and time-summary area, of the tests that read the whole-suite runs of the
+#: backends other than the reference (the worked example, makefx, the misbehaving backends).
+OTHER_BACKENDS = "suite-other-backends"
+
+
+def other_backend_runs(request, tmp_path_factory) -> dict[str, Verdict]:
+    """The verdicts of every ``SHARED_RUNS`` of the modules whose selected tests read them
+    (:func:`reads_shared_run` with :data:`OTHER_BACKENDS`), by label: one plan, so one process,
+    for all of them (a process start costs torch's import, Inductor's start and the corpus of
+    drawn models). Made once per worker; the group puts every such test on the same one."""
+    grouped = [item for item in request.session.items
+               if any(OTHER_BACKENDS in mark.args for mark in item.iter_markers("xdist_group"))]
+    modules = sorted({item.module for item in grouped}, key=lambda module: module.__name__)
+    runs = [run for module in modules for run in module.SHARED_RUNS]
+    return run_suites(runs, tmp_path_factory.mktemp("other-backends"))
 
 
 def run_suite(backend: str, property_ids, tmp_path: Path) -> tuple[dict, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from mutants import peers
-from suite_runs import TEST_TIMEOUT_S, Run, failing, reads_shared_run, run_suite, run_suites
+from suite_runs import OTHER_BACKENDS, TEST_TIMEOUT_S, Run, failing, reads_shared_run, run_suite
 
 BACKEND = "conformance.backends.makefx:MakeFxBackend"
 #: Models per property of its whole run: enough to show it conforms (whether each property bites
@@ -88,13 +88,17 @@ def test_the_split_runs_the_kept_in_place_op_in_backward_weight():
     assert joint_grads.keys() == split_grads.keys() and all(torch.equal(joint_grads[k], split_grads[k]) for k in joint_grads)
 
 
+#: Its whole run, in the plan of the other backends (tests/suite_runs.py: other_backend_runs).
+SHARED_RUNS = [Run("makefx", BACKEND, examples=EXAMPLES)]
+
+
 @pytest.fixture(scope="module")
-def makefx_run(tmp_path_factory):
+def makefx_run(other_backend_runs):
     """The whole suite against makefx, once for the tests that read it."""
-    return run_suites([Run("makefx", BACKEND, examples=EXAMPLES)], tmp_path_factory.mktemp("makefx"))["makefx"]
+    return other_backend_runs["makefx"]
 
 
-@reads_shared_run("suite-makefx")
+@reads_shared_run(OTHER_BACKENDS)
 def test_makefx_passes_every_property_it_claims(makefx_run):
     statuses, out = makefx_run.require()
     failed = failing(statuses)
@@ -105,7 +109,7 @@ def test_makefx_passes_every_property_it_claims(makefx_run):
     assert "mxfp8_linear as conformance.backends.makefx_linear.MXTrainerLinear (built by convert_mx" in out, out[-3000:]
 
 
-@reads_shared_run("suite-makefx")
+@reads_shared_run(OTHER_BACKENDS)
 def test_makefx_passes_every_property_its_mutants_break(makefx_run):
     statuses, out = makefx_run.require()
     passed = {k for k, v in statuses.items() if v["status"] == "pass"}
@@ -113,14 +117,14 @@ def test_makefx_passes_every_property_its_mutants_break(makefx_run):
     assert wanted <= passed, f"not passed: {sorted(wanted - passed)}"
 
 
-@reads_shared_run("suite-makefx")
+@reads_shared_run(OTHER_BACKENDS)
 def test_makefx_report_notes_that_the_recipe_is_not_checked(makefx_run):
     # The recipe is not checked for a backend that records none, and the report says so.
     statuses, _ = makefx_run.require()
     assert any("recipe not checked" in note for note in statuses["PROV-002"].get("notes", ())), statuses["PROV-002"]
 
 
-@reads_shared_run("suite-makefx")
+@reads_shared_run(OTHER_BACKENDS)
 def test_makefx_passes_the_fingerprint_rules_as_a_whole_step_key_over_recipe_names(makefx_run):
     # Its key covers registration order, structure and the whole job, its signature the modules
     # only: the rules of a whole-step scope pass, saying what they did not compare; its jobs
@@ -140,7 +144,7 @@ def test_makefx_passes_the_fingerprint_rules_as_a_whole_step_key_over_recipe_nam
     assert any("float8_modules" in note for note in statuses["FPR-001"]["notes"])
 
 
-@reads_shared_run("suite-makefx")
+@reads_shared_run(OTHER_BACKENDS)
 def test_makefx_artifacts_are_not_supported(makefx_run):
     statuses, _ = makefx_run.require()
     assert statuses["FPR-004"]["status"] == "not_supported", statuses["FPR-004"]  # artifacts are not claimed

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.api.spec import PROPERTIES
-from suite_runs import TEST_TIMEOUT_S, Run, reads_shared_run, run_suites
+from suite_runs import OTHER_BACKENDS, TEST_TIMEOUT_S, Run, reads_shared_run
 from test_mutants import run_suite
 from timings import SESSIONS
 
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.timeout(TEST_TIMEOUT_S)
 #: Models per property of the shared runs: what they show (a run goes on past a raising method,
 #: contract exceptions satisfy the rules, nothing tagged in place leaks) needs no more.
 EXAMPLES = 10
-# The slow tests' runs, made one after the other in one process (a process start costs seconds):
+# The slow tests' runs, made one after the other in the process of the other backends' runs (a
+# process start costs seconds):
 # label -> (backend, properties).
 _SHARED = {
     "ProvenanceRaises": ("mutants.misbehaving:ProvenanceRaises", ("PROV-001", "VAL-001")),
@@ -29,11 +30,14 @@ _SHARED = {
 }
 
 
+#: The runs of ``_SHARED``, in the plan of the other backends (tests/suite_runs.py: other_backend_runs).
+SHARED_RUNS = [Run(label, backend, properties, examples=EXAMPLES) for label, (backend, properties) in _SHARED.items()]
+
+
 @pytest.fixture(scope="module")
-def shared_runs(tmp_path_factory):
+def shared_runs(other_backend_runs):
     """The verdicts of the runs in ``_SHARED``, made once for the tests that read them."""
-    runs = [Run(label, backend, properties, examples=EXAMPLES) for label, (backend, properties) in _SHARED.items()]
-    return run_suites(runs, tmp_path_factory.mktemp("misbehaving"))
+    return other_backend_runs
 
 
 def _shared(shared_runs, label, record_property) -> tuple[dict, list, str]:
@@ -42,7 +46,7 @@ def _shared(shared_runs, label, record_property) -> tuple[dict, list, str]:
     return statuses, list(_SHARED[label][1]), out
 
 
-@reads_shared_run("suite-misbehaving")
+@reads_shared_run(OTHER_BACKENDS)
 def test_a_raising_method_fails_its_properties_and_the_run_goes_on(shared_runs, record_property):
     statuses, _, out = _shared(shared_runs, "ProvenanceRaises", record_property)
     assert statuses["PROV-001"]["status"] == "fail"
@@ -56,7 +60,7 @@ def test_a_wrong_return_type_is_named(tmp_path):
     assert "validate() returned dict, expected ValidationReport" in out
 
 
-@reads_shared_run("suite-misbehaving")
+@reads_shared_run(OTHER_BACKENDS)
 def test_a_float8_only_backend_is_never_shown_an_mx_model(shared_runs, record_property):
     # PROV and VAL draw MX models for a backend that claims mx and models with linears on
     # F.scaled_mm for one that claims scaled_mm_v2 (the reference: about half of them); this one
@@ -69,7 +73,7 @@ def test_a_float8_only_backend_is_never_shown_an_mx_model(shared_runs, record_pr
         assert statuses[property_id]["examples"] >= EXAMPLES, statuses[property_id]
 
 
-@reads_shared_run("suite-misbehaving")
+@reads_shared_run(OTHER_BACKENDS)
 def test_what_a_backend_tags_in_place_stays_in_the_property_that_let_it(shared_runs, record_property):
     # REG runs regions() on the suite's graphs of models that VAL validates later in the session.
     statuses, wanted, out = _shared(shared_runs, "TagsInPlace", record_property)
@@ -77,7 +81,7 @@ def test_what_a_backend_tags_in_place_stays_in_the_property_that_let_it(shared_r
     assert not failing, f"{failing}:\n{out[-4000:]}"
 
 
-@reads_shared_run("suite-misbehaving")
+@reads_shared_run(OTHER_BACKENDS)
 def test_the_contract_exceptions_themselves_satisfy_the_properties(shared_runs, record_property):
     statuses, wanted, out = _shared(shared_runs, "ContractErrorsOnly", record_property)
     failing = {p: statuses.get(p, {}).get("status") for p in wanted if statuses.get(p, {}).get("status") != "pass"}

@@ -2,8 +2,9 @@
 linears (rowwise and rowwise_with_gw_hp only, an emulated mode) and its MX linears (on
 ``F.scaled_mm`` with swizzled e8m0 scales), quantizes its weights after a high-precision
 all-gather, and rewrites its traced graph,
-behind fp8conf's passes. The whole suite runs against it once, in a process of its own and an
-xdist group of its own (beside the reference's and the mutants' on the other worker)."""
+behind fp8conf's passes. The whole suite runs against it once, in the process that runs makefx's
+and the misbehaving backends' runs too, one xdist group (beside the reference's and the mutants'
+on the other worker)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,23 @@ import pytest
 
 from conformance.api.spec import PROPERTIES
 from mutants import own_modules, rewrites  # tests/ is on sys.path (tests/conftest.py)
-from suite_runs import Run, failing, reads_shared_run, run_suites
+from suite_runs import OTHER_BACKENDS, Run, failing, reads_shared_run
 from timings import SESSIONS
 
-GROUP = "suite-trainer-example"
+GROUP = OTHER_BACKENDS
 EXAMPLE_BACKEND = "trainer_backend:TrainerBackend"
 #: Models per property of its whole run: enough to show it conforms (whether each property bites
 #: is shown by the mutants built on it, run at 25 in tests/test_mutants.py).
 EXAMPLES = 10
 
 
+#: Its whole run, in the plan of the other backends (tests/suite_runs.py: other_backend_runs).
+SHARED_RUNS = [Run("trainer-example", EXAMPLE_BACKEND, examples=EXAMPLES)]
+
+
 @pytest.fixture(scope="module")
-def example_run(tmp_path_factory):
-    run = Run("trainer-example", EXAMPLE_BACKEND, examples=EXAMPLES)
-    return run_suites([run], tmp_path_factory.mktemp("trainer-example"))["trainer-example"]
+def example_run(other_backend_runs):
+    return other_backend_runs["trainer-example"]
 
 
 @reads_shared_run(GROUP)
