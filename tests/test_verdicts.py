@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 
 import pytest
 import torch  # noqa: F401  (imported before any in-process pytester run, which would otherwise unload it)
@@ -300,6 +302,8 @@ def test_fp8_property_selects_by_citation_not_by_name(suite):
         # os.access says yes to root for any path; only creating the file tells.
         (["--fp8-report=/proc/r.json"], "ERROR: --fp8-report=/proc/r.json: /proc/r.json cannot be created: No such file or directory; give a file path in a writable folder"),
         (["--fp8-report="], "ERROR: --fp8-report is empty; give a file path, or leave the option out"),
+        # Opening a FIFO to see whether it is writable waits for a reader: it was a hang.
+        (["--fp8-report=fifo.json"], "ERROR: --fp8-report=fifo.json: */fifo.json is a FIFO, not a regular file (left as it is); give a file path*"),
         (["--fp8-expectations=latin1.json"], "ERROR: --fp8-expectations: */latin1.json: not UTF-8 text (byte 0xe9 at offset 17); save it as UTF-8"),
         (["--fp8-expectations=bad.json"], "ERROR: --fp8-expectations: */bad.json: not valid JSON*"),
         (["--fp8-shrink-seconds=-1"], "ERROR: --fp8-shrink-seconds must be 0 or more seconds, got -1"),
@@ -311,11 +315,13 @@ def test_usage_errors_come_before_any_test(suite, args, message):
     (suite.path / "afile").write_text("")
     (suite.path / "latin1.json").write_bytes('{"PROV-001": "caf\xe9"}'.encode("latin-1"))
     (suite.path / "bad.json").write_text('{"PROV-001": ')
+    os.mkfifo(suite.path / "fifo.json")
     suite.makepyfile(test_never="def test_never():\n    raise AssertionError('ran')\n")
-    result = suite.runpytest_subprocess("-p", "no:cacheprovider", FAKE, *args, "test_never.py")
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", FAKE, *args, "test_never.py", timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
     assert "ran" not in result.stdout.str() and "Traceback" not in result.stderr.str()
+    assert stat.S_ISFIFO((suite.path / "fifo.json").stat().st_mode)
 
 
 def test_checking_the_report_path_leaves_no_trace(suite):

@@ -52,7 +52,10 @@ def replace_files(contents: Mapping[Path, str]) -> None:
 
 def is_report(path: Path) -> bool:
     """Whether ``path`` is a file the suite wrote as a report: Markdown under its title, or JSON
-    with the report's ``schema_version``, ``summary`` and ``properties``."""
+    with the report's ``schema_version``, ``summary`` and ``properties``. Only a regular file is
+    read: reading a FIFO would wait for a writer."""
+    if not path.is_file():
+        return False
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, ValueError):  # missing, a folder, unreadable, not UTF-8

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,11 @@ def _unwritable(path: Path) -> str | None:
     if path.is_dir():
         return "is a directory"
     if path.exists():
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            # Opening a FIFO would wait for a reader; a device or socket is no report.
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device or other special file"
+            return f"is {kind}, not a regular file (left as it is)"
         return _open_for_appending(path)
     missing = _missing_folders(path)
     existing = missing[-1].parent if missing else path.parent
