@@ -50,7 +50,7 @@ from conformance.models import reproducer
 
 __all__ = [
     "GROUPED_KIND", "ALIGNMENT", "MoESpec", "ExpertsSpec", "GroupedExperts", "build_moe_model", "build_experts_model",
-    "experts_inputs", "v2_grouped_structure", "has_v2_grouped_meta_kernel",
+    "experts_inputs", "experts_family", "v2_grouped_structure", "has_v2_grouped_meta_kernel",
 ]
 
 #: The quantized module kind of FP8 grouped experts.
@@ -66,7 +66,9 @@ class MoESpec:
 
     ``unused``: experts no token is routed to (never the last one, whose group also takes the
     padding slack). ``emulate``: the experts compute in high precision on purpose. ``v2``: the
-    experts' grouped GEMMs go through ``F.scaled_grouped_mm`` (never emulated)."""
+    experts' grouped GEMMs go through ``F.scaled_grouped_mm`` (never emulated). ``unconverted``:
+    FQNs of experts modules left as the suite's high-precision :class:`GroupedExperts` (the FPR
+    changes of which experts are converted); every other experts module is converted."""
 
     dim: int = 16
     hidden: int = 32
@@ -80,9 +82,13 @@ class MoESpec:
     input_requires_grad: bool = True
     seed: int = 0
     v2: bool = False
+    unconverted: tuple[str, ...] = ()
 
     def __post_init__(self):
         _check_v2(self)
+        stray = sorted(set(self.unconverted) - set(self.experts_modules()))
+        if stray:
+            raise ValueError(f"unconverted {stray} are no experts modules of this spec; they are {self.experts_modules()}")
         if self.dim % ALIGNMENT or self.hidden % ALIGNMENT:
             raise ValueError(f"dim and hidden must be multiples of {ALIGNMENT}, got {self.dim}, {self.hidden}")
         if any(not 0 <= e < self.experts - 1 for e in self.unused) or len(set(self.unused)) != len(self.unused):
@@ -97,21 +103,21 @@ class MoESpec:
         copies = self.tokens * self.top_k
         return -(-copies // ALIGNMENT) * ALIGNMENT + ALIGNMENT * self.experts
 
+    def experts_modules(self) -> tuple[str, ...]:
+        """FQNs of every experts module, converted or not, in call order."""
+        return tuple(f"layers.{i}.{name}" for i in range(self.layers) for name in ("experts_up", "experts_down"))
+
     def quantized_modules(self) -> dict[str, tuple[str, str, bool]]:
-        """FQN -> (kind, recipe, emulate) of every experts module: the ground truth."""
-        return {
-            f"layers.{i}.{name}": (GROUPED_KIND, "rowwise", self.emulate)
-            for i in range(self.layers)
-            for name in ("experts_up", "experts_down")
-        }
+        """FQN -> (kind, recipe, emulate) of every converted experts module: the ground truth."""
+        return {fqn: (GROUPED_KIND, "rowwise", self.emulate) for fqn in self.experts_modules() if fqn not in self.unconverted}
 
     def calls(self) -> list[tuple[str, bool]]:
-        """``(fqn, input_requires_grad)`` for every experts call, in call order."""
+        """``(fqn, input_requires_grad)`` for every call of a converted experts module, in call order."""
         calls = []
         for i in range(self.layers):
             calls.append((f"layers.{i}.experts_up", self.input_requires_grad or i > 0))
             calls.append((f"layers.{i}.experts_down", True))
-        return calls
+        return [(fqn, grad) for fqn, grad in calls if fqn not in self.unconverted]
 
     def expected_compute_counts(self) -> dict[tuple[str, str], int]:
         """(fqn, pass) -> FP8 grouped GEMMs: forward 1 per call; backward grad_input when the
@@ -180,6 +186,11 @@ def _v2_hint(spec) -> str:
         return ""
     return ("# torch ships no CPU or Meta kernel of aten._scaled_grouped_mm_v2: on CPU, trace with fake tensors\n"
             "# inside `with v2_grouped_structure():` (the suite's structure-only Meta kernel)\n")
+
+
+def experts_family(spec) -> str:
+    """The family the report and the coverage matrix file ``spec``'s experts under."""
+    return "moe on F.scaled_grouped_mm" if spec.v2 else "moe"
 
 
 def _converter(spec) -> str:

@@ -33,7 +33,8 @@ from conformance.harness import (
     built_with, call_backend, check, device, fail, fp8_compute_truth, fp8_ops, fresh_copy, names_module, names_pass, strict_error,
 )
 from conformance.moe import (
-    GROUPED_KIND, ExpertsSpec, build_experts_model, build_moe_model, experts_inputs, has_v2_grouped_meta_kernel, v2_grouped_structure,
+    GROUPED_KIND, ExpertsSpec, build_experts_model, build_moe_model, experts_family, experts_inputs, has_v2_grouped_meta_kernel,
+    v2_grouped_structure,
 )
 from conformance.plugin.gating import NOT_SUPPORTED
 from conformance.notes import note
@@ -90,8 +91,7 @@ def _traced(property_id, backend, spec, where: str | None = None) -> _Case:
         cached = _trace(backend, spec, where or device())
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: converting or tracing the MoE model raised {type(exc).__name__}: {exc}", spec)
-    family = "moe on F.scaled_grouped_mm" if getattr(spec, "v2", False) else "moe"
-    evidence.built((family, *entry[1:]) for entry in built_with(backend, spec, cached.model))
+    evidence.built((experts_family(spec), *entry[1:]) for entry in built_with(backend, spec, cached.model))
     gm, oracle = fresh_copy(cached)
     return dataclasses.replace(cached, gm=gm, oracle=oracle)
 
