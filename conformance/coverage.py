@@ -46,7 +46,7 @@ def _linear(*also: str, **not_drawn: str) -> dict[str, str]:
     return _row(drawn, {**_ELSEWHERE, **not_drawn})
 
 
-_GROUPED = {area: "grouped experts are drawn by MOE" for area in AREAS}
+_GROUPED = {area: "grouped experts are drawn by MOE and FPR" for area in AREAS}
 _TENSORWISE_GATHER = ("TorchAO's float8 all-gather takes tensorwise scales, so DP shards TorchAO's linears tensorwise; a "
                       "backend's own float8 linears are sharded in their own recipes")
 
@@ -63,8 +63,8 @@ EXPECTED: dict[str, dict[str, str]] = {
             "them beside an emulated layer only by chance; MXS-002 checks what they compute",
     ),
     "NVFP4": _linear("NVF", NUM="no CPU kernel and no Inductor lowering in this torch: structure only, numerics by NVF-002's reading"),
-    "grouped experts": _row(["MOE"], _GROUPED),
-    "grouped experts on F.scaled_grouped_mm": _row(["MOE"], _GROUPED),
+    "grouped experts": _row(["FPR", "MOE"], _GROUPED),
+    "grouped experts on F.scaled_grouped_mm": _row(["FPR", "MOE"], _GROUPED),
 }
 ROWS = tuple(EXPECTED)
 

@@ -11,7 +11,10 @@ moved to another layer with the same config is a change), kind,
 recipe, ``emulate`` flag and numerics-relevant config fields (per tensor role the scaling type,
 granularity and target dtype; per gemm ``use_fast_accum``; ``round_scales_to_power_of_2``;
 ``pad_inner_dim``; for MX the block size and scale rounding); and globally the torch and torchao
-versions and the ``strict`` flag.
+versions and the ``strict`` flag. Grouped experts (capability ``moe``) have changes of their own
+(:data:`GROUPED_KINDS`, drawn beside the linears' change of the same kind): which experts modules
+are converted, ``emulate``, and the API their grouped GEMMs go through (``F.scaled_grouped_mm``
+with ``scaled_grouped_mm_v2``).
 
 *Unrelated settings* (FPR-003) are everything else a trainer may change without changing what
 the quantized modules compute: train/eval mode, ``requires_grad`` flags, parameter values,
@@ -45,13 +48,16 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, LayerSpec, ModelSpec, apply_layer, build_model
+from conformance.moe import MoESpec, build_moe_model
 from conformance import strategies
-from conformance.strategies import ALL_KINDS, model_specs
+from conformance.strategies import ALL_KINDS, model_specs, moe_specs
 from conformance.versions import current_version, other_version, simulated_versions
 
 __all__ = [
     "ARTIFACT_SPEC",
     "QUANTIZATION_KINDS",
+    "GROUPED_KINDS",
+    "grouped_kind",
     "CONFIG_KINDS",
     "UNRELATED_KINDS",
     "STRUCTURE_KINDS",
@@ -86,6 +92,27 @@ QUANTIZATION_KINDS = (
     "recipe", "emulate", "quantized_set", "moved_conversion", "config_field", "config_field_from_custom", "strict",
     "torchao_version", "torch_version",
 )
+#: The change of grouped experts (MoE models) of each :data:`QUANTIZATION_KINDS` entry that has
+#: one, and the capabilities a backend claims to be asked it: the grouped GEMMs moved between
+#: ``torch._scaled_grouped_mm`` and ``F.scaled_grouped_mm`` (the experts' one recipe stays),
+#: ``emulate`` flipped, an experts module no longer converted, conversion moved to another
+#: experts module.
+GROUPED_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "recipe": ("grouped_api", ("moe", "scaled_grouped_mm_v2")),
+    "emulate": ("grouped_emulate", ("moe",)),
+    "quantized_set": ("grouped_quantized_set", ("moe",)),
+    "moved_conversion": ("grouped_moved_conversion", ("moe",)),
+}
+_GROUPED_CHANGES = tuple(grouped for grouped, _ in GROUPED_KINDS.values())
+
+
+def grouped_kind(kind: str, capabilities) -> str | None:
+    """The change of grouped experts drawn beside ``kind``'s for a backend of ``capabilities``,
+    or None: ``kind`` has none, or the backend does not claim what it needs."""
+    grouped, needs = GROUPED_KINDS.get(kind, (None, ()))
+    return grouped if grouped is not None and set(needs) <= set(capabilities) else None
+
+
 #: Kinds that flip ``Float8LinearConfig`` fields: a trainer whose jobs name recipes cannot
 #: express them (``Backend.expressible_config_fields``).
 CONFIG_KINDS = ("config_field", "config_field_from_custom")
@@ -191,7 +218,7 @@ class Variant:
     """One model the suite builds and fingerprints.
 
     Attributes:
-        spec: the drawn model.
+        spec: the drawn model: a stack of linears or an MoE model (grouped experts).
         strict: the ``strict`` flag it is fingerprinted (saved, loaded) under.
         config_fields: ``(layer index, CONFIG_FIELDS key)`` pairs flipped in that layer's config.
         versions: ``(package name, version string)`` simulated while fingerprinting.
@@ -199,22 +226,28 @@ class Variant:
             ``"buffers"``.
     """
 
-    spec: ModelSpec
+    spec: ModelSpec | MoESpec
     strict: bool = True
     config_fields: tuple[tuple[int, str], ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
     tweaks: tuple[str, ...] = ()
 
-    def build(self, mx=None, float8=None, scaled_mm=None, nvfp4=None):
+    def build(self, mx=None, float8=None, scaled_mm=None, nvfp4=None, grouped=None, scaled_grouped=None):
         """``(model, args)`` with real TorchAO conversion, the config fields flipped, the tweaks
         applied; ``mx`` converts MX layers (``Backend.convert_mx``), ``scaled_mm`` linears on
         ``F.scaled_mm``, ``nvfp4`` NVFP4 layers, ``float8`` the float8 layers
         when given (``Backend.convert_float8``: a backend's own, which have no
-        ``Float8LinearConfig`` to flip)."""
+        ``Float8LinearConfig`` to flip); an MoE model's experts are converted by ``grouped``
+        (``Backend.convert_grouped_experts``) or, on ``F.scaled_grouped_mm``, ``scaled_grouped``."""
         import torch
 
         import conformance.models as models
 
+        if isinstance(self.spec, MoESpec):
+            convert = scaled_grouped if self.spec.v2 else grouped
+            if convert is None:
+                raise ValueError(f"an MoE model needs a converter of its experts ({'v2' if self.spec.v2 else 'grouped'})")
+            return build_moe_model(self.spec, convert=convert)
         if float8 is not None and self.config_fields:
             raise ValueError("config-field changes flip TorchAO's Float8LinearConfig: a backend's own float8 linears have none")
         original = models._float8_config
@@ -307,9 +340,12 @@ def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None
     """A drawn model and one change of a quantization input of ``kind``; ``before`` has the
     ``strict`` flag given (drawn for the ``strict`` kind when None, else True). Models hold every
     kind of layer the backend under test converts (MX, swizzled MX, linears on ``F.scaled_mm``,
-    NVFP4: ``strategies.supported_kinds``), except for the changes of float8 config fields.
-    ``fields``: the :data:`CONFIG_FIELDS` entries config-field changes may flip (None: all;
-    :func:`drawable_config_fields`)."""
+    NVFP4: ``strategies.supported_kinds``), except for the changes of float8 config fields. A
+    grouped kind (a :data:`GROUPED_KINDS` value) changes an MoE model, drawn from ``specs`` or
+    ``moe_specs``. ``fields``: the :data:`CONFIG_FIELDS` entries config-field changes may flip
+    (None: all; :func:`drawable_config_fields`)."""
+    if kind in _GROUPED_CHANGES:
+        return _grouped_change(draw, kind, specs, strict)
     if specs is None:
         specs = model_specs() if kind in _FLOAT8_ONLY_KINDS else model_specs(kinds=ALL_KINDS)
     spec = draw(specs)
@@ -331,7 +367,7 @@ def quantization_changes(draw, kind: str, specs=None, strict: bool | None = None
         version = other_version(current_version(name), draw(st.sampled_from(["local", "post"]), label="version change"))
         after = dataclasses.replace(base, versions=((name, version),))
         return Change(kind, f"{name} version -> {version!r} (__version__ and package metadata)", base, after, (), (name, version))
-    raise ValueError(f"unknown quantization change kind {kind!r}; known: {QUANTIZATION_KINDS}")
+    raise ValueError(f"unknown quantization change kind {kind!r}; known: {QUANTIZATION_KINDS + _GROUPED_CHANGES}")
 
 
 #: The recipe of a block-scaled layer with its emulation flipped (the recipe names it).
@@ -430,6 +466,45 @@ def _moved_conversion(draw, spec, base):
     fqns = _fqns_of_layer(spec, i) + _fqns_of_layer(after_spec, j)
     after = dataclasses.replace(base, spec=after_spec)
     return Change("moved_conversion", f"conversion ({source.recipe!r}, emulate={source.emulate}) moved from layers.{i} to layers.{j}", base, after, fqns, (f"layers.{i}", f"layers.{j}"))
+
+
+#: The MoE models each grouped kind draws: ``emulate`` flips on the first API only, and the API
+#: changes between real experts.
+_GROUPED_SPECS = {
+    "grouped_quantized_set": dict(emulate=None, v2=True),
+    "grouped_moved_conversion": dict(emulate=None, v2=True),
+    "grouped_emulate": dict(emulate=None, v2=False),
+    "grouped_api": dict(emulate=False, v2=True),
+}
+
+
+def _grouped_change(draw, kind, specs, strict):
+    """One change of grouped experts (:data:`GROUPED_KINDS`) on a drawn MoE model: experts on
+    either API where the backend claims both (``moe_specs``), every experts module converted
+    before the change except where conversion moves."""
+    spec = draw(specs if specs is not None else moe_specs(**_GROUPED_SPECS[kind]))
+    base = Variant(spec, strict=True if strict is None else strict)
+    experts = spec.experts_modules()
+    api = "F.scaled_grouped_mm" if spec.v2 else "torch._scaled_grouped_mm"
+    if kind == "grouped_quantized_set":
+        fqn = draw(st.sampled_from(experts), label="experts module no longer converted")
+        after = Variant(dataclasses.replace(spec, unconverted=(fqn,)), base.strict)
+        return Change(kind, f"{fqn} (grouped experts on {api}) is no longer converted", base, after, (fqn,), (fqn,))
+    if kind == "grouped_moved_conversion":
+        source = draw(st.sampled_from(experts), label="experts module losing its conversion")
+        target = draw(st.sampled_from([f for f in experts if f != source]), label="experts module converted instead")
+        before = Variant(dataclasses.replace(spec, unconverted=(target,)), base.strict)
+        after = Variant(dataclasses.replace(spec, unconverted=(source,)), base.strict)
+        return Change(kind, f"conversion of grouped experts on {api} moved from {source} to {target}", before, after,
+                      (source, target), (source, target))
+    if kind == "grouped_emulate":
+        after = Variant(dataclasses.replace(spec, emulate=not spec.emulate), base.strict)
+        return Change(kind, f"grouped experts: emulate {spec.emulate} -> {not spec.emulate}", base, after, experts, (*experts, "emulate"))
+    if kind == "grouped_api":
+        other = "torch._scaled_grouped_mm" if spec.v2 else "F.scaled_grouped_mm"
+        after = Variant(dataclasses.replace(spec, v2=not spec.v2), base.strict)
+        return Change(kind, f"grouped experts' GEMMs moved from {api} to {other}", base, after, experts, experts)
+    raise ValueError(f"unknown grouped change kind {kind!r}; known: {_GROUPED_CHANGES}")
 
 
 @st.composite

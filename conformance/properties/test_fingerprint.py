@@ -45,6 +45,7 @@ from conformance.fingerprints import (
     drawable_config_fields,
     fingerprints_in_subprocess,
     flippable,
+    grouped_kind,
     json_diff,
     quantization_changes,
     reordered,
@@ -53,6 +54,7 @@ from conformance.fingerprints import (
 from conformance import evidence, strategies
 from conformance.harness import built_with, call_backend, check, fail, float8_converter, owns_float8
 from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.moe import MoESpec, experts_family
 from conformance.notes import note
 from conformance.plugin.gating import NOT_SUPPORTED
 from conformance.strategies import FLOAT8_RECIPES, model_specs, served_spec
@@ -123,24 +125,41 @@ def _config_fields(fp8_backend, kind, *, inexpressible=False):
     return fields
 
 
+def _drawn_changes(fp8_backend, kind, data, fields):
+    """The change of ``kind`` and, where the backend claims grouped experts and ``kind`` has a
+    change of theirs (:data:`~conformance.fingerprints.GROUPED_KINDS`), that change too, on an
+    MoE model: every example asks about both families, at the cost of two fingerprints of a
+    model that is never traced."""
+    changes = [data.draw(quantization_changes(kind, fields=fields), label="change")]
+    grouped = grouped_kind(kind, fp8_backend.capabilities)
+    if grouped is not None:
+        changes.append(data.draw(quantization_changes(grouped), label="change of grouped experts"))
+    return changes
+
+
 def _what_else(name: str, before: str, after: str) -> str:
     """How the other of signature and fingerprint (``name``) went, for a failure message."""
     return f"the {name} changed too" if before != after else f"the {name} stayed the same"
 
 
 def _build(property_id, backend, variant: Variant):
-    """Build ``variant``'s model; its MX, ``F.scaled_mm`` and NVFP4 layers, if any, through the
-    backend's converters."""
+    """Build ``variant``'s model; its MX, ``F.scaled_mm`` and NVFP4 layers and its grouped
+    experts, if any, through the backend's converters."""
     claims = backend.capabilities
     try:
         model, args = variant.build(
             mx=backend.convert_mx if "mx" in claims else None, float8=float8_converter(backend),
             scaled_mm=backend.convert_scaled_mm if "scaled_mm_v2" in claims else None,
             nvfp4=backend.convert_nvfp4 if "nvfp4" in claims else None,
+            grouped=backend.convert_grouped_experts if "moe" in claims else None,
+            scaled_grouped=backend.convert_scaled_grouped_experts if "scaled_grouped_mm_v2" in claims else None,
         )
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: building the model ({variant.describe()}) raised {type(exc).__name__}: {exc}", variant.spec)
-    evidence.built(built_with(backend, variant.spec, model))
+    built = built_with(backend, variant.spec, model)
+    if isinstance(variant.spec, MoESpec):
+        built = tuple((experts_family(variant.spec), *entry[1:]) for entry in built)
+    evidence.built(built)
     return model, args
 
 
@@ -177,17 +196,21 @@ def test_FPR_001_changing_a_quantization_input_changes_the_fingerprint(fp8_backe
     declares some config fields inexpressible (``expressible_config_fields``) and then ignores a
     change of one, neither refusing the model nor changing its fingerprint, would load an
     artifact built for another config: such fields are flipped too, and only a refusal
-    (``UnsupportedConfig``, not_supported) or another fingerprint passes."""
+    (``UnsupportedConfig``, not_supported) or another fingerprint passes. A fingerprint that lists
+    linears only, identical with and without FP8 experts, passed every change of linears: for a
+    backend that claims ``moe``, every example of a kind with a change of grouped experts (which
+    experts modules are converted, ``emulate``, and with ``scaled_grouped_mm_v2`` the API of
+    their grouped GEMMs) also makes that change, on an MoE model of either API."""
     fields = _config_fields(fp8_backend, kind, inexpressible=True)
-    change = data.draw(quantization_changes(kind, fields=fields), label="change")
-    try:
-        before, signature_before = _fingerprint("FPR-001", fp8_backend, change.before)
-        after, signature_after = _fingerprint("FPR-001", fp8_backend, change.after)
-    except _RefusedAsInexpressible:
-        return
-    if before == after:
-        _fail("FPR-001", f"{change.description}, yet the fingerprint stayed {before} "
-              f"({_what_else('signature', signature_before, signature_after)})", change)
+    for change in _drawn_changes(fp8_backend, kind, data, fields):
+        try:
+            before, signature_before = _fingerprint("FPR-001", fp8_backend, change.before)
+            after, signature_after = _fingerprint("FPR-001", fp8_backend, change.after)
+        except _RefusedAsInexpressible:
+            continue
+        if before == after:
+            _fail("FPR-001", f"{change.description}, yet the fingerprint stayed {before} "
+                  f"({_what_else('signature', signature_before, signature_after)})", change)
 
 
 @pytest.mark.fp8_property("FPR-001")
@@ -480,10 +503,17 @@ def _strings(value) -> set[str]:
 @pytest.mark.parametrize("kind", QUANTIZATION_KINDS)
 @given(data=st.data())
 def test_FPR_005_signature_is_canonical_readable_json_that_diffs_field_by_field(fp8_backend, kind, data):
-    """Readable signatures: a change shows as differing fields under the right keys. A global
-    change (``strict``, a version) may leave the signature of a ``"whole_step"`` backend alone,
-    whose fingerprint covers it (FPR-001 checks that)."""
-    change = data.draw(quantization_changes(kind, fields=_config_fields(fp8_backend, kind)), label="change")
+    """Readable signatures: a change shows as differing fields under the right keys, grouped
+    experts' changes too for a backend that claims ``moe``. A global change (``strict``, a
+    version) may leave the signature of a ``"whole_step"`` backend alone, whose fingerprint
+    covers it (FPR-001 checks that)."""
+    for change in _drawn_changes(fp8_backend, kind, data, _config_fields(fp8_backend, kind)):
+        _check_readable_diff(fp8_backend, change)
+
+
+def _check_readable_diff(fp8_backend, change) -> None:
+    """FPR-005 on one change: canonical JSON naming every quantized module and its recipe, and a
+    diff under the keys of what changed, naming it."""
     spec = change.before.spec
     fingerprint_before, before = _fingerprint("FPR-005", fp8_backend, change.before)
     fingerprint_after, after = _fingerprint("FPR-005", fp8_backend, change.after)
