@@ -652,3 +652,17 @@ class FingerprintIgnoresScaledMM(ReferenceBackend):
 FingerprintIgnoresScaledMM.quantization_signature, FingerprintIgnoresScaledMM.fingerprint = _rewritten_signature(
     FingerprintIgnoresScaledMM, _dropping_kinds("float8_scaled_mm_linear", "nvfp4_linear"))
 MUTANTS.append(FingerprintIgnoresScaledMM)
+
+
+class FingerprintIgnoresGroupedExperts(ReferenceBackend):
+    """Fingerprints linears only, as if grouped experts (on either API) were not quantized: a
+    fingerprint identical with and without FP8 experts, an MoE artifact loaded under any experts
+    configuration."""
+
+    name = "mutant-fingerprint-ignores-grouped-experts"
+    KILLED_BY = "FPR-001"
+
+
+FingerprintIgnoresGroupedExperts.quantization_signature, FingerprintIgnoresGroupedExperts.fingerprint = _rewritten_signature(
+    FingerprintIgnoresGroupedExperts, _dropping_kinds("float8_grouped_experts"))
+MUTANTS.append(FingerprintIgnoresGroupedExperts)
