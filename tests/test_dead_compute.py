@@ -17,7 +17,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from conformance import rewrites
 from conformance.dead_compute import dead_fp8_compute, keepable_dead_compute, needed_fp8_compute
 from conformance.graphs import Fp8Ops, output_dependencies
-from suite_runs import Run, failing, reads_shared_run, run_suites
+from suite_runs import OTHER_BACKENDS, Run, failing, reads_shared_run
 
 E4M3 = torch.float8_e4m3fn
 
@@ -118,7 +118,8 @@ def test_a_split_that_drops_the_grad_input_kept_in_place_is_bitwise_right_and_pl
 _RULES = ("VAL-001", "VAL-004", "VAL-007", "BND-001", "BND-002", "BND-003", "BND-004", "BND-005", "BND-006", "BND-007")
 #: Models per property: enough to show a backend conforms; whether a rule bites is its mutants'.
 _EXAMPLES = 8
-_RUNS = [
+#: In the plan of the other backends (tests/suite_runs.py: other_backend_runs): one process.
+SHARED_RUNS = _RUNS = [
     Run("reference-eliminating-dead-code", "dead_compute_backends:ReferenceEliminatingDeadCode", _RULES, _EXAMPLES),
     Run("makefx-without-dead-code", "dead_compute_backends:MakeFxWithoutDeadCode", _RULES, _EXAMPLES),
     Run("makefx-split-without-dead-code", "dead_compute_backends:MakeFxSplitWithoutDeadCode", _RULES, _EXAMPLES),
@@ -127,11 +128,11 @@ _RUNS = [
 
 
 @pytest.fixture(scope="module")
-def dead_compute_runs(tmp_path_factory):
-    return run_suites(_RUNS, tmp_path_factory.mktemp("dead-compute"))
+def dead_compute_runs(other_backend_runs):
+    return other_backend_runs
 
 
-@reads_shared_run("suite-dead-compute")
+@reads_shared_run(OTHER_BACKENDS)
 @pytest.mark.parametrize("run", _RUNS, ids=lambda r: r.label)
 def test_a_backend_that_drops_dead_fp8_compute_passes_the_rules_that_count_it(dead_compute_runs, run):
     statuses, out = dead_compute_runs[run.label].require()
