@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import sys
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conformance import replay, watchdog
+from conformance.plugin.handoff import WorkerFolder
 from conformance.plugin.report import PROPERTY_KEY, REPRODUCER_KEY
 
 __all__ = ["CrashNotes"]
@@ -33,32 +31,28 @@ class CrashNotes:
     def __init__(self, config: pytest.Config, backend_spec: str) -> None:
         self.backend_spec = backend_spec
         self._note: dict[str, Any] | None = None
-        self._path: Path | None = None
-        workerinput = getattr(config, "workerinput", None)
-        if workerinput is not None and _FOLDER_KEY in workerinput:
-            self._path = Path(workerinput[_FOLDER_KEY]) / f"{workerinput['workerid']}.json"
+        self._handoff = WorkerFolder(config, _FOLDER_KEY, ".json")
+        self._path = self._handoff.mine  # this worker's note; None in the controller
+        if self._path is not None:
             watchdog.on_method_change(self._method_changed)
-        self._folder: Path | None = None  # the controller's, made for the first worker
 
     def close(self) -> None:
         if self._path is not None:
             watchdog.on_method_change(None)
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
+        self._handoff.close()
 
     # -- the controller ------------------------------------------------------------------
     def configure_node(self, node: Any) -> None:
-        if self._folder is None:
-            self._folder = Path(tempfile.mkdtemp(prefix="fp8conf-workers-"))
-        node.workerinput[_FOLDER_KEY] = str(self._folder)
+        self._handoff.configure_node(node)
 
     def annotate(self, report: Any, property_ids: tuple[str, ...]) -> None:
         """Add the dead worker's note to xdist's crash ``report``."""
         worker = getattr(getattr(report, "node", None), "gateway", None)
-        if self._folder is None or worker is None:
+        path = None if worker is None else self._handoff.of(worker.id)
+        if path is None:
             return
         try:
-            note = json.loads((self._folder / f"{worker.id}.json").read_text(encoding="utf-8"))
+            note = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return
         if note.get("test") != report.nodeid:

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -32,6 +30,7 @@ from typing import Any, Mapping
 import pytest
 
 from conformance.plugin import report_files
+from conformance.plugin.handoff import WorkerFolder
 from conformance.plugin.render import markdown_path
 from conformance.plugin.report import CUT_OFF_KEY, PROPERTY_KEY, RunEnding, TestRecord, unreached_tests
 
@@ -57,21 +56,14 @@ class RunTracker:
         self._stopped: str | None = None
         self._collection_errors: set[str] = set()
         self._interrupted_workers: dict[str, str] = {}
-        workerinput = getattr(config, "workerinput", None)
-        self._worker_file: Path | None = None
-        if workerinput is not None and _FOLDER_KEY in workerinput:
-            self._worker_file = Path(workerinput[_FOLDER_KEY]) / f"{workerinput['workerid']}.json"
-        self._folder: Path | None = None  # the controller's, made for the first worker
+        self._handoff = WorkerFolder(config, _FOLDER_KEY, ".json")
 
     def close(self) -> None:
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
+        self._handoff.close()
 
     # -- what pytest tells --------------------------------------------------------------
     def configure_node(self, node: Any) -> None:
-        if self._folder is None:
-            self._folder = Path(tempfile.mkdtemp(prefix="fp8conf-selection-"))
-        node.workerinput[_FOLDER_KEY] = str(self._folder)
+        self._handoff.configure_node(node)
 
     def collection_finished(self, items: list[pytest.Item]) -> None:
         selected = {}
@@ -80,10 +72,10 @@ class RunTracker:
             if ids:
                 selected[item.nodeid] = ids
         self.selected = selected
-        if self._worker_file is None:
+        if self._handoff.mine is None:
             return
         try:
-            report_files.replace_files({self._worker_file: json.dumps(selected)})
+            report_files.replace_files({self._handoff.mine: json.dumps(selected)})
         except report_files.ReportWriteError as exc:
             # The controller then knows the tests that ran, not those that never started.
             warnings.warn(pytest.PytestWarning(
@@ -133,10 +125,10 @@ class RunTracker:
 
     # -- the end ------------------------------------------------------------------------
     def _selection(self) -> dict[str, tuple[str, ...]] | None:
-        if self._folder is None:
+        if self._handoff.folder is None:
             return self.selected
         # Every worker collects the same tests; the first whole file tells them.
-        for path in sorted(self._folder.glob("*.json")):
+        for path in self._handoff.files():
             try:
                 found = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):

@@ -17,14 +17,12 @@ controller, told the worker's collection is done, raises the usage error.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conformance import environment
+from conformance.plugin.handoff import WorkerFolder
 from conformance.plugin.report import PROPERTY_KEY
 
 __all__ = ["GLOO_MARKER", "EnvironmentProbes", "environment_problem"]
@@ -67,16 +65,13 @@ class EnvironmentProbes:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self._folder: Path | None = None  # the controller's, made for the first worker
+        self._handoff = WorkerFolder(config, _FOLDER_KEY, ".txt")
 
     def close(self) -> None:
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
+        self._handoff.close()
 
     def configure_node(self, node: Any) -> None:
-        if self._folder is None:
-            self._folder = Path(tempfile.mkdtemp(prefix="fp8conf-environment-"))
-        node.workerinput[_FOLDER_KEY] = str(self._folder)
+        self._handoff.configure_node(node)
 
     def collection_finished(self, session: pytest.Session) -> None:
         """Probe for the tests ``session`` will run; a problem ends the run before any runs."""
@@ -85,19 +80,16 @@ class EnvironmentProbes:
         problem = environment_problem(session.items, self.config.getoption("fp8_device"))
         if problem is None:
             return
-        workerinput = getattr(self.config, "workerinput", None)
-        if workerinput is None or _FOLDER_KEY not in workerinput:
+        if self._handoff.mine is None:
             raise pytest.UsageError(problem)
         # An exception would crash the worker; its controller raises the usage error instead,
         # and no test is left here to start meanwhile.
-        (Path(workerinput[_FOLDER_KEY]) / f"{workerinput['workerid']}.txt").write_text(problem, encoding="utf-8")
+        self._handoff.mine.write_text(problem, encoding="utf-8")
         self.config.hook.pytest_deselected(items=list(session.items))
         session.items[:] = []
 
     def node_collected(self, node: Any) -> None:
         """On the controller: raise the problem the worker ``node`` found, if it found one."""
-        if self._folder is None:
-            return
-        found = self._folder / f"{node.gateway.id}.txt"
-        if found.exists():
+        found = self._handoff.of(node.gateway.id)
+        if found is not None and found.exists():
             raise pytest.UsageError(found.read_text(encoding="utf-8"))
