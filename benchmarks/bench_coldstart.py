@@ -6,10 +6,16 @@ timer around each pass, in a fresh process per depth. Passes that are torch's ow
 the min-cut partitioner, ``fuse_by_partitions``, Inductor) are told apart from fp8conf's
 (provenance, joint signature, flat copy, region identification and tagging, structural keys,
 and whatever else compile_joint does: "fp8conf other"). A pass that grows faster than the
-node count shows in the last column, seconds per 1000 nodes. The first step is not run: on a
-CPU it times the FP8 matmul emulation, not the cold start.
+node count shows in the last column, seconds per 1000 nodes. The first step is not run unless
+``--step`` asks for it (trace + compile + one step, the first step a user waits for): on a CPU at
+the default shapes it times the FP8 matmul emulation more than the cold start.
+
+``--tracing`` picks how the model is traced: ``layers`` names the container of equal blocks
+(``trace_joint(repeat="layers")``), ``default`` passes no flag (equal blocks found and proven by
+trace_joint itself), ``whole`` traces every block (``repeat=False``).
 
     python benchmarks/bench_coldstart.py --device cpu --dim 64 --heads 4 --vocab 256 --tokens 256 --blocks 2 8 16 --clock cpu
+    python benchmarks/bench_coldstart.py --device cpu --dim 64 --heads 4 --vocab 256 --tokens 256 --blocks 8 32 64 --tracing default --step
     python benchmarks/bench_coldstart.py --blocks 2 8 32            # on a GPU (sm89+)
 """
 
@@ -135,12 +141,20 @@ def child(args) -> None:
     gc.callbacks.append(timed_collection)
     with timers(seconds):
         start = clock()
-        gm = fp8conf.trace_joint(model, (x,), repeat=None if args.whole_trace else "layers")
+        gm = fp8conf.trace_joint(model, (x,), **TRACING_ARGUMENTS[args.tracing])
         traced = clock()
         compiled = fp8conf.compile_joint(gm, mode="regional")
         done = clock()
     row = {"blocks": args.blocks[0], "nodes": len(gm.graph.nodes), "trace_s": traced - start, "compile_s": done - traced,
            "inductor_compiles": compiled.inductor_compiles, "complete_regions": sum(r.complete for r in compiled.regions), **seconds}
+    if args.step:
+        tangent = next(n for n in gm.graph.find_nodes(op="placeholder") if n.name.startswith("tangents")).meta["val"]
+        grad = torch.randn(tangent.shape, dtype=tangent.dtype, device=args.device)
+        start = clock()
+        fp8conf.run_joint(gm, model, (x,), (grad,), fn=compiled)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        row["step_s"] = clock() - start
     row["fp8conf other"] = row["trace_s"] + row["compile_s"] - sum(seconds.values())
     row["garbage collection"] = collector["s"]
     print(json.dumps(row))
@@ -148,7 +162,7 @@ def child(args) -> None:
 
 def measure(args, blocks: int) -> dict:
     command = [sys.executable, __file__, "--child", "--blocks", str(blocks), "--device", args.device, "--dim", str(args.dim),
-               "--tokens", str(args.tokens), "--heads", str(args.heads), "--vocab", str(args.vocab), "--recipe", args.recipe, "--clock", args.clock] + (["--whole-trace"] if args.whole_trace else [])
+               "--tokens", str(args.tokens), "--heads", str(args.heads), "--vocab", str(args.vocab), "--recipe", args.recipe, "--clock", args.clock, "--tracing", args.tracing] + (["--step"] if args.step else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-coldstart-"))
     try:
@@ -174,13 +188,19 @@ def table(rows) -> str:
         per_k = " / ".join(f"{1e3 * t / r['nodes']:.2f}" for t, r in zip(total, ok))
         lines.append(f"| **all {owner}** | " + " | ".join(f"{t:.2f}" for t in total) + f" | {per_k} |")
     lines.append("| trace + compile | " + " | ".join(f"{r['trace_s'] + r['compile_s']:.2f}" for r in ok) + " | |")
+    if ok and "step_s" in ok[0]:
+        lines.append("| one step | " + " | ".join(f"{r['step_s']:.2f}" for r in ok) + " | |")
+        lines.append("| **first step** (trace + compile + step) | " + " | ".join(f"{r['trace_s'] + r['compile_s'] + r['step_s']:.2f}" for r in ok) + " | |")
     lines.append("| of which Python's garbage collector | " + " | ".join(f"{r.get('garbage collection', float('nan')):.2f}" for r in ok) + " | |")
     lines.append("| regions / Inductor compiles | " + " | ".join(f"{r['complete_regions']} / {r['inductor_compiles']}" for r in ok) + " | |")
     lines += [f"- {r['blocks']} blocks: {r['error']}" for r in rows if "error" in r]
     return "\n".join(lines)
 
 
-TRACING = {False: 'four blocks traced, the rest repeated (trace_joint(repeat="layers"))', True: "every block traced"}
+TRACING = {"layers": 'four blocks traced, the rest repeated (trace_joint(repeat="layers"))',
+           "default": "trace_joint with no flag (its own choice)", "whole": "every block traced (trace_joint(repeat=False))"}
+#: trace_joint's keywords for each --tracing.
+TRACING_ARGUMENTS = {"layers": {"repeat": "layers"}, "default": {}, "whole": {"repeat": False}}
 
 
 def main():
@@ -192,7 +212,9 @@ def main():
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--recipe", default="tensorwise")
-    parser.add_argument("--whole-trace", action="store_true", help="trace every block (no trace_joint(repeat=...))")
+    parser.add_argument("--tracing", choices=list(TRACING), default="layers", help="how trace_joint is called (see above)")
+    parser.add_argument("--whole-trace", dest="tracing", action="store_const", const="whole", help="--tracing whole")
+    parser.add_argument("--step", action="store_true", help="run one step after compiling, and show the first step")
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall", help="cpu: this process's CPU time, for a busy machine")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per depth")
     parser.add_argument("--write", action="store_true", help="append the table to benchmarks/RESULTS.md")
@@ -214,8 +236,8 @@ def main():
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     conditions = (f"{device}; torch {torch.__version__}, torchao {torchao.__version__}; Llama dim {args.dim}, {args.heads} heads, "
                   f"vocab {args.vocab}, {args.tokens} tokens, {args.recipe}; {args.clock} seconds; one process per depth; "
-                  f"{TRACING[args.whole_trace]}; trace + regional compile, "
-                  "no step; Inductor's cache as the environment leaves it (TORCHINDUCTOR_CACHE_DIR, else an empty one per depth).")
+                  f"{TRACING[args.tracing]}; trace + regional compile, "
+                  f"{'one step' if args.step else 'no step'}; Inductor's cache as the environment leaves it (TORCHINDUCTOR_CACHE_DIR, else an empty one per depth).")
     text = table(rows)
     print(conditions + "\n\n" + text)
     if args.write:
