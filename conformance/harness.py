@@ -38,7 +38,7 @@ from conformance.models import ModelSpec, build_model
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
-    "require_subject", "fp8_compute_truth", "declared_ops", "traced_before_rewrite", "owns_float8", "float8_converter", "built_with",
+    "require_subject", "fp8_compute_truth", "declared_ops", "traced_before_rewrite", "owns_float8", "float8_converter", "float8_config_settable", "built_with",
     "attributed",
 ]
 
@@ -77,6 +77,32 @@ def owns_float8(backend) -> bool:
 def float8_converter(backend):
     """What builds ``backend``'s float8 linears: its ``convert_float8``, or None for TorchAO."""
     return backend.convert_float8 if owns_float8(backend) else None
+
+
+@functools.lru_cache(maxsize=16)
+def float8_config_settable(backend) -> bool:
+    """Whether the suite may set a ``Float8LinearConfig`` on ``backend``'s float8 linears (FPR's
+    config-field changes, DP's float8 all-gather), building them with TorchAO: they are TorchAO's
+    (it does not claim ``float8_modules``), or its ``convert_float8`` builds, for every recipe it
+    declares, exactly TorchAO's ``Float8Linear`` with the config of TorchAO's recipe of that name
+    (observed on a one-linear model), so that TorchAO's build differs from the backend's in the
+    setting changed alone. A backend's own linears of another class have no such config."""
+    if not owns_float8(backend):
+        return True
+    import torch
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.float8_linear import Float8Linear
+
+    for recipe in sorted(backend.float8_recipes):
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16, bias=False))
+        try:
+            backend.convert_float8(model, module_filter_fn=lambda m, fqn: fqn == "0", recipe=recipe, emulate=False)
+        except Exception:
+            return False  # the properties that build its linears say what went wrong
+        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=False)
+        if type(model[0]) is not Float8Linear or model[0].config != config:
+            return False
+    return True
 
 
 def device() -> str:
@@ -251,11 +277,12 @@ _CONVERTERS = {
 }
 
 
-def built_with(backend, spec, model) -> tuple[tuple[str, ...], ...]:
+def built_with(backend, spec, model, *, float8_by_torchao: bool = False) -> tuple[tuple[str, ...], ...]:
     """``(family, kind, module class, recipe, built by)`` of each quantized module of ``spec``,
     read off the built ``model``: the class is what the module is, observed, not what was asked
     for. Noted for the report (:func:`conformance.evidence.built`) by every property that
-    builds one."""
+    builds one. ``float8_by_torchao``: the suite built the float8 linears with TorchAO although
+    the backend claims ``float8_modules``, to set their config (:func:`float8_config_settable`)."""
     family = getattr(spec, "family", None) or "stacks"
     found = []
     for fqn, (kind, recipe, _emulate) in spec.quantized_modules().items():
@@ -266,7 +293,7 @@ def built_with(backend, spec, model) -> tuple[tuple[str, ...], ...]:
             # A converter that moved the module: the report says so; the property that needs it fails.
             module = f"(no module at {fqn!r})"
         by = _CONVERTERS.get(kind, "")
-        if kind == "float8_linear" and not owns_float8(backend):
+        if kind == "float8_linear" and (float8_by_torchao or not owns_float8(backend)):
             by = "TorchAO"
         found.append((family, kind, module, recipe, by))
     return tuple(dict.fromkeys(found))

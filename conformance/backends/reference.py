@@ -18,12 +18,13 @@ class ReferenceBackend(Backend):
     name = "reference"
     version = fp8conf.__version__
     # ``scaled_mm_v2``, ``scaled_grouped_mm_v2`` and ``nvfp4`` where this torch has F.scaled_mm,
-    # F.scaled_grouped_mm and float4_e2m1fn_x2 (2.12 and newer). Not ``float8_modules``: fp8conf's float8 linears are
-    # TorchAO's, which the suite builds itself, config-field changes included.
+    # F.scaled_grouped_mm and float4_e2m1fn_x2 (2.12 and newer). ``float8_modules``: fp8conf's float8 linears are
+    # TorchAO's, built through convert_float8 with each recipe's own config; being exactly TorchAO's, the suite
+    # still builds those whose config it changes (FPR's config fields, DP's float8 all-gather) with TorchAO.
     capabilities = frozenset(
         {
             "provenance", "validation", "emulation", "regions", "compile.full", "compile.regional", "cudagraph", "graphpp",
-            "fingerprint", "artifacts", "e8m0", "mx", "moe", "distributed",
+            "fingerprint", "artifacts", "e8m0", "mx", "moe", "distributed", "float8_modules", "rewrites",
         }
         | ({"scaled_mm_v2"} if has_scaled_mm_v2() else set())
         | ({"scaled_grouped_mm_v2"} if has_scaled_grouped_mm_v2() else set())
@@ -49,6 +50,17 @@ class ReferenceBackend(Backend):
         if tag is not None:
             return tag == "is_backward"
         return fp8conf.node_passes(node.graph)[node] == "backward"
+
+    def rewrite(self, gm):
+        # What fp8conf runs on a joint graph before it cuts it (fp8conf.compile.partition): each
+        # backward FP8 region's repeats of its forward's amaxes and scales merged, the region kept
+        # whole; then what no output needs and no side effect keeps is removed.
+        from fp8conf.compile.share_scales import share_forward_scales
+
+        share_forward_scales(gm)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        return gm
 
     def validate(self, gm, *, strict):
         # fp8conf's report is the contract's ValidationReport.
@@ -109,6 +121,18 @@ class ReferenceBackend(Backend):
         from fp8conf.graph.roles import registered_compute_ops
 
         return TORCH_COMPUTE_OPS + tuple(ComputeOp(op, operands, scales) for op, operands, scales in registered_compute_ops())
+
+    def convert_float8(self, model, *, module_filter_fn, recipe, emulate):
+        # fp8conf quantizes TorchAO's Float8Linear: the recipe's own config, emulated or not.
+        import dataclasses
+
+        import torch
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
+        # A converted linear (an nn.Linear subclass) is left alone: the suite converts a nested one inside it.
+        accepted = lambda module, fqn: type(module) is torch.nn.Linear and module_filter_fn(module, fqn)  # noqa: E731
+        convert_to_float8_training(model, config=config, module_filter_fn=accepted)
 
     def convert_mx(self, model, *, module_filter_fn, recipe):
         from fp8conf import convert_to_mx_training

@@ -14,7 +14,9 @@ not the backend's).
 The backend declares how its weights travel (``Backend.weight_gathers``): as FP8 bytes (DP-001)
 and/or in high precision, quantized after the gather (DP-002, DP-005); a property about another is
 ``not_supported``. A backend that claims ``float8_modules`` is sharded with its own float8 linears
-(of its first declared recipe) in DP-001, DP-002, DP-003 and DP-005; DP-004 builds TorchAO's.
+(of its first declared recipe) in DP-001, DP-002, DP-003 and DP-005; DP-004 builds TorchAO's, and
+so do float8 all-gather's steps where the backend's own are exactly TorchAO's (the setting is
+their config's).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from conformance.distributed import (
 from conformance.environment import EnvironmentProblem
 from conformance.graphs import is_fp8_compute, scale_operands, trace_with_oracle
 from conformance import evidence
-from conformance.harness import built_with, check, fail, fp8_ops
+from conformance.harness import built_with, check, fail, float8_config_settable, fp8_ops, owns_float8
 from conformance.models import LayerSpec, ModelSpec, build_model, recipe_compute_counts
 from conformance.notes import note
 from conformance.plugin.gating import NOT_SUPPORTED
@@ -58,19 +60,28 @@ def _declared(backend, gather: str) -> None:
                     f"its data-parallel steps do not gather weights as {gather}")
 
 
-def _own_modules(backend) -> bool:
-    """Whether the backend's own float8 linears are the ones sharded (capability ``float8_modules``)."""
-    return "float8_modules" in backend.capabilities
+def _own_modules(backend, float8_all_gather: bool) -> bool:
+    """Whether the backend's own float8 linears are the ones sharded (capability ``float8_modules``):
+    with float8 all-gather on, TorchAO's are where the backend's are exactly TorchAO's, built
+    with the setting (``conformance.harness.float8_config_settable``)."""
+    if not owns_float8(backend):
+        return False
+    if float8_all_gather and float8_config_settable(backend):
+        note("float8 all-gather on: the backend's own float8 linears are TorchAO's Float8Linear, built by TorchAO with "
+             "enable_fsdp_float8_all_gather=True")
+        return False
+    return True
 
 
 def sharded_model(backend, spec, float8_all_gather: bool):
     """``(model, args)`` of ``spec`` as the DP properties shard it: TorchAO's float8 linears with
     the setting, or the backend's own float8 linears (``spec`` as served: of recipes they have)."""
-    if _own_modules(backend):
+    own = _own_modules(backend, float8_all_gather)
+    if own:
         model, args = build_model(spec, "cpu", float8=backend.convert_float8)
     else:
         model, args = build_model(spec, "cpu", float8_all_gather=float8_all_gather)
-    evidence.built(built_with(backend, spec, model))
+    evidence.built(built_with(backend, spec, model, float8_by_torchao=not own))
     return model, args
 
 
@@ -210,9 +221,8 @@ def test_DP_003_sharded_gradients_match_the_unsharded_step_over_gloo(fp8_backend
     them (a reduce op left at its default), off by the world size; and a step that keeps each
     rank's local gradient unreduced. Each rank runs its half of the batch, so only gradients
     averaged over the ranks match the mean of the unsharded step's on the halves."""
-    own = _own_modules(fp8_backend)
     spec = served_spec(_GLOO_SPEC)
-    cases = tuple(GlooCase(spec, on, own) for on, gather in ((True, "float8"), (False, "high_precision"))
+    cases = tuple(GlooCase(spec, on, _own_modules(fp8_backend, on)) for on, gather in ((True, "float8"), (False, "high_precision"))
                   if gather in fp8_backend.weight_gathers)
     if len(cases) < len(_GLOO_CASES):
         note(f"run with float8 all-gather {'on' if cases[0].float8_all_gather else 'off'} only: the backend's weight_gathers "

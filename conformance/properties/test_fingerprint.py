@@ -52,7 +52,7 @@ from conformance.fingerprints import (
     unrelated_changes,
 )
 from conformance import evidence, strategies
-from conformance.harness import built_with, call_backend, check, fail, float8_converter, owns_float8
+from conformance.harness import built_with, call_backend, check, fail, float8_config_settable, float8_converter, owns_float8
 from conformance.models import LayerSpec, ModelSpec, build_model
 from conformance.moe import MoESpec, experts_family
 from conformance.notes import note
@@ -116,12 +116,15 @@ def _config_fields(fp8_backend, kind, *, inexpressible=False):
             f"{NOT_SUPPORTED} backend {fp8_backend.name!r}'s jobs express no {kind} change: "
             f"expressible_config_fields is {declared}"
         )
-    if owns_float8(fp8_backend):
+    if not float8_config_settable(fp8_backend):
         note(f"{kind} changes not_supported: the backend builds its own float8 linears (float8_modules), which have no Float8LinearConfig")
         pytest.skip(
             f"{NOT_SUPPORTED} backend {fp8_backend.name!r} builds its own float8 linears (float8_modules): "
             f"{kind} changes flip TorchAO's Float8LinearConfig, which they do not have"
         )
+    if owns_float8(fp8_backend):
+        note(f"{kind} changes built with TorchAO: the backend's own float8 linears (float8_modules) are TorchAO's Float8Linear "
+             "with its recipes' configs, so TorchAO's build differs in the flipped fields alone")
     return fields
 
 
@@ -144,11 +147,13 @@ def _what_else(name: str, before: str, after: str) -> str:
 
 def _build(property_id, backend, variant: Variant):
     """Build ``variant``'s model; its MX, ``F.scaled_mm`` and NVFP4 layers and its grouped
-    experts, if any, through the backend's converters."""
+    experts, if any, through the backend's converters, and its float8 linears too unless the
+    variant flips config fields, which only TorchAO's build can (:func:`float8_config_settable`)."""
     claims = backend.capabilities
+    by_torchao = bool(variant.config_fields) and owns_float8(backend)
     try:
         model, args = variant.build(
-            mx=backend.convert_mx if "mx" in claims else None, float8=float8_converter(backend),
+            mx=backend.convert_mx if "mx" in claims else None, float8=None if by_torchao else float8_converter(backend),
             scaled_mm=backend.convert_scaled_mm if "scaled_mm_v2" in claims else None,
             nvfp4=backend.convert_nvfp4 if "nvfp4" in claims else None,
             grouped=backend.convert_grouped_experts if "moe" in claims else None,
@@ -156,7 +161,7 @@ def _build(property_id, backend, variant: Variant):
         )
     except Exception as exc:
         fail(property_id, f"backend {backend.name!r}: building the model ({variant.describe()}) raised {type(exc).__name__}: {exc}", variant.spec)
-    built = built_with(backend, variant.spec, model)
+    built = built_with(backend, variant.spec, model, float8_by_torchao=by_torchao)
     if isinstance(variant.spec, MoESpec):
         built = tuple((experts_family(variant.spec), *entry[1:]) for entry in built)
     evidence.built(built)

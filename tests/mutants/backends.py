@@ -256,10 +256,10 @@ class _LeavesDeadCopies(ReferenceBackend):
 
     in_place = False
 
-    def trace_joint(self, model, args):
+    def rewrite(self, gm):
         import torch
 
-        gm = super().trace_joint(model, args)
+        gm = super().rewrite(gm)
         graph = gm.graph
         for node in [n for n in graph.nodes if fp8conf.graph.roles.is_fp8_compute(n)]:
             if self.in_place and not self.is_backward(node):
