@@ -24,6 +24,8 @@ itself (:func:`unswizzle`) and so defines, on every device, what such a matmul c
   layout and each operand against the high-precision tensors it came from) and, on a device
   without a kernel, computed by :func:`reference_matmul` (and counted) instead of raising:
   NVF-002 and MXS-002 run a backend's step that way on CPU, and say so in their report rows.
+  Asked to (:data:`GROUPED`), it computes the rowwise FP8 grouped GEMMs of either grouped API by
+  the suite's reading too (``conformance.moe.reference_grouped_mm``): EMU-006 runs experts so.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import dataclasses
 __all__ = [
     "TILE_ROWS", "TILE_COLS", "Format", "NVFP4", "MXFP8", "FORMATS", "matmul_format", "is_low_precision_matmul",
     "block_scales_numel", "layout_problems", "unswizzle", "unpack_e2m1", "dequantize", "reference_matmul",
-    "read_by_the_suite", "Reads", "Operand", "LayoutUnreadable",
+    "read_by_the_suite", "Reads", "Operand", "LayoutUnreadable", "GROUPED",
 ]
 
 #: The swizzled layout's tile: 128 rows by 4 scale columns.
@@ -79,6 +81,9 @@ class Format:
 NVFP4 = Format("NVFP4", "float4", 16, "float8_e4m3fn", ("BlockWise1x16", "TensorWise"), ("SWIZZLE_32_4_4", "NO_SWIZZLE"), True)
 MXFP8 = Format("MXFP8", "float8_e4m3fn", 32, "float8_e8m0fnu", ("BlockWise1x32",), ("SWIZZLE_32_4_4",), False)
 FORMATS = (NVFP4, MXFP8)
+#: What :func:`read_by_the_suite` calls the rowwise FP8 grouped GEMMs it computes (not a block
+#: format: one scale per row or column of each operand, per token group).
+GROUPED = "grouped rowwise FP8"
 
 
 def _is_fp4(dtype) -> bool:
@@ -325,21 +330,44 @@ def _call_format(args, kw) -> Format | None:
     return None
 
 
+def _grouped_call(func, kw):
+    """A rowwise FP8 grouped GEMM computed by ``conformance.moe.reference_grouped_mm``; a v2 call
+    of another scaling raises :class:`LayoutUnreadable`."""
+    import torch.nn.functional as F
+
+    from conformance.moe import reference_grouped_mm
+
+    scale_a, scale_b = _scale_list(kw["scale_a"]), _scale_list(kw["scale_b"])
+    if "recipe_a" in kw:
+        rowwise = [int(F.ScalingType.RowWise.value)]
+        if ([int(r) for r in kw["recipe_a"]] != rowwise or [int(r) for r in kw["recipe_b"]] != rowwise
+                or list(kw.get("contraction_dim") or ())):
+            raise LayoutUnreadable(f"a grouped GEMM of recipes {list(kw['recipe_a'])} / {list(kw['recipe_b'])} and "
+                                   f"contraction dims {list(kw.get('contraction_dim') or ())}: the suite reads one RowWise "
+                                   "scale per operand and the default contraction dims")
+    return reference_grouped_mm(kw["self"], kw["mat2"], scale_a[0], scale_b[0], kw["offs"], kw.get("out_dtype"))
+
+
 @contextlib.contextmanager
-def read_by_the_suite(*, compute: bool = True):
+def read_by_the_suite(*, compute: bool | frozenset = True):
     """Within: every ``aten._scaled_mm_v2`` call in one of :data:`FORMATS` is observed: its
     layout (:func:`layout_problems`' checks, on the values), and each operand, dequantized in its
     declared layout (:func:`dequantize`), compared with the high-precision tensors it was
-    computed from (its ancestors in the ops that ran, tracked at torch's dispatcher); with
-    ``compute`` the call is computed by :func:`reference_matmul` instead of torch's kernel (for
-    devices without one). Every other op runs as torch ships it. The yielded :class:`Reads`
-    fills as calls run."""
+    computed from (its ancestors in the ops that ran, tracked at torch's dispatcher). ``compute``
+    (True for all, or a set of format names and :data:`GROUPED`) says which calls are computed
+    by the suite instead of torch's kernel (for devices without one): block-scaled ones by
+    :func:`reference_matmul`, rowwise FP8 grouped GEMMs of either API by
+    ``conformance.moe.reference_grouped_mm`` (counted, not observed). Every other op runs as
+    torch ships it. The yielded :class:`Reads` fills as calls run."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
+    computed = {fmt.name for fmt in FORMATS} | {GROUPED} if compute is True else set(compute or ())
     reads = Reads()
     v2 = torch.ops.aten._scaled_mm_v2.default
+    grouped = {getattr(torch.ops.aten, name).default for name in ("_scaled_grouped_mm", "_scaled_grouped_mm_v2")
+               if hasattr(torch.ops.aten, name)}
     high = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
     ancestors: dict[int, frozenset] = {}
     kept: dict[int, object] = {}  # every tensor seen, alive for the block, so that ids stay unique
@@ -356,7 +384,7 @@ def read_by_the_suite(*, compute: bool = True):
                                                                               ("mat_b", "scale_b", "recipe_b", "swizzle_b"))])
         if problems:
             reads.problems.append((fmt.name, index, problems))
-            if compute:
+            if fmt.name in computed:
                 raise LayoutUnreadable(f"its layout is not {fmt.name}'s declared one ({'; '.join(problems)}), and the suite "
                                        "reads only the declared layout")
         for name, operand, scales, source in (("mat_a", a, kw["scale_a"], a), ("mat_b", b.t(), kw["scale_b"], b)):
@@ -375,11 +403,15 @@ def read_by_the_suite(*, compute: bool = True):
                 fmt = _call_format(args, kw)
             if fmt is not None:
                 observe(fmt, kw)
-                if compute:
+                if fmt.name in computed:
                     reads.computed += 1
                     out = reference_matmul(fmt, kw["self"], kw["mat2"], kw["scale_a"], kw["scale_b"], kw.get("out_dtype"))
                 else:
                     out = func(*args, **kwargs)
+            elif func in grouped and GROUPED in computed:
+                reads.count[GROUPED] += 1
+                reads.computed += 1
+                out = _grouped_call(func, _bind(func, args, kwargs))
             else:
                 out = func(*args, **kwargs)
             inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]

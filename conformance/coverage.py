@@ -46,7 +46,7 @@ def _linear(*also: str, **not_drawn: str) -> dict[str, str]:
     return _row(drawn, {**_ELSEWHERE, **not_drawn})
 
 
-_GROUPED = {area: "grouped experts are drawn by MOE and FPR" for area in AREAS}
+_GROUPED = {area: "grouped experts are drawn by MOE, FPR and EMU-006" for area in AREAS}
 _TENSORWISE_GATHER = ("TorchAO's float8 all-gather takes tensorwise scales, so DP shards TorchAO's linears tensorwise; a "
                       "backend's own float8 linears are sharded in their own recipes")
 
@@ -57,14 +57,11 @@ EXPECTED: dict[str, dict[str, str]] = {
     "float8 rowwise_with_gw_hp": _linear(DP=_TENSORWISE_GATHER),
     "float8 on F.scaled_mm": _linear(),
     "MX": _linear(),
-    "MX swizzled on F.scaled_mm": _linear(
-        "MXS", NUM="Inductor in this torch refuses swizzled scales; MXS-001 notes the refusal",
-        EMU="EMU-004 and EMU-005 run MX layers only where a kernel runs them (not on CPU), and EMU-002's models hold "
-            "them beside an emulated layer only by chance; MXS-002 checks what they compute",
-    ),
-    "NVFP4": _linear("NVF", NUM="no CPU kernel and no Inductor lowering in this torch: structure only, numerics by NVF-002's reading"),
-    "grouped experts": _row(["FPR", "MOE"], _GROUPED),
-    "grouped experts on F.scaled_grouped_mm": _row(["FPR", "MOE"], _GROUPED),
+    "MX swizzled on F.scaled_mm": _linear("MXS", NUM="Inductor in this torch refuses swizzled scales; MXS-001 notes the refusal"),
+    "NVFP4": _linear("NVF", NUM="no CPU kernel and no Inductor lowering in this torch: structure only, numerics by NVF-002's "
+                                "reading and EMU-005's definition"),
+    "grouped experts": _row(["EMU", "FPR", "MOE"], _GROUPED),
+    "grouped experts on F.scaled_grouped_mm": _row(["EMU", "FPR", "MOE"], _GROUPED),
 }
 ROWS = tuple(EXPECTED)
 

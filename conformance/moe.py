@@ -39,6 +39,10 @@ to 2.14 at least), so a model calling it cannot even be traced with fake tensors
   fake result outlives the block;
 * it is a Meta kernel, not a CPU one: a real call still raises inside the block, so nothing that
   runs a v2 grouped GEMM can pretend to compute on CPU.
+
+What a rowwise FP8 grouped GEMM of either API computes, the suite defines itself
+(:func:`reference_grouped_mm`): EMU-006 runs experts under it where the device has no kernel
+(``conformance.block_scaled.read_by_the_suite``), and its report row says so.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from conformance.models import reproducer
 
 __all__ = [
     "GROUPED_KIND", "ALIGNMENT", "MoESpec", "ExpertsSpec", "GroupedExperts", "build_moe_model", "build_experts_model",
-    "experts_inputs", "experts_family", "v2_grouped_structure", "has_v2_grouped_meta_kernel",
+    "experts_inputs", "experts_family", "v2_grouped_structure", "has_v2_grouped_meta_kernel", "reference_grouped_mm",
 ]
 
 #: The quantized module kind of FP8 grouped experts.
@@ -384,6 +388,38 @@ def _meta_scaled_grouped_mm_v2(mat_a, mat_b, scale_a, recipe_a, swizzle_a, scale
         mat_a, mat_b, scale_a=scale_a[0], scale_b=scale_b[0], offs=offs, bias=bias, scale_result=None,
         out_dtype=out_dtype or torch.bfloat16, use_fast_accum=use_fast_accum,
     )
+
+
+def reference_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype):
+    """What a rowwise FP8 grouped GEMM (``torch._scaled_grouped_mm``, or
+    ``aten._scaled_grouped_mm_v2`` with ``RowWise`` scalings) computes, each operand times its
+    inverse scales, multiplied in float64 and cast to ``out_dtype``. ``a`` (M, K) by ``b``
+    (E, K, N): token group ``g`` (rows of ``a`` cut by ``offs``) by expert ``g``, scales
+    ``(M,)`` and ``(E, N)``. ``a`` (N, M) by ``b`` (M, K): the groups cut the contraction dim,
+    ``out[g] = a[:, g] @ b[g]``, scales ``(E * N,)`` and ``(E * K,)`` group-major. Any other
+    operand shapes raise ``NotImplementedError``."""
+    import torch
+
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    ends = offs.tolist()
+    starts = [0] + ends[:-1]
+    if a.dim() == 2 and b.dim() == 3:
+        lhs = a64 * scale_a.to(torch.float64).reshape(-1, 1)
+        rhs = b64 * scale_b.to(torch.float64).reshape(b.shape[0], 1, b.shape[-1])
+        out = lhs.new_zeros(a.shape[0], b.shape[-1])
+        for g, (start, end) in enumerate(zip(starts, ends)):
+            out[start:end] = lhs[start:end] @ rhs[g]
+    elif a.dim() == 2 and b.dim() == 2:
+        groups = len(ends)
+        sa = scale_a.to(torch.float64).reshape(groups, a.shape[0])
+        sb = scale_b.to(torch.float64).reshape(groups, b.shape[1])
+        out = a64.new_zeros(groups, a.shape[0], b.shape[1])
+        for g, (start, end) in enumerate(zip(starts, ends)):
+            out[g] = (a64[:, start:end] * sa[g].reshape(-1, 1)) @ (b64[start:end] * sb[g])
+    else:
+        raise NotImplementedError(f"the suite's grouped GEMM reads 2-D by 3-D and 2-D by 2-D operands; got {a.dim()}-D by "
+                                  f"{b.dim()}-D")
+    return out.to(out_dtype or torch.bfloat16)
 
 
 @contextlib.contextmanager

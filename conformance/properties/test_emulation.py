@@ -1,23 +1,28 @@
-"""EMU: emulated modules are exempt from FP8 compute, one module at a time."""
+"""EMU: emulated modules are exempt from FP8 compute, one module at a time; real ones compute
+what their recipe defines (EMU-005 for linears, EMU-006 for grouped experts)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import rewrites
+from conformance import block_scaled, evidence, rewrites
 from conformance.families import FAMILIES
 from conformance.family_examples import family_examples
 from conformance.dead_compute import needed_fp8_compute
 from conformance.graphs import fp8_compute_nodes
 from conformance.harness import (
-    attributed, call_backend, check, device, eager_step, fail, fp8_ops, grad_outputs, high_precision_twin, names_module,
-    strict_error, traced, traced_graph,
+    attributed, built_with, call_backend, check, device, eager_step, fail, fp8_ops, grad_outputs, high_precision_twin,
+    names_module, strict_error, traced, traced_graph,
 )
-from conformance.strategies import ALL_KINDS, FLOAT8_KIND, SCALED_MM_KIND, model_specs, runnable_kinds, runnable_recipes
+from conformance.notes import note
+from conformance.strategies import (
+    ALL_KINDS, FLOAT8_KIND, MX_SWIZZLED_KIND, NVFP4_KIND, SCALED_MM_KIND, grouped_fp8_runs, grouped_v2_runs, model_specs,
+    moe_specs, runnable_kinds, runnable_recipes,
+)
 
 #: The kinds of layers whose FP8 matmuls this torch runs on the device (EMU-004 runs the step).
 RUNNABLE_KINDS = tuple(k for k in (FLOAT8_KIND, SCALED_MM_KIND) if k in runnable_kinds())
@@ -184,26 +189,33 @@ def test_EMU_004_a_real_fp8_step_is_no_silent_high_precision_step(fp8_backend, s
         )
 
 
-# --- EMU-005: each linear computes what its recipe defines ---------------------------------------
+# --- EMU-005 and EMU-006: each module computes what its recipe defines ---------------------------
 
 #: How far a module's output or gradient may be from what its recipe defines
 #: (conformance.definitions: operands quantized by the suite in plain torch, multiplied in float64,
 #: on the module's own inputs), relative to the recipe's own rounding there: ``q``, the relative
 #: norm of the difference between the definition and the high-precision product. A module that
-#: follows the suite's reading differs by its accumulation order (the reference: at most 0.06 q);
-#: one whose convention differs within the recipe (scales not rounded to a power of two) rounds
-#: its operands independently of the definition, about sqrt(2) q (makefx: at most 1.7 q over the
-#: CI corpus). Allowed: 2.5 q + 0.01 (the floor for a matmul the recipe keeps in high precision).
-#: Caught: a gradient off by a constant factor (x1.5 is 0.33 of the product, about 8 q), a scale
+#: follows the suite's reading differs by its accumulation order (the reference: at most 0.06 q;
+#: its grouped experts, whose GEMMs write bfloat16, 0.05 q); one whose convention differs within
+#: the recipe rounds its operands independently of the definition, about sqrt(2) q (makefx's
+#: linears, scales not rounded to a power of two: at most 1.7 q over the CI corpus; MX scales
+#: rounded up, not floored: at most 0.9 q). Allowed: 2.5 q + 0.01 (the floor for a matmul the
+#: recipe keeps in high precision). Caught: a gradient off by a constant factor (x1.5 is 0.5 of
+#: the definition: about 11 q in MXFP8 and FP8, 3.6 q in NVFP4, whose q is about 0.13), a scale
 #: applied twice or not at all, a transposed operand.
 _ROUNDINGS_ALLOWED = 2.5
 _FLOOR = 0.01
 
+#: The block formats each drawing kind's matmuls take, where a device without a kernel has them
+#: computed by the suite's reading (conformance.block_scaled).
+_BLOCK_FORMATS = {NVFP4_KIND: block_scaled.NVFP4, MX_SWIZZLED_KIND: block_scaled.MXFP8}
 
-def _observed_linears(model, fqns, args, grad_out):
+
+def _observed_modules(model, fqns, args, grad_out, seed: int):
     """Run ``model`` eagerly with autograd, observing each module of ``fqns`` at every call.
-    By FQN: a list of calls (``x``, ``output``, ``grad_input`` (None where the input needs no
-    gradient), ``grad_output``) and the module's weight gradient."""
+    By FQN: a list of calls (``inputs``, ``output``, ``grad_input`` (None where the first input
+    needs no gradient), ``grad_output``) and the module's weight gradient. ``grad_out`` None:
+    random output gradients, seeded by ``seed``."""
     import torch
 
     calls = {fqn: [] for fqn in fqns}
@@ -212,7 +224,7 @@ def _observed_linears(model, fqns, args, grad_out):
         module = model.get_submodule(fqn)
 
         def forward_hook(_module, inputs, output, _fqn=fqn):
-            calls[_fqn].append({"x": inputs[0].detach(), "output": output.detach()})
+            calls[_fqn].append({"inputs": tuple(i.detach() for i in inputs), "output": output.detach()})
 
         def backward_hook(_module, grad_input, grad_output, _fqn=fqn):
             # Backward reaches the calls in reverse: this is the latest call not yet given its gradients.
@@ -225,6 +237,9 @@ def _observed_linears(model, fqns, args, grad_out):
         args = tuple(a.detach().clone().requires_grad_(a.requires_grad) if a.is_floating_point() else a for a in args)
         outputs = model(*args)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        if grad_out is None:
+            generator = torch.Generator(outputs[0].device.type).manual_seed(seed)
+            grad_out = tuple(torch.randn(o.shape, generator=generator, device=o.device, dtype=o.dtype) for o in outputs)
         torch.autograd.backward(outputs, grad_out)
     finally:
         for handle in handles:
@@ -232,55 +247,136 @@ def _observed_linears(model, fqns, args, grad_out):
     return {fqn: (calls[fqn], model.get_submodule(fqn).weight.grad) for fqn in fqns}
 
 
-@pytest.mark.fp8_property("EMU-005")
-@family_examples
-@given(spec=model_specs(recipes=runnable_recipes(), kinds=RUNNABLE_KINDS, emulate=False, nesting=False, families=FAMILIES))
-def test_EMU_005_each_linear_computes_what_its_recipe_defines(fp8_backend, spec):
-    """Cheapest defects: a weight gradient off by a constant factor in eager and compiled alike
-    (every property comparing the backend with itself passes it, and EMU-004's bound of 1 lets
-    it through), an operand quantized along the wrong dim, a scale applied twice. Each real
-    quantized linear of a recipe the suite reads, run eagerly in the backend's own model, is
-    held to the recipe's definition (conformance.definitions) on its own inputs and output
-    gradient: output, input gradient and weight gradient (summed over its calls)."""
+def _hold_to_definitions(property_id: str, spec, model, args, grad_out, recipes: dict, step, *, computed=frozenset()):
+    """Run ``model`` eagerly (the matmuls of ``computed`` by the suite's reading) and hold each
+    module of ``recipes`` (FQN -> (kind, recipe)) to its definition: ``step(definition, module,
+    inputs, grad_output)`` gives its output, input gradient and weight gradient (summed over
+    its calls). Modules of a recipe the suite does not read are left out; a model without any
+    fails (it was drawn for them)."""
     import copy
 
-    from conformance.definitions import HIGH_PRECISION, definition, linear_step
+    from conformance.definitions import HIGH_PRECISION, definition
 
-    case = traced("EMU-005", fp8_backend, spec)
-    recipes = {fqn: (kind, recipe) for fqn, (kind, recipe, emulate) in spec.quantized_modules().items() if not emulate}
     known = {fqn: definition(*kr) for fqn, kr in recipes.items() if definition(*kr) is not None}
-    check(known, "EMU-005", f"the drawn model holds no real linear of a recipe the suite reads ({sorted(set(recipes.values()))})", spec)
-    model = copy.deepcopy(case.model)  # the shared model's gradients stay as they were
-    observed = _observed_linears(model, sorted(known), case.args, grad_outputs(spec, 11))
+    check(known, property_id, f"the drawn model holds no real module of a recipe the suite reads ({sorted(set(recipes.values()))})", spec)
+    model = copy.deepcopy(model)  # the shared model's gradients stay as they were
+    try:
+        with block_scaled.read_by_the_suite(compute=computed):
+            observed = _observed_modules(model, sorted(known), args, grad_out, seed=11)
+    except block_scaled.LayoutUnreadable as exc:
+        fail(property_id, f"the eager step's matmuls could not be computed by the suite's reading: {exc}", spec)
     for fqn, recipe in known.items():
         calls, weight_grad = observed[fqn]
-        check(calls and all("grad_output" in c for c in calls), "EMU-005",
+        check(calls and all("grad_output" in c for c in calls), property_id,
               f"module {fqn!r} was not called, or got no output gradient, in the eager step", spec)
         module = model.get_submodule(fqn)
         bias = 0 if getattr(module, "bias", None) is None else module.bias.detach().double()
         summed = {"definition": 0, "high precision": 0}
         for i, call in enumerate(calls):
-            want = linear_step(recipe, call["x"], module.weight, call["grad_output"])
-            plain = linear_step(HIGH_PRECISION, call["x"], module.weight, call["grad_output"])
-            _within_definition(spec, fqn, recipes[fqn], f"output of call {i}", call["output"].double() - bias, want["output"], plain["output"])
+            want = step(recipe, module, call["inputs"], call["grad_output"])
+            plain = step(HIGH_PRECISION, module, call["inputs"], call["grad_output"])
+            within = (property_id, spec, fqn, recipes[fqn])
+            _within_definition(*within, f"output of call {i}", call["output"].double() - bias, want["output"], plain["output"])
             if call["grad_input"] is not None:
-                _within_definition(spec, fqn, recipes[fqn], f"input gradient of call {i}", call["grad_input"], want["grad_input"], plain["grad_input"])
+                _within_definition(*within, f"input gradient of call {i}", call["grad_input"], want["grad_input"], plain["grad_input"])
             summed = {"definition": summed["definition"] + want["grad_weight"], "high precision": summed["high precision"] + plain["grad_weight"]}
-        check(weight_grad is not None, "EMU-005", f"module {fqn!r} got no weight gradient in the eager step", spec)
-        _within_definition(spec, fqn, recipes[fqn], "weight gradient", weight_grad, summed["definition"], summed["high precision"])
+        check(weight_grad is not None, property_id, f"module {fqn!r} got no weight gradient in the eager step", spec)
+        _within_definition(property_id, spec, fqn, recipes[fqn], "weight gradient", weight_grad, summed["definition"], summed["high precision"])
 
 
-def _within_definition(spec, fqn, kind_recipe, label, got, defined, plain) -> None:
+def _within_definition(property_id, spec, fqn, kind_recipe, label, got, defined, plain) -> None:
     scale = defined.norm().clamp_min(1e-12)
     rounding = ((defined - plain).norm() / scale).item()
     error = ((got.double() - defined).norm() / scale).item()
     allowed = _ROUNDINGS_ALLOWED * rounding + _FLOOR
     check(
         error <= allowed,
-        "EMU-005",
+        property_id,
         f"module {fqn!r} ({kind_recipe[0]}, recipe {kind_recipe[1]}): its {label} differs from what the recipe defines "
         f"(operands quantized as conformance.definitions reads the recipe, multiplied in float64, on the module's own "
         f"inputs) by {error:.3g} in relative norm; allowed {allowed:.3g} ({_ROUNDINGS_ALLOWED:g} x the recipe's own "
         f"rounding there, {rounding:.3g}, + {_FLOOR:g})",
         spec,
     )
+
+
+def _linear_step(recipe, module, inputs, grad_output):
+    from conformance.definitions import linear_step
+
+    return linear_step(recipe, inputs[0], module.weight, grad_output)
+
+
+def _block_formats_computed(spec) -> frozenset:
+    """The block formats of ``spec``'s layers that this device has no kernel for: the suite
+    computes them (said in the report row)."""
+    kinds = {MX_SWIZZLED_KIND if recipe == MX_SWIZZLED_KIND else kind for kind, recipe, _e in spec.quantized_modules().values()}
+    computed = set()
+    for kind, fmt in _BLOCK_FORMATS.items():
+        if kind in kinds and kind not in runnable_kinds(device()):
+            computed.add(fmt.name)
+            note(f"{fmt.name} matmuls computed by the suite's reading of the declared layout (conformance.block_scaled): "
+                 f"this torch has no {device()} kernel for them")
+    return frozenset(computed)
+
+
+@pytest.mark.fp8_property("EMU-005")
+@family_examples
+@given(spec=model_specs(recipes=runnable_recipes(), kinds=ALL_KINDS, emulate=False, nesting=False, families=FAMILIES))
+def test_EMU_005_each_linear_computes_what_its_recipe_defines(fp8_backend, spec):
+    """Cheapest defects: a weight gradient off by a constant factor in eager and compiled alike
+    (every property comparing the backend with itself passes it, and EMU-004's bound of 1, like
+    NVF-002's and MXS-002's, lets it through), an operand quantized along the wrong dim, a scale
+    applied twice. Each real quantized linear of a recipe the suite reads (float8, MX of either
+    layout, NVFP4), run eagerly in the backend's own model (its NVFP4 and swizzled MX matmuls
+    computed by the suite's reading of the declared layout where the device has no kernel), is
+    held to the recipe's definition (conformance.definitions) on its own inputs and output
+    gradient: output, input gradient and weight gradient (summed over its calls)."""
+    case = traced("EMU-005", fp8_backend, spec)
+    recipes = {fqn: (kind, recipe) for fqn, (kind, recipe, emulate) in spec.quantized_modules().items() if not emulate}
+    _hold_to_definitions("EMU-005", spec, case.model, case.args, grad_outputs(spec, 11), recipes, _linear_step,
+                         computed=_block_formats_computed(spec))
+
+
+def _experts_step(recipe, module, inputs, grad_output):
+    from conformance.definitions import experts_step
+
+    return experts_step(recipe, inputs[0], module.weight, inputs[1], grad_output)
+
+
+def _grouped_computed(spec) -> frozenset:
+    """Whether the suite computes ``spec``'s grouped GEMMs (the device has no kernel for its
+    experts' grouped API), said in the report row."""
+    api, runs = ("F.scaled_grouped_mm", grouped_v2_runs) if spec.v2 else ("torch._scaled_grouped_mm", grouped_fp8_runs)
+    if runs(device()):
+        return frozenset()
+    note(f"grouped GEMMs of experts on {api} computed by the suite's reading (conformance.moe.reference_grouped_mm): this "
+         f"torch has no {device()} kernel for them")
+    return frozenset({block_scaled.GROUPED})
+
+
+#: MoE models per session: building one costs little, the eager step with the suite's grouped
+#: GEMMs about a tenth of a second; as few as the MOE properties take.
+_moe_budget = settings(max_examples=max(2, settings.default.max_examples // 6))
+
+
+@pytest.mark.fp8_property("EMU-006")
+@_moe_budget
+@given(spec=moe_specs(emulate=False, v2=True))
+def test_EMU_006_each_experts_module_computes_what_its_recipe_defines(fp8_backend, spec):
+    """Cheapest defect: grouped experts whose weight gradient is off by a constant factor in
+    eager and compiled alike (MOE-007 compares compiled with eager, MOE-006 groups with groups:
+    both pass it). Each real experts module of an MoE model, on either grouped API, run eagerly
+    in the backend's own model (its grouped GEMMs computed by the suite's reading where the
+    device has no kernel), is held to its recipe's definition per token group
+    (conformance.definitions.experts_step) on its own inputs, token groups and output gradient:
+    output, input gradient and weight gradient."""
+    from conformance.moe import build_moe_model, experts_family
+
+    convert = fp8_backend.convert_scaled_grouped_experts if spec.v2 else fp8_backend.convert_grouped_experts
+    try:
+        model, args = build_moe_model(spec, device(), convert=convert)
+    except Exception as exc:
+        fail("EMU-006", f"backend {fp8_backend.name!r}: converting the MoE model raised {type(exc).__name__}: {exc}", spec)
+    evidence.built((experts_family(spec), *entry[1:]) for entry in built_with(fp8_backend, spec, model))
+    recipes = {fqn: (kind, recipe) for fqn, (kind, recipe, emulate) in spec.quantized_modules().items() if not emulate}
+    _hold_to_definitions("EMU-006", spec, model, args, None, recipes, _experts_step, computed=_grouped_computed(spec))
