@@ -12,7 +12,9 @@ vary, and what its fingerprint is: the trainer's whole-step artifact key
 :class:`~conformance.api.errors.UnsupportedConfig`). Its float8 linears are its own
 (``float8_modules``, :class:`~conformance.backends.makefx_linear.Float8TrainerLinear`), as are its
 linears on ``F.scaled_mm``, its NVFP4 linears (``nvfp4``) and its MX linears on ``F.scaled_mm``
-with swizzled e8m0 scales (``mx``, ``mx_recipes = {"mxfp8_swizzled"}``).
+with swizzled e8m0 scales (``mx``, ``mx_recipes = {"mxfp8_swizzled"}``). Its post-trace pass
+(``rewrites``, :mod:`conformance.backends.makefx_rewrite`) merges the step's repeated
+subexpressions and removes dead code, as a trainer does after ``make_fx``.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ class MakeFxBackend(Backend):
     name = "makefx"
     version = "0.1"
     #: ``scaled_mm_v2`` and ``float8_modules``: the trainer's own linears on F.scaled_mm (torch
-    #: 2.12 and newer), its float8 linears among them.
-    capabilities = frozenset({"provenance", "validation", "emulation", "regions", "graphpp", "fingerprint"}) | (
+    #: 2.12 and newer), its float8 linears among them. ``rewrites``: its post-trace pass,
+    #: common-subexpression and dead-code elimination.
+    capabilities = frozenset({"provenance", "validation", "emulation", "regions", "graphpp", "fingerprint", "rewrites"}) | (
         {"scaled_mm_v2", "float8_modules"} if _has_scaled_mm() else set()
     ) | ({"nvfp4"} if _has_nvfp4() else set()) | ({"mx"} if _has_scaled_mm() else set())
     float8_recipes = frozenset({"tensorwise", "rowwise", "rowwise_with_gw_hp"})
@@ -75,6 +78,11 @@ class MakeFxBackend(Backend):
         from conformance.backends.makefx_trainer import run_train_step
 
         return run_train_step(gm, model, args, grad_outputs, fn=fn)
+
+    def rewrite(self, gm):
+        from conformance.backends.makefx_rewrite import eliminate_common_subexpressions
+
+        return eliminate_common_subexpressions(gm)
 
     def provenance(self, node):
         from conformance.backends.makefx_trainer import module_provenance
