@@ -39,7 +39,7 @@ import torch.utils._pytree as pytree
 from fp8conf.errors import FP8TraceError
 from fp8conf.graph.equal_blocks import TRACED_BLOCKS, equal_values
 from fp8conf.graph.lazy_code import graph_module
-from fp8conf.graph.provenance import BLOCK_META_KEY, PROVENANCE_META_KEY, CallRecord
+from fp8conf.graph.provenance import BLOCK_META_KEY, OWNER_META_KEY, PROVENANCE_META_KEY, CallRecord
 
 __all__ = ["repeat_blocks", "repeat_calls"]
 
@@ -400,6 +400,9 @@ class _Emit:
         meta = new.meta
         if meta.get(BLOCK_META_KEY) is not None:
             meta[BLOCK_META_KEY] = _rename(meta[BLOCK_META_KEY], old, fqn)
+        owner = meta.get(OWNER_META_KEY)
+        if owner is not None:  # (module FQN, class, quantized): validation names the module from it
+            meta[OWNER_META_KEY] = (_rename(owner[0], old, fqn), *owner[1:])
         provenance = meta.get(PROVENANCE_META_KEY)
         if provenance is not None:
             meta[PROVENANCE_META_KEY] = dataclasses.replace(provenance, module_fqn=_rename(provenance.module_fqn, old, fqn))
