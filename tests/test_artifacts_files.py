@@ -9,6 +9,7 @@ test instead of hanging it or exhausting the machine.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import resource
@@ -78,20 +79,47 @@ def _bounded(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
 # --- only regular files are read ----------------------------------------------------------------
 
 
+#: Run in one bounded process per kind of path (a process that imports torch costs seconds):
+#: ``read_header``'s and each ``fp8conf precompile`` action's exit code and stderr, one JSON line
+#: each, in order. A reader that blocks or reads without end takes the whole process down with it.
+_READ_EVERY_WAY = """
+import contextlib, io, json, sys
+from fp8conf.tools.cli import main
+path = sys.argv[1]
+def run(call):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = call()
+        except SystemExit as exc:
+            code = exc.code
+        except Exception as exc:
+            code, _ = None, print(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}", file=err)
+    print(json.dumps([code, err.getvalue()]), flush=True)
+def read():
+    from fp8conf.artifacts.format import read_header
+    read_header(path)
+run(read)
+for action in (["show", path], ["diff", path, path], ["load", path, "--model", "fingerprint_models:model_a"]):
+    run(lambda: main(["precompile", *action]))
+"""
+
+
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
 def test_an_artifact_path_that_is_not_a_regular_file_is_refused_without_reading(tmp_path, kind):
     path = _special(tmp_path, kind)
-    code = "import sys; from fp8conf.artifacts.format import read_header; read_header(sys.argv[1])"
-    proc = _bounded("-c", code, str(path))
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("fp8conf.errors.ArtifactError: ") and "is not a regular file" in last, proc.stderr
+    proc = _bounded("-c", _READ_EVERY_WAY, str(path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(results) == 4, proc.stdout + proc.stderr[-3000:]
+    (code, err), *actions = results
+    last = err.strip().splitlines()[-1]
+    assert code is None and last.startswith("fp8conf.errors.ArtifactError: ") and "is not a regular file" in last, err
     assert str(path) in last
-    for action in (["show", str(path)], ["diff", str(path), str(path)],
-                   ["load", str(path), "--model", "fingerprint_models:model_a"]):
-        proc = _bounded("-m", "fp8conf.tools.cli", "precompile", *action)
-        last = proc.stderr.strip().splitlines()[-1]  # after torchao's notices, when load imports it
-        assert proc.returncode == 2, proc.stderr
-        assert last.startswith(f"fp8conf precompile {action[0]}: ArtifactError: ") and "is not a regular file" in last, proc.stderr
+    for action, (code, err) in zip(("show", "diff", "load"), actions):
+        last = err.strip().splitlines()[-1]  # after torchao's notices, when load imports it
+        assert code == 2, err
+        assert last.startswith(f"fp8conf precompile {action}: ArtifactError: ") and "is not a regular file" in last, err
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])

@@ -37,7 +37,7 @@ import warnings
 from conformance.writing import write_file
 from fp8conf.arguments import require
 from fp8conf.artifacts.keys import ENV_KEY, ENV_KEY_FILE, key_id, resolve_key
-from fp8conf.artifacts.reading import ENV_MAX_ARTIFACT_BYTES, max_artifact_bytes, read_regular_file
+from fp8conf.artifacts.reading import ENV_MAX_ARTIFACT_BYTES, max_artifact_bytes, read_regular_file, refuse_unless_regular_file
 from fp8conf.artifacts.signature import QuantizationSignature
 from fp8conf.errors import ArtifactAuthenticityError, ArtifactError, ArtifactIntegrityError, FileWriteError, FP8ConfigError
 from fp8conf.log import logger
@@ -47,6 +47,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MECHANISMS",
     "ArtifactHeader",
+    "check_artifact_path",
     "seal",
     "write_atomic",
     "read_artifact",
@@ -137,6 +138,12 @@ def _read_bytes(path: str) -> bytes:
         error=lambda message: ArtifactError(message, path=path),
     )
     return _checked_magic(data, path)
+
+
+def check_artifact_path(path: str) -> None:
+    """:class:`~fp8conf.errors.ArtifactError` now, as reading would give it later, when ``path``
+    names no regular file: for a caller that builds a model before it loads the artifact."""
+    refuse_unless_regular_file(path, name=f"artifact {path!r}", error=lambda message: ArtifactError(message, path=path))
 
 
 def _checked_magic(data: bytes, path: str) -> bytes:

@@ -22,6 +22,7 @@ from typing import Callable
 from fp8conf.errors import FP8ConfigError
 
 __all__ = [
+    "refuse_unless_regular_file",
     "DEFAULT_MAX_ARTIFACT_BYTES",
     "ENV_MAX_ARTIFACT_BYTES",
     "MAX_KEY_FILE_BYTES",
@@ -66,6 +67,22 @@ def _kind(mode: int) -> str:
     return next((name for is_kind, name in _KINDS if is_kind(mode)), "not a file of bytes")
 
 
+def _not_regular(name: str, info: os.stat_result) -> str:
+    return f"{name} is not a regular file but {_kind(info.st_mode)}: nothing was read from it; give the path of the file itself"
+
+
+def refuse_unless_regular_file(path: str, *, name: str, error: Callable[[str], Exception]) -> None:
+    """Refuse ``path`` unless it names a regular file, as :func:`read_regular_file` would, without
+    opening it (a FIFO does not block a ``stat``): for a caller with long work to do before it
+    reads the file, so that a wrong path is said first. The reader checks again on what it opens."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise error(f"cannot read {name}: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise error(_not_regular(name, info))
+
+
 def read_regular_file(
     path: str, *, name: str, limit: int, over_limit: str, error: Callable[[str], Exception]
 ) -> tuple[bytes, os.stat_result]:
@@ -83,10 +100,7 @@ def read_regular_file(
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise error(
-                f"{name} is not a regular file but {_kind(info.st_mode)}: nothing was read from it; "
-                "give the path of the file itself"
-            )
+            raise error(_not_regular(name, info))
         if info.st_size > limit:
             raise error(f"{name} is {info.st_size} bytes, over the bound of {limit} bytes{over_limit.format(size=info.st_size)}")
         # O_NONBLOCK does nothing to a regular file. One byte past the size it reported tells a

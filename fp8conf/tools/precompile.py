@@ -255,9 +255,11 @@ def _save(args) -> int:
 def _load(args) -> int:
     import torch
 
+    from fp8conf.artifacts.format import check_artifact_path
     from fp8conf.artifacts.store import load_for_model
 
     key = _key(args)
+    check_artifact_path(args.artifact)  # before the model is imported and built: seconds
     model, model_args = _model_and_args(args.model)
     compiled = load_for_model(args.artifact, model, model_args, strict=args.strict, key=key, trust_unsigned=args.trust_unsigned)
     checked = "parameter, buffer and input shapes" if model_args is not None else "parameter and buffer shapes"
