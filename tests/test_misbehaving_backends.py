@@ -15,8 +15,9 @@ from timings import SESSIONS
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT_S)
 
 #: Models per property of the shared runs: what they show (a run goes on past a raising method,
-#: contract exceptions satisfy the rules, nothing tagged in place leaks) needs no more.
-EXAMPLES = 10
+#: contract exceptions satisfy the rules, nothing tagged in place leaks) needs no more; whether
+#: a property bites is the mutants' runs' business, at 25.
+EXAMPLES = 5
 # The slow tests' runs, made one after the other in the process of the other backends' runs (a
 # process start costs seconds):
 # label -> (backend, properties).
