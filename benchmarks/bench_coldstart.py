@@ -181,10 +181,10 @@ def table(rows) -> str:
     lines = ["| pass (owner) | " + " | ".join(f"{r['blocks']} blocks ({r['nodes']} nodes) s" for r in ok) + " | s per 1000 nodes |",
              "|---|" + "---:|" * (len(ok) + 1)]
     for label in labels:
-        per_k = " / ".join(f"{1e3 * r[label] / r['nodes']:.2f}" for r in ok)
-        lines.append(f"| {label} ({owners[label]}) | " + " | ".join(f"{r[label]:.2f}" for r in ok) + f" | {per_k} |")
+        per_k = " / ".join(f"{1e3 * r.get(label, 0.0) / r['nodes']:.2f}" for r in ok)
+        lines.append(f"| {label} ({owners[label]}) | " + " | ".join(f"{r.get(label, 0.0):.2f}" for r in ok) + f" | {per_k} |")
     for owner in ("torch", "fp8conf"):
-        total = [sum(r[label] for label in labels if owners[label] == owner) for r in ok]
+        total = [sum(r.get(label, 0.0) for label in labels if owners[label] == owner) for r in ok]
         per_k = " / ".join(f"{1e3 * t / r['nodes']:.2f}" for t, r in zip(total, ok))
         lines.append(f"| **all {owner}** | " + " | ".join(f"{t:.2f}" for t in total) + f" | {per_k} |")
     lines.append("| trace + compile | " + " | ".join(f"{r['trace_s'] + r['compile_s']:.2f}" for r in ok) + " | |")

@@ -161,7 +161,7 @@ def make_variant(label, work: Workload):
         return eager_step(torch.compile(model, mode=mode), work.x, work.grad), model, {}
     mode = "full" if "full" in label else "regional"
     # fp8conf traces four blocks and repeats them (trace_joint(repeat=...)); ", whole trace" traces every block.
-    gm = fp8conf.trace_joint(model, (work.x,), repeat=None if label.endswith(", whole trace") else work.repeat)
+    gm = fp8conf.trace_joint(model, (work.x,), repeat=False if label.endswith(", whole trace") else work.repeat)
     remainder = "eager" if "eager remainder" in label else "pieces" if label.endswith(", pieces") else "inductor"
     # ", N workers": the distinct units shared out between this process and N helper processes
     # (compile_joint(workers=N)).

@@ -10,8 +10,9 @@ import torch
 
 import fp8conf
 from fp8conf.errors import FP8TraceError
-from fp8conf.graph.trace import run_joint, trace_info
+from fp8conf.graph.trace import run_joint
 from fp8conf.tools.example_models import build_stack
+from joint_shapes import assert_same_joint, joint_shape
 from llama_model import DIM, TOKENS, llama as _llama  # tests/ is on sys.path (tests/conftest.py)
 
 
@@ -25,32 +26,7 @@ MODELS = {"llama": _llama, "stack": _stack}
 @functools.lru_cache(maxsize=None)
 def _traced(name, blocks, repeat: bool):
     model, args, container = MODELS[name](blocks)
-    return model, args, fp8conf.trace_joint(model, args, repeat=container if repeat else None)
-
-
-def _shape(gm) -> list:
-    """Every node as what it computes, for whom and from which nodes (by position, names aside);
-    sequence numbers relative to the first op's, gradient accumulation's as such."""
-    position = {n: i for i, n in enumerate(gm.graph.nodes)}
-    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
-    base = min(n.meta["seq_nr"] for n in ops)
-    forward = {n.meta["seq_nr"] for n in ops if n.meta.get("partitioner_tag") == "is_forward"}
-
-    def arg(a):
-        return ("node", position[a]) if isinstance(a, torch.fx.Node) else a
-
-    rows = []
-    for n in gm.graph.nodes:
-        seq = n.meta.get("seq_nr")
-        provenance = n.meta.get("fp8conf_provenance")
-        val = n.meta.get("val")
-        rows.append((
-            n.op, str(n.target), n.meta.get("fp8conf_block"), n.meta.get("partitioner_tag"),
-            (seq - base if seq in forward else "accumulation") if n.op == "call_function" else None,
-            provenance, torch.utils._pytree.tree_map(arg, (n.args, n.kwargs)),
-            (tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else None,
-        ))
-    return rows
+    return model, args, fp8conf.trace_joint(model, args, repeat=container if repeat else False)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -60,19 +36,7 @@ def test_a_repeated_trace_is_the_graph_of_every_block_traced(name):
     wrong neighbour, or numbered apart from its backward, fails here."""
     model, args, whole = _traced(name, 6, False)
     *_, repeated = _traced(name, 6, True)
-    assert len(repeated.graph.nodes) == len(whole.graph.nodes)
-    for i, (a, b) in enumerate(zip(_shape(whole), _shape(repeated))):
-        assert a == b, f"node {i} of the repeated trace differs from the whole trace's: {b} against {a}"
-    assert fp8conf.joint_signature(repeated) == fp8conf.joint_signature(whole)
-    assert trace_info(repeated).calls == trace_info(whole).calls and trace_info(repeated).modules == trace_info(whole).modules
-    out = next(n for n in whole.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")).meta["val"]
-    grad = (torch.randn(out.shape, dtype=out.dtype),)
-    (expected,), expected_grads = run_joint(whole, model, args, grad)
-    (seen,), seen_grads = run_joint(repeated, model, args, grad)
-    assert torch.equal(seen, expected)
-    assert seen_grads.keys() == expected_grads.keys()
-    for key, value in expected_grads.items():
-        assert (value is None and seen_grads[key] is None) or torch.equal(seen_grads[key], value), f"gradient of {key} differs"
+    assert_same_joint(model, args, whole, repeated, "the repeated trace")
 
 
 def test_a_repeated_trace_compiles_regionally_and_matches_its_graph():
@@ -91,7 +55,7 @@ def test_a_repeated_trace_compiles_regionally_and_matches_its_graph():
 def test_four_blocks_or_fewer_are_traced_whole():
     *_, whole = _traced("stack", 3, False)
     *_, repeated = _traced("stack", 3, True)
-    assert _shape(repeated) == _shape(whole)
+    assert joint_shape(repeated) == joint_shape(whole)
 
 
 def test_blocks_that_differ_are_refused_naming_the_difference():
@@ -143,7 +107,7 @@ def test_attributes_the_forward_does_not_read_may_differ_when_named():
         fp8conf.trace_joint(model, args, repeat="blocks")
     repeated = fp8conf.trace_joint(model, args, repeat="blocks", per_block=("layer_id",))
     *_, whole = _traced("stack", 6, False)
-    assert _shape(repeated) == _shape(whole)
+    assert joint_shape(repeated) == joint_shape(whole)
     with pytest.raises(FP8TraceError, match="give repeat= too"):
         fp8conf.trace_joint(model, args, per_block=("layer_id",))
 

@@ -80,9 +80,10 @@ class CompiledJoint:
         fallbacks: the fast paths this compile should have taken and did not, each as
             ``"path: reason"`` (a unit called through torch's wrappers, a backward that cannot
             free saved values as it goes, a unit whose C++ code was compiled again under other
-            Inductor settings or that runs eagerly, :mod:`fp8conf.compile.unit_failures`); each
-            is also logged once through the ``fp8conf`` logger. Empty on a torch whose internals
-            fp8conf knows, for a graph Inductor compiles.
+            Inductor settings or that runs eagerly, :mod:`fp8conf.compile.unit_failures`; and
+            tracing's, :class:`~fp8conf.graph.trace.TraceInfo` ``.fallbacks``: a container of
+            equal blocks traced whole); each is also logged once through the ``fp8conf``
+            logger. Empty on a torch whose internals fp8conf knows, for a graph Inductor compiles.
     """
 
     fn: Callable
@@ -197,7 +198,10 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     if cudagraph:
         fn = _cuda_graphed(fn, _static_inputs(gm, signature))
     check = input_check(gm, "compile_joint's callable", example_inputs if mode == "full" else None, signature)
-    return dataclasses.replace(compiled, fn=_with_convention(gm, fn, check))
+    # The step's fast paths not taken include tracing's (an equal-blocks trace refused).
+    info = trace_info(gm)
+    traced = info.fallbacks if info is not None else ()
+    return dataclasses.replace(compiled, fn=_with_convention(gm, fn, check), fallbacks=(*traced, *compiled.fallbacks))
 
 
 def _validate_first(gm: torch.fx.GraphModule) -> None:

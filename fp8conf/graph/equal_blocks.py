@@ -12,7 +12,7 @@ import torch
 from fp8conf.errors import FP8TraceError
 from fp8conf.log import logger
 
-__all__ = ["TRACED_BLOCKS", "check_equal_blocks", "equal_values", "truncated"]
+__all__ = ["TRACED_BLOCKS", "blocks_difference", "check_equal_blocks", "equal_values", "tensor_layout", "truncated"]
 
 #: Blocks traced when a container is repeated: first, template, reference, last.
 TRACED_BLOCKS = 4
@@ -34,17 +34,26 @@ def check_equal_blocks(model: torch.nn.Module, repeat: str, per_block: Collectio
             f"trace_joint(repeat={repeat!r}): {repeat!r} is a {type(container).__qualname__}; name a ModuleList, "
             "ModuleDict or Sequential of equal blocks"
         )
+    problem = blocks_difference(container, repeat, per_block)
+    if problem:
+        raise FP8TraceError(
+            f"trace_joint(repeat={repeat!r}): {problem}; only blocks equal up to their parameter values can be traced "
+            "once and repeated: trace without repeat=, or, if the forward never reads the attribute, name it in per_block="
+        )
+    return [f"{repeat}.{name}" for name in container._modules]
+
+
+def blocks_difference(container: torch.nn.Module, fqn: str, per_block: Collection[str] = ()) -> str | None:
+    """What tells the first block of ``container`` (named ``fqn``) from another
+    (``"block layers.4 differs from layers.0 (attribute norm.eps: ...)"``), or ``None`` when they
+    are all equal, attributes in ``per_block`` aside."""
     names = list(container._modules)
     first = container._modules[names[0]] if names else None
     for name in names[1:]:
-        problem = _difference(first, container._modules[name], "", (f"{repeat}.{names[0]}", f"{repeat}.{name}"), frozenset(per_block))
+        problem = _difference(first, container._modules[name], "", (f"{fqn}.{names[0]}", f"{fqn}.{name}"), frozenset(per_block))
         if problem:
-            raise FP8TraceError(
-                f"trace_joint(repeat={repeat!r}): block {repeat}.{name} differs from {repeat}.{names[0]} ({problem}); "
-                "only blocks equal up to their parameter values can be traced once and repeated: trace without repeat=, "
-                "or, if the forward never reads the attribute, name it in per_block="
-            )
-    return [f"{repeat}.{name}" for name in names]
+            return f"block {fqn}.{name} differs from {fqn}.{names[0]} ({problem})"
+    return None
 
 
 def _difference(a: torch.nn.Module, b: torch.nn.Module, where: str, blocks: tuple[str, str], per_block: frozenset) -> str | None:
@@ -78,7 +87,7 @@ _MISSING = object()
 def equal_values(a, b) -> bool:
     """Attribute or argument values alike: tensors by layout, the rest by ``==``."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and _layout(a) == _layout(b)
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and tensor_layout(a) == tensor_layout(b)
     try:
         return bool(a is b or a == b)
     except Exception as exc:  # values that cannot be compared are not taken for equal: the blocks stay apart
@@ -86,7 +95,8 @@ def equal_values(a, b) -> bool:
         return False
 
 
-def _layout(t: torch.Tensor) -> tuple:
+def tensor_layout(t: torch.Tensor) -> tuple:
+    """What of a tensor two equal blocks share: shape, stride, dtype, device, requires_grad."""
     return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
 
 
@@ -94,20 +104,21 @@ def _tensor_difference(a: dict, b: dict, where: str, blocks: tuple[str, str]) ->
     if list(a) != list(b):
         return f"{where or 'the block'} holds tensors {list(a)} in {blocks[0]}, {list(b)} in {blocks[1]}"
     for name in a:
-        if (a[name] is None) != (b[name] is None) or (a[name] is not None and _layout(a[name]) != _layout(b[name])):
+        if (a[name] is None) != (b[name] is None) or (a[name] is not None and tensor_layout(a[name]) != tensor_layout(b[name])):
             return f"tensor {where + '.' if where else ''}{name} has another shape, stride, dtype, device or requires_grad"
     return None
 
 
 class truncated:
-    """Context manager: container ``repeat`` holds only its first :data:`TRACED_BLOCKS` blocks."""
+    """Context manager: container ``repeat`` holds only its first ``blocks`` blocks
+    (:data:`TRACED_BLOCKS` unless told)."""
 
-    def __init__(self, model: torch.nn.Module, repeat: str):
-        self.container = model.get_submodule(repeat)
+    def __init__(self, model: torch.nn.Module, repeat: str, blocks: int = TRACED_BLOCKS):
+        self.container, self.blocks = model.get_submodule(repeat), blocks
 
     def __enter__(self):
         self.modules = self.container._modules
-        self.container._modules = collections.OrderedDict(list(self.modules.items())[:TRACED_BLOCKS])
+        self.container._modules = collections.OrderedDict(list(self.modules.items())[:self.blocks])
         return self
 
     def __exit__(self, *exc):

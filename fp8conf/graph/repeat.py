@@ -2,9 +2,9 @@
 
 Tracing the joint graph costs about the same per node wherever the node comes from (AOT export
 dispatches every op through functionalization, fake tensors and the autograd engine), so a deep
-model's cold start grows with its depth although its blocks are all alike. When the caller names
-the container of its blocks (``trace_joint(model, args, repeat="layers")``), only blocks 0 to 3
-are traced; the graph of the whole model is then built from that one:
+model's cold start grows with its depth although its blocks are all alike. When the container of
+its blocks is repeated (``trace_joint(model, args)`` finds it, ``repeat="layers"`` names it), only
+blocks 0 to 3 are traced; the graph of the whole model is then built from that one:
 
 * block 0 (fed by the embedding) and block 3 (feeding the head) are kept, block 3 standing for
   block N-1;
@@ -20,11 +20,14 @@ and module stacks renamed), and autograd sequence numbers of its own, consistent
 forward ops and the backward nodes paired with them. The result is the graph tracing all N blocks
 would give, up to node names.
 
-The caller vouches that the blocks compute the same function of their parameters: the blocks
-must be of one class with equal attributes (checked module by module, :mod:`fp8conf.graph.equal_blocks`; ``per_block`` names
-those the forward never reads, such as an index kept for weight initialisation), and a forward that
-depended on the depth itself (``len(self.layers)``) would be traced at depth four. ``repeat`` is
-therefore opt-in; without it the model is traced whole.
+The blocks must compute the same function of their parameters, at any depth: they must be of one
+class with equal attributes (checked module by module, :mod:`fp8conf.graph.equal_blocks`;
+``per_block`` names those the forward never reads, such as an index kept for weight
+initialisation), and a forward that depended on the depth itself (``len(self.layers)``) would be
+traced at depth four. Who says so: with ``repeat="layers"`` the caller, unchecked; with no
+``repeat``, trace_joint finds the container and proves it on the model, tracing it at depths four
+and five, and traces the model whole where the proof fails (:mod:`fp8conf.graph.auto_repeat`);
+``repeat=False`` traces every block.
 """
 
 from __future__ import annotations

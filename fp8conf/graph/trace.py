@@ -22,13 +22,14 @@ import torch.utils._pytree as pytree
 
 from fp8conf.arguments import require
 from fp8conf.errors import FP8TraceError
+from fp8conf.graph.auto_repeat import PROOF_BLOCKS, find_block_container, graph_difference, repeat_refusal
 from fp8conf.graph.call_inputs import input_check
 from fp8conf.graph.collectives import record_collectives
 from fp8conf.graph.equal_blocks import TRACED_BLOCKS, check_equal_blocks, truncated
 from fp8conf.graph.lazy_code import codegen_deferred, graph_module
 from fp8conf.graph.provenance import CallRecord, node_passes, propagate_provenance, record_forward_provenance
 from fp8conf.graph.repeat import repeat_blocks, repeat_calls
-from fp8conf.log import library_notices_quieted
+from fp8conf.log import fell_back, library_notices_quieted
 from fp8conf.parallel.layout import ParallelLayout, layout_of
 from fp8conf.quantized.protocol import QuantizationConfig, find_quantized_modules
 
@@ -64,6 +65,10 @@ class TraceInfo:
     calls: tuple[CallRecord, ...]
     #: How the model's parameters are laid out over ranks (None: unsharded).
     layout: ParallelLayout | None = None
+    #: The container whose first blocks were traced and copied for the rest (None: every block traced).
+    repeated: str | None = None
+    #: The fast paths of tracing not taken, as ``"path: reason"`` (an equal-blocks trace refused).
+    fallbacks: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +297,7 @@ def with_collector_paused(fn):
 
 
 @with_collector_paused
-def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None, per_block: tuple[str, ...] = ()) -> torch.fx.GraphModule:
+def trace_joint(model: torch.nn.Module, args, *, repeat: str | bool | None = None, per_block: tuple[str, ...] = ()) -> torch.fx.GraphModule:
     """Trace ``model(*args)`` plus its backward into one joint graph with provenance on it.
 
     ``args`` is a tuple of example inputs (a single tensor is accepted too). The returned
@@ -300,34 +305,91 @@ def trace_joint(model: torch.nn.Module, args, *, repeat: str | None = None, per_
     tangent per output; :func:`run_joint` calls it for you. Works for CPU and CUDA models alike:
     the graph runs on the device of the example inputs and parameters.
 
-    ``repeat`` names a container of equal blocks (``"layers"``): only its first four blocks are
+    A deep model's blocks are traced once: only four blocks of its container of equal blocks are
     traced and the graph of the others is copied from them (:mod:`fp8conf.graph.repeat`), so that
-    tracing a deep model costs what tracing four blocks does. The blocks must be one class with
-    equal attributes (checked; :class:`FP8TraceError` names what differs), attributes named in
-    ``per_block`` aside (ones the forward never reads, such as a ``layer_id`` used to initialise
-    weights), and the forward must not depend on how many blocks there are.
+    tracing costs what tracing four blocks does. ``repeat`` says how:
+
+    * ``None`` (the default): trace_joint finds the container itself and proves on the model that
+      copying gives what tracing every block would (:mod:`fp8conf.graph.auto_repeat`: a container
+      of at least :data:`~fp8conf.graph.auto_repeat.AUTO_REPEAT_MIN_BLOCKS` equal blocks, the
+      graph at five blocks the graph at four with a block copied). Where no container pays, the
+      model is traced whole; where one would but cannot be repeated, too, and the reason is logged
+      through the ``fp8conf`` logger and kept in :class:`TraceInfo` ``.fallbacks``.
+    * a container's name (``"layers"``): the caller vouches that its blocks compute the same
+      function of their parameters, at any depth; they are repeated from five blocks on, unproven.
+      The blocks must be one class with equal attributes (checked; :class:`FP8TraceError` names
+      what differs), attributes named in ``per_block`` aside (ones the forward never reads, such as
+      a ``layer_id`` used to initialise weights).
+    * ``False``: every block is traced.
     """
     args = _check_inputs(model, args)
-    if per_block and repeat is None:
+    if repeat is True or not isinstance(repeat, (str, bool, type(None))):
+        raise FP8TraceError(f"trace_joint(repeat={repeat!r}): name the container of equal blocks, pass False to trace every block, "
+                            "or leave repeat out for trace_joint to find it")
+    if per_block and not isinstance(repeat, str):
         raise FP8TraceError("trace_joint(per_block=...) names attributes of repeated blocks: give repeat= too")
-    if repeat is not None and layout_of(model) is not None:
-        raise FP8TraceError(
-            f"trace_joint(repeat={repeat!r}) of a sharded model: the copied blocks would carry block 1's collective "
-            "records (which parameter each gather moves); trace the sharded model without repeat="
-        )
-    blocks = check_equal_blocks(model, repeat, per_block) if repeat is not None else []
-    repeated = len(blocks) > TRACED_BLOCKS
+    if isinstance(repeat, str):
+        if layout_of(model) is not None:
+            raise FP8TraceError(
+                f"trace_joint(repeat={repeat!r}) of a sharded model: the copied blocks would carry block 1's collective "
+                "records (which parameter each gather moves); trace the sharded model without repeat="
+            )
+        blocks = check_equal_blocks(model, repeat, per_block)
+        if len(blocks) > TRACED_BLOCKS:
+            return _finish(model, *_trace(model, args, repeat), blocks=blocks, repeated=repeat)
+        return _finish(model, *_trace(model, args))
+    found = find_block_container(model) if repeat is None else None
+    if found is None:
+        return _finish(model, *_trace(model, args))
+    container, blocks = found
+    why = repeat_refusal(model, container)
+    if why is None:
+        gm, why = _trace_proven(model, args, container, blocks)
+        if gm is not None:
+            return gm
+    line = fell_back("equal-blocks trace", f"{type(model).__qualname__}.{container} is traced whole: {why}",
+                     f"all its {len(blocks)} blocks are traced, not {TRACED_BLOCKS}")
+    return _finish(model, *_trace(model, args), fallbacks=(line,))
+
+
+def _trace(model, args, container: str | None = None, blocks: int = TRACED_BLOCKS) -> tuple[torch.fx.GraphModule, list[CallRecord]]:
+    """The joint graph of ``model`` and the calls of its quantized modules, with ``container``
+    cut to its first ``blocks`` blocks where one is named."""
     calls: list[CallRecord] = []
-    with truncated(model, repeat) if repeated else contextlib.nullcontext():
+    with truncated(model, container, blocks) if container is not None else contextlib.nullcontext():
         traced_modules = find_quantized_modules(model)
         gm = _aot_trace(model, args, traced_modules, calls)
         gm = propagate_provenance(gm, traced_modules)
         record_collectives(gm, node_passes(gm.graph))
-    modules = find_quantized_modules(model) if repeated else traced_modules
-    if repeated:
+    return gm, calls
+
+
+def _trace_proven(model, args, container: str, blocks: list[str]) -> tuple[torch.fx.GraphModule | None, str | None]:
+    """``(graph, None)``: the graph of ``model`` with ``container``'s blocks repeated, once the
+    proof holds (:mod:`fp8conf.graph.auto_repeat`); else ``(None, why not)``."""
+    try:
+        four, four_calls = _trace(model, args, container, TRACED_BLOCKS)
+        five, five_calls = _trace(model, args, container, PROOF_BLOCKS)
+        copied = repeat_blocks(four, blocks[:PROOF_BLOCKS])
+        why = graph_difference(five, copied)
+        if why is None and list(repeat_calls(four_calls, blocks[:PROOF_BLOCKS])) != five_calls:
+            why = "its quantized modules are called otherwise"
+    except Exception as exc:  # whatever the cut model or the copy fails on, the whole model is traced instead
+        return None, f"its blocks cannot be traced four and copied ({type(exc).__name__}: {exc})"
+    if why is not None:
+        return None, (f"copying a block of the {TRACED_BLOCKS}-block trace does not give the {PROOF_BLOCKS}-block trace ({why}); "
+                      "the forward depends on the depth or on which block runs")
+    return _finish(model, four, four_calls, blocks=blocks, repeated=container), None
+
+
+def _finish(model, gm, calls, *, blocks: list[str] | None = None, repeated: str | None = None, fallbacks: tuple[str, ...] = ()) -> torch.fx.GraphModule:
+    """``gm`` traced with the first blocks of ``repeated`` (if any) made the graph of all
+    ``blocks``, with the trace's :class:`TraceInfo` and :class:`JointSignature` on it."""
+    if repeated is not None:
         gm = repeat_blocks(gm, blocks)
         calls = list(repeat_calls(calls, blocks))
-    gm.meta[TRACE_META_KEY] = TraceInfo(type(model).__name__, modules, tuple(calls), layout_of(model))
+    modules = find_quantized_modules(model)
+    gm.meta[TRACE_META_KEY] = TraceInfo(type(model).__name__, modules, tuple(calls), layout_of(model), repeated, fallbacks)
     gm.meta[JOINT_SIGNATURE_META_KEY] = JointSignature.of_traced(gm)
     return gm
 
