@@ -349,7 +349,7 @@ def _grouped_call(func, kw):
 
 
 @contextlib.contextmanager
-def read_by_the_suite(*, compute: bool | frozenset = True):
+def read_by_the_suite(*, compute: bool | frozenset = True, operands: bool = True):
     """Within: every ``aten._scaled_mm_v2`` call in one of :data:`FORMATS` is observed: its
     layout (:func:`layout_problems`' checks, on the values), and each operand, dequantized in its
     declared layout (:func:`dequantize`), compared with the high-precision tensors it was
@@ -357,8 +357,10 @@ def read_by_the_suite(*, compute: bool | frozenset = True):
     (True for all, or a set of format names and :data:`GROUPED`) says which calls are computed
     by the suite instead of torch's kernel (for devices without one): block-scaled ones by
     :func:`reference_matmul`, rowwise FP8 grouped GEMMs of either API by
-    ``conformance.moe.reference_grouped_mm`` (counted, not observed). Every other op runs as
-    torch ships it. The yielded :class:`Reads` fills as calls run."""
+    ``conformance.moe.reference_grouped_mm`` (counted, not observed). ``operands`` False: the
+    operands are not compared with their sources, and no op's ancestry is tracked (a step only
+    computed, at a fraction of the cost). Every other op runs as torch ships it. The yielded
+    :class:`Reads` fills as calls run."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
@@ -387,6 +389,8 @@ def read_by_the_suite(*, compute: bool | frozenset = True):
             if fmt.name in computed:
                 raise LayoutUnreadable(f"its layout is not {fmt.name}'s declared one ({'; '.join(problems)}), and the suite "
                                        "reads only the declared layout")
+        if not operands:
+            return
         for name, operand, scales, source in (("mat_a", a, kw["scale_a"], a), ("mat_b", b.t(), kw["scale_b"], b)):
             try:
                 error = float("inf") if problems else _closest(dequantize(fmt, operand, _scale_list(scales)), sources_of(source))
@@ -414,6 +418,8 @@ def read_by_the_suite(*, compute: bool | frozenset = True):
                 out = _grouped_call(func, _bind(func, args, kwargs))
             else:
                 out = func(*args, **kwargs)
+            if not operands:
+                return out
             inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             found = set()
             for t in inputs:

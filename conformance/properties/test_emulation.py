@@ -3,6 +3,7 @@ what their recipe defines (EMU-005 for linears, EMU-006 for grouped experts)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -260,8 +261,9 @@ def _hold_to_definitions(property_id: str, spec, model, args, grad_out, recipes:
     known = {fqn: definition(*kr) for fqn, kr in recipes.items() if definition(*kr) is not None}
     check(known, property_id, f"the drawn model holds no real module of a recipe the suite reads ({sorted(set(recipes.values()))})", spec)
     model = copy.deepcopy(model)  # the shared model's gradients stay as they were
+    suites_kernels = block_scaled.read_by_the_suite(compute=computed, operands=False) if computed else contextlib.nullcontext()
     try:
-        with block_scaled.read_by_the_suite(compute=computed):
+        with suites_kernels:
             observed = _observed_modules(model, sorted(known), args, grad_out, seed=11)
     except block_scaled.LayoutUnreadable as exc:
         fail(property_id, f"the eager step's matmuls could not be computed by the suite's reading: {exc}", spec)
