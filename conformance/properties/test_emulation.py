@@ -366,8 +366,8 @@ _moe_budget = settings(max_examples=max(2, settings.default.max_examples // 6))
 @given(spec=moe_specs(emulate=False, v2=True))
 def test_EMU_006_each_experts_module_computes_what_its_recipe_defines(fp8_backend, spec):
     """Cheapest defect: grouped experts whose weight gradient is off by a constant factor in
-    eager and compiled alike (MOE-007 compares compiled with eager, MOE-006 groups with groups:
-    both pass it). Each real experts module of an MoE model, on either grouped API, run eagerly
+    eager and compiled alike (MOE-008 compares compiled with eager, on a GPU only, MOE-006 groups
+    with groups, MOE-007 looks for NaN: all pass it). Each real experts module of an MoE model, on either grouped API, run eagerly
     in the backend's own model (its grouped GEMMs computed by the suite's reading where the
     device has no kernel), is held to its recipe's definition per token group
     (conformance.definitions.experts_step) on its own inputs, token groups and output gradient:
