@@ -7,11 +7,12 @@ reference's own: the mutants of one area take the same smallest models first, an
 property with and without a capability draw the same ones. :func:`install` lets those sessions
 share the traces, keyed by what tracing a model involves:
 
-* the functions the backend's class gives ``trace_joint`` and ``is_backward``, and ``convert_mx``,
-  ``convert_scaled_mm`` and ``convert_float8`` where it claims ``mx`` / ``scaled_mm_v2`` /
-  ``float8_modules`` and the model holds layers they build (they build them), and ``rewrite``
-  where it claims ``rewrites`` (the case holds the rewritten graph), plus every attribute of the class those functions name, transitively (a mutant that
-  overrides a helper the tracer calls traces on its own);
+* the functions the backend's class gives ``trace_joint`` and ``is_backward``; ``convert_mx``,
+  ``convert_scaled_mm``, ``convert_nvfp4`` and ``convert_float8`` where it claims ``mx`` /
+  ``scaled_mm_v2`` / ``nvfp4`` / ``float8_modules`` and the model holds layers they build (they
+  build them); every other ``convert_*`` it has, for any model; ``rewrite`` where it claims
+  ``rewrites`` (the case holds the rewritten graph); plus every attribute of the class those
+  functions name, transitively (a mutant that overrides a helper the tracer calls traces on its own);
 * the drawn model's spec and the device.
 
 A backend instance with state of its own (anything in its ``__dict__`` but the suite's watch on
@@ -39,16 +40,16 @@ def tracing_identity(backend, spec=None):
     if any(not _is_watched_method(cls, name, value) for name, value in vars(backend).items()):
         return None
     names = {"trace_joint", "is_backward"}
-    needs = {
-        "mx": spec is None or _holds(spec, "has_mx"), "scaled_mm_v2": spec is None or _holds(spec, "has_scaled_mm"),
-        "float8_modules": spec is None or _holds(spec, "has_float8"),
-    }
+    needs = {capability: spec is None or _holds(spec, question) for capability, (question, _) in _CONVERTERS.items()}
     needs["rewrites"] = True  # the cached case holds the rewritten graph
     capabilities = frozenset(c for c in backend.capabilities if needs.get(c))
-    names |= {"convert_mx"} if "mx" in capabilities else set()
-    names |= {"convert_scaled_mm"} if "scaled_mm_v2" in capabilities else set()
-    names |= {"convert_float8", "float8_recipes", "float8_emulation"} if "float8_modules" in capabilities else set()
+    for capability, (_, attributes) in _CONVERTERS.items():
+        names |= set(attributes) if capability in capabilities else set()
     names |= {"rewrite"} if "rewrites" in capabilities else set()
+    # A converter no spec question covers (grouped experts', one a later contract adds) counts
+    # for every model: a mutant that overrides it traces on its own rather than borrowing the
+    # reference's modules and passing for them.
+    names |= {name for name in dir(cls) if name.startswith("convert_") and not any(name in a for _, a in _CONVERTERS.values())}
     todo = list(names)
     while todo:
         code = getattr(getattr(cls, todo.pop(), None), "__code__", None)
@@ -62,6 +63,16 @@ def tracing_identity(backend, spec=None):
     except TypeError:
         return None
     return key
+
+
+#: capability -> (the spec's question whether its model holds layers of it, the backend's
+#: attributes that build them).
+_CONVERTERS = {
+    "mx": ("has_mx", ("convert_mx",)),
+    "scaled_mm_v2": ("has_scaled_mm", ("convert_scaled_mm",)),
+    "nvfp4": ("has_nvfp4", ("convert_nvfp4",)),
+    "float8_modules": ("has_float8", ("convert_float8", "float8_recipes", "float8_emulation")),
+}
 
 
 def _is_watched_method(cls, name: str, value) -> bool:

@@ -86,3 +86,24 @@ def test_backends_whose_rewrites_differ_share_no_trace():
     from shared_traces import tracing_identity
 
     assert tracing_identity(trainer_backend.TrainerBackend()) != tracing_identity(RewriteReordersInputs())
+
+
+class OwnNVFP4(ReferenceBackend):
+    def convert_nvfp4(self, model, *, module_filter_fn, recipe):
+        super().convert_nvfp4(model, module_filter_fn=module_filter_fn, recipe=recipe)
+
+
+class OwnExperts(ReferenceBackend):
+    def convert_grouped_experts(self, model, **kwargs):
+        return super().convert_grouped_experts(model, **kwargs)
+
+
+def test_every_converter_is_part_of_what_tracing_is():
+    # A mutant whose NVFP4 linears compute wrongly in their own autograd function once borrowed
+    # the reference's traced models (and so the reference's modules) and passed EMU-005.
+    identity = shared_traces.tracing_identity
+    nvfp4 = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="nvfp4"),))
+    assert identity(OwnNVFP4(), nvfp4) != identity(ReferenceBackend(), nvfp4)
+    assert identity(OwnNVFP4(), SPEC) == identity(ReferenceBackend(), SPEC)  # no NVFP4 layer to build
+    # A converter no spec question covers counts for every model.
+    assert identity(OwnExperts(), SPEC) != identity(ReferenceBackend(), SPEC)
