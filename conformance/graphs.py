@@ -100,9 +100,20 @@ class Fp8Ops:
         own = tuple(backend.fp8_compute_ops())
         return cls(tuple(op for op in everything.ops if op in own or op not in TORCH_COMPUTE_OPS))
 
+    def __post_init__(self) -> None:
+        # What find() said of each target: it is asked of every node of every graph a property
+        # reads, and matching goes through the op's printed name.
+        object.__setattr__(self, "_found", {})
+
     def find(self, target) -> ComputeOp | None:
         """The declaration of ``target``, or None for an op that is no compute op."""
-        return next((op for op in self.ops if op.matches(target)), None)
+        try:
+            return self._found[target]
+        except KeyError:
+            found = self._found[target] = next((op for op in self.ops if op.matches(target)), None)
+            return found
+        except TypeError:  # a target that cannot be a key
+            return next((op for op in self.ops if op.matches(target)), None)
 
     def matches(self, target) -> bool:
         return self.find(target) is not None

@@ -38,7 +38,7 @@ from conformance.models import ModelSpec, build_model
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
-    "require_subject", "fp8_compute_truth", "declared_ops", "traced_before_rewrite", "owns_float8", "float8_converter", "float8_config_settable", "built_with",
+    "require_subject", "fp8_compute_truth", "declared_ops", "traced_before_rewrite", "traced_after_cse", "owns_float8", "float8_converter", "float8_config_settable", "built_with",
     "attributed",
 ]
 
@@ -268,6 +268,9 @@ class TracedCase:
     #: ``(gm, oracle)`` of the graph as traced, before the backend's rewrite (capability
     #: ``rewrites``; ``gm`` is then the rewritten graph), else None.
     before: tuple | None = None
+    #: ``gm`` after torch's joint-graph CSE, made once when a property first asks
+    #: (:func:`traced_after_cse`).
+    after_cse: object = None
 
 
 #: Who builds the quantized modules of each kind, when the backend does not (TorchAO).
@@ -344,6 +347,19 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
     evidence.built(cached.built)
     gm, oracle = fresh_copy(cached)
     return dataclasses.replace(cached, gm=gm, oracle=oracle)
+
+
+def traced_after_cse(property_id: str, backend, spec: ModelSpec):
+    """A copy of ``spec``'s graph (:func:`traced`) after torch's joint-graph CSE
+    (:func:`conformance.rewrites.eliminate_common_subexpressions`), which every property that
+    asks shares: the merge is made once per traced case, each caller gets a graph of its own."""
+    from conformance.rewrites import eliminate_common_subexpressions
+
+    traced(property_id, backend, spec)  # fails the property, saying why, where tracing does
+    cached = _trace(backend, spec, device())
+    if cached.after_cse is None:
+        cached.after_cse = eliminate_common_subexpressions(cached.gm)
+    return copy_graph_module(cached.after_cse)
 
 
 def traced_before_rewrite(property_id: str, backend, spec: ModelSpec):

@@ -22,7 +22,7 @@ from conformance.dead_compute import dead_fp8_compute, keepable_dead_compute, ne
 from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, output_dependencies, tagged_groups
 from conformance.api.errors import SplitFailure, ValidationFailure
 from conformance.harness import (
-    call_backend, check, fail, fp8_ops, fresh_args, grad_outputs, strict_error, traced,
+    call_backend, check, fail, fp8_ops, fresh_args, grad_outputs, strict_error, traced, traced_after_cse,
 )
 from conformance.stages import split_step
 from conformance.notes import note
@@ -41,7 +41,7 @@ def _splits(property_id, backend, spec):
     split of it: ``[(label, stage graph, split)]``."""
     gm = traced(property_id, backend, spec).gm
     found = [("as traced", gm, _checked(property_id, backend, spec, call_backend(property_id, backend, "split_stage", gm, strict=True)))]
-    cse = rewrites.eliminate_common_subexpressions(gm)  # a new graph; gm stays as traced
+    cse = traced_after_cse(property_id, backend, spec)  # a graph of its own; gm stays as traced
     try:
         found.append(("after CSE", cse, _checked(property_id, backend, spec, backend.split_stage(cse, strict=True))))
     except ValidationFailure:
