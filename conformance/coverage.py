@@ -6,22 +6,34 @@ fingerprint leaves out linears on ``F.scaled_mm`` passes every property that nev
 family for a backend that claims it, or why it does not (``N/A: reason``); SPEC.md shows the same
 table (*Coverage*). A run's report holds the matrix as observed (:func:`observed`): the areas whose
 properties built each family's modules, from what every property noted it built
-(``conformance.evidence.built``). fp8conf's own tests hold the reference's run to
-:data:`EXPECTED` and every family the suite can draw to a row of it. Plain Python: the plugin
-reads it without importing torch.
+(``conformance.evidence.built``), and the state of every cell for the backend under test
+(:func:`cells`): drawn, not supported (the capability it does not claim), structure only (the
+family drawn, its numerics there not run on this torch and device) or N/A. fp8conf's own tests
+hold the reference's run to :data:`EXPECTED` and every family the suite can draw to a row of it.
+Plain Python: the plugin reads it without importing torch.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
-__all__ = ["AREAS", "EXPECTED", "ROWS", "DRAWN", "area_of", "observed", "row_of", "spec_table"]
+__all__ = [
+    "AREAS", "DRAWN", "EXPECTED", "FAMILY_CAPABILITIES", "NOT_APPLICABLE", "NOT_DRAWN", "NOT_SUPPORTED", "ROWS",
+    "STRUCTURE_ONLY", "area_of", "cells", "observed", "row_of", "spec_table",
+]
 
 #: The areas of the spec, in SPEC's order.
 AREAS = ("PROV", "VAL", "EMU", "REG", "NUM", "BND", "FPR", "RWR", "MOE", "DP", "E8M0", "NVF", "MXS")
 
 #: A cell whose area draws the family for a backend that claims it.
 DRAWN = "drawn"
+#: The other states of a cell in a run (:func:`cells`), each followed by ``: why``. N/A: the
+#: area never draws the family (:data:`EXPECTED` says why). Structure only: an N/A cell whose
+#: reason starts so, shown as such in a run that drew the family elsewhere: its graphs were
+#: checked, its numerics in this area were not run. Not supported: the backend does not claim
+#: the capability the family or the area needs. Not drawn: none of the above, and no property
+#: of the area built the family in this run (not selected, or the run ended first).
+NOT_APPLICABLE, STRUCTURE_ONLY, NOT_SUPPORTED, NOT_DRAWN = "N/A", "structure only", "not supported", "not drawn"
 
 def _row(drawn: Iterable[str], reasons: dict[str, str]) -> dict[str, str]:
     """A row: the ``drawn`` areas, every other one ``N/A`` with its reason in ``reasons``."""
@@ -57,13 +69,25 @@ EXPECTED: dict[str, dict[str, str]] = {
     "float8 rowwise_with_gw_hp": _linear(DP=_TENSORWISE_GATHER),
     "float8 on F.scaled_mm": _linear(),
     "MX": _linear(),
-    "MX swizzled on F.scaled_mm": _linear("MXS", NUM="Inductor in this torch refuses swizzled scales; MXS-001 notes the refusal"),
-    "NVFP4": _linear("NVF", NUM="no CPU kernel and no Inductor lowering in this torch: structure only, numerics by NVF-002's "
+    "MX swizzled on F.scaled_mm": _linear("MXS", NUM="structure only: Inductor in this torch refuses swizzled scales (MXS-001 "
+                                                     "notes the refusal); numerics by MXS-002's reading and EMU-005's definition"),
+    "NVFP4": _linear("NVF", NUM="structure only: no CPU kernel and no Inductor lowering in this torch; numerics by NVF-002's "
                                 "reading and EMU-005's definition"),
     "grouped experts": _row(["EMU", "FPR", "MOE"], _GROUPED),
     "grouped experts on F.scaled_grouped_mm": _row(["EMU", "FPR", "MOE"], _GROUPED),
 }
 ROWS = tuple(EXPECTED)
+
+#: The capability a backend claims for the suite to draw a family at all (TorchAO's float8
+#: linears need none; swizzled MX also needs ``mxfp8_swizzled`` in ``Backend.mx_recipes``).
+FAMILY_CAPABILITIES = {
+    "float8 on F.scaled_mm": "scaled_mm_v2",
+    "MX": "mx",
+    "MX swizzled on F.scaled_mm": "mx",
+    "NVFP4": "nvfp4",
+    "grouped experts": "moe",
+    "grouped experts on F.scaled_grouped_mm": "scaled_grouped_mm_v2",
+}
 
 
 def row_of(family: str, kind: str, recipe: str) -> str | None:
@@ -97,6 +121,51 @@ def observed(built_by_property: Iterable[tuple[Iterable[str], Iterable[tuple[str
             row = row_of(family, kind, recipe) or kind
             found.setdefault(row, set()).update(area_of(p) for p in property_ids)
     return {row: [a for a in AREAS if a in areas] + sorted(areas - set(AREAS)) for row, areas in sorted(found.items())}
+
+
+def cells(
+    seen: Mapping[str, Iterable[str]], capabilities: Iterable[str], rows: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, str]]:
+    """Row -> area -> the cell's state in a run, for the backend under test: ``drawn``, or one of
+    the other states with its reason (``not supported: nvfp4``), from what the run observed:
+    ``seen`` (:func:`observed`), the capabilities the backend claims and the report's property
+    rows (their ``status`` and ``capability``). A drawn cell is drawn whatever :data:`EXPECTED`
+    says; a row the matrix does not know is drawn where it was built and not drawn elsewhere."""
+    claimed = set(capabilities)
+    unsupported: dict[str, set[str]] = {}
+    judged: set[str] = set()
+    for property_id, row in rows.items():
+        area = area_of(property_id)
+        if row.get("status") == "not_supported":
+            unsupported.setdefault(area, set()).add(row.get("capability") or "?")
+        else:
+            judged.add(area)
+    # An area is not supported when every property of it that the run holds was.
+    area_unsupported = {area: sorted(caps) for area, caps in unsupported.items() if area not in judged}
+    return {
+        row: {area: _state(row, area, set(seen.get(row, ())), claimed, area_unsupported.get(area, [])) for area in AREAS}
+        for row in list(EXPECTED) + [r for r in seen if r not in EXPECTED]
+    }
+
+
+def _state(row: str, area: str, drawn: set[str], claimed: set[str], area_unsupported: list[str]) -> str:
+    """One cell of :func:`cells`: ``area_unsupported``, the capabilities of the area's properties
+    where all of them were ``not_supported`` in the run."""
+    if area in drawn:
+        return DRAWN
+    expected = EXPECTED.get(row, {}).get(area, DRAWN)
+    reason = expected.removeprefix(f"{NOT_APPLICABLE}: ")
+    structure_only = reason.startswith(f"{STRUCTURE_ONLY}: ")
+    if expected != DRAWN and not structure_only:
+        return expected
+    needs = FAMILY_CAPABILITIES.get(row)
+    if needs is not None and needs not in claimed:
+        return f"{NOT_SUPPORTED}: {needs}"
+    if area_unsupported:
+        return f"{NOT_SUPPORTED}: {', '.join(area_unsupported)}"
+    if structure_only:
+        return reason if drawn else expected
+    return f"{NOT_DRAWN}: no property of {area} built it in this run"
 
 
 def spec_table() -> list[str]:

@@ -13,6 +13,7 @@ from conformance.moe import GROUPED_KIND
 from conformance.strategies import FLOAT8_RECIPES
 
 SPEC = Path(coverage.__file__).resolve().parent / "SPEC.md"
+NVFP4 = ("stacks", "nvfp4_linear", "X", "nvfp4", "convert_nvfp4")
 
 
 def test_every_area_of_the_spec_is_a_column_and_every_row_fills_it():
@@ -42,3 +43,23 @@ def test_spec_shows_the_matrix():
     text = SPEC.read_text(encoding="utf-8")
     table = "\n".join(coverage.spec_table())
     assert table in text, f"SPEC.md's Coverage table differs from conformance.coverage.EXPECTED; it should read:\n{table}"
+
+
+def test_a_run_s_cells_are_read_off_the_run():
+    # NVFP4 drawn by PROV: its NUM cell, whose reason starts "structure only", is structure only;
+    # MX is not claimed; DP's only property was not_supported; REG ran without building NVFP4.
+    seen = coverage.observed([(("PROV-001",), [NVFP4]), (("NVF-001",), [NVFP4])])
+    rows = {"PROV-001": {"status": "pass", "capability": "provenance"},
+            "REG-001": {"status": "fail", "capability": "regions"},
+            "DP-001": {"status": "not_supported", "capability": "distributed"}}
+    cells = coverage.cells(seen, ["provenance", "regions", "nvfp4"], rows)
+    nvfp4 = cells["NVFP4"]
+    assert (nvfp4["PROV"], nvfp4["NVF"]) == ("drawn", "drawn")
+    assert nvfp4["NUM"] == coverage.EXPECTED["NVFP4"]["NUM"].removeprefix("N/A: ")
+    assert nvfp4["NUM"].startswith("structure only: ")
+    assert nvfp4["REG"].startswith("not drawn") and nvfp4["MOE"] == coverage.EXPECTED["NVFP4"]["MOE"]
+    assert set(cells["MX"].values()) == {"not supported: mx"} | {c for c in coverage.EXPECTED["MX"].values() if c != "drawn"}
+    assert cells["float8 tensorwise"]["DP"] == "not supported: distributed"
+    # Not drawn anywhere, the family's structure-only cell is what the matrix says: N/A.
+    assert coverage.cells({}, ["nvfp4"], {})["NVFP4"]["NUM"] == coverage.EXPECTED["NVFP4"]["NUM"]
+    assert list(cells) == list(coverage.EXPECTED) and all(list(c) == list(coverage.AREAS) for c in cells.values())

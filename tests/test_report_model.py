@@ -178,7 +178,7 @@ def test_must_summary_counts_skipped_must_properties_grouped_by_reason():
     )
 
 
-def _report(records):
+def _report(records, capabilities=("provenance",)):
     return build_report(
         records,
         PROPERTIES,
@@ -186,7 +186,7 @@ def _report(records):
         spec_version="1.0",
         checked_spec_version="1.0",
         backend={"name": "fake", "version": "1.2", "spec": "m:Fake", "spec_version": "1.0",
-                 "capabilities": ["provenance"]},
+                 "capabilities": list(capabilities)},
         environment={"python": "3.11", "torch": None, "torchao": None, "pytest": "9", "hypothesis": "6",
                      "hypothesis_profile": "fp8conf-ci", "device": "cpu", "compute_capability": None},
         options={"expectations": None, "timeout_s": 300.0},
@@ -214,6 +214,7 @@ def test_build_report_rows_follow_the_registry_and_list_the_untested(report):
     assert list(report) == [
         "schema_version", "run", "suite", "spec_version", "checked_spec_version", "backend",
         "environment", "options", "summary", "properties", "untested", "models", "built_with", "coverage",
+        "coverage_cells",
     ]
     assert list(report["properties"]) == ["PROV-001", "PROV-002", "VAL-001"]
     assert report["properties"]["PROV-002"]["tests"] == 2
@@ -262,6 +263,28 @@ def test_print_summary_lists_rows_score_and_replay(report, tmp_path):
     assert f"  replay: {FAILURE['command']}" in terminal.lines
     assert terminal.lines[-1] == f"report: {tmp_path / 'r.json'} and {tmp_path / 'r.md'}"
 
+
+
+def test_the_coverage_matrix_shows_each_cell_s_state_for_the_backend():
+    """Drawn, not supported (the capability named), structure only (why) and N/A, in the JSON,
+    the Markdown and the terminal summary."""
+    nvfp4 = ("stacks", "nvfp4_linear", "X", "nvfp4", "convert_nvfp4")
+    report = _report({
+        "t.py::test_a": TestRecord(("PROV-001",), "pass", 3, built=(nvfp4,)),
+        "t.py::test_c": TestRecord(("VAL-001",), "not_supported", 0, reason="not_supported: no validation"),
+    }, capabilities=["provenance", "nvfp4"])
+    cells = report["coverage_cells"]["NVFP4"]
+    assert (cells["PROV"], cells["VAL"], cells["MOE"]) == ("drawn", "not supported: validation", "N/A: MOE draws grouped experts only")
+    assert cells["NUM"].startswith("structure only: no CPU kernel") and cells["REG"].startswith("not drawn")
+    assert report["coverage_cells"]["MX"]["PROV"] == "not supported: mx"
+    text = render.markdown(report)
+    assert "| NVFP4 | x | ns | - | - | so | - | - | - | n/a | n/a | n/a | - | n/a |" in text
+    assert "- not supported (capability mx not claimed): MX in PROV, VAL, EMU, REG, NUM, BND, FPR, RWR; " in text
+    assert "- structure only (no CPU kernel and no Inductor lowering in this torch; " in text
+    terminal = RecordingTerminal()
+    render.print_summary(terminal, report, None)
+    assert ["NVFP4", "x", "ns", "-", "-", "so"] == next(l.split()[:6] for l in terminal.lines if l.strip().startswith("NVFP4"))
+    assert any(l.strip().startswith("structure only (no CPU kernel") and l.endswith("NVFP4 in NUM") for l in terminal.lines)
 
 def test_print_summary_without_rows():
     terminal = RecordingTerminal()

@@ -15,6 +15,7 @@ from conformance.plugin.report_files import MARKDOWN_TITLE, replace_files
 
 __all__ = [
     "MODEL_HEADINGS",
+    "coverage_lines",
     "markdown",
     "markdown_path",
     "ordered_rows",
@@ -236,6 +237,8 @@ def print_summary(terminal: Terminal, report: dict[str, Any], report_path: Path 
             terminal.write_line(line)
         for line in built_with_lines(report):
             terminal.write_line(f"built  {line}")
+        for line in coverage_lines(report):
+            terminal.write_line(line)
     else:
         terminal.write_line("no fp8_property test ran")
     for line in root_cause_lines(report):
@@ -359,21 +362,60 @@ def _built_with(report: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _coverage(report: dict[str, Any]) -> list[str]:
-    """The coverage matrix of the run: per module family, the areas that built it (``x``), those
-    that never draw it (``n/a``, SPEC's *Coverage* says why) and those that did not here (``-``:
-    the backend does not claim the family, the property was not selected, or it did not run)."""
-    from conformance.coverage import AREAS, DRAWN, EXPECTED
+#: How a cell of the coverage matrix is printed, by its state (``conformance.coverage.cells``).
+_COVERAGE_MARKS = {"drawn": "x", "not supported": "ns", "structure only": "so", "N/A": "n/a", "not drawn": "-"}
 
-    seen = report.get("coverage")
-    if seen is None:
+
+def _coverage_marks(report: dict[str, Any]) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """The run's coverage matrix as ``(family, a mark per area)`` rows, and a line for each cell
+    not supported or structure only: which capability, or why."""
+    cells = report.get("coverage_cells") or {}
+    rows, why = [], {}
+    for family, states in cells.items():
+        marks = []
+        for area, state in states.items():
+            name, _, reason = state.partition(": ")
+            marks.append(_COVERAGE_MARKS.get(name, "?"))
+            if name in ("not supported", "structure only"):
+                why.setdefault((name, reason), {}).setdefault(family, []).append(area)
+        rows.append((family, marks))
+    lines = [
+        f"{name} ({'capability ' + reason + ' not claimed' if name == 'not supported' else reason}): "
+        + "; ".join(f"{family} in {', '.join(areas)}" for family, areas in where.items())
+        for (name, reason), where in why.items()
+    ]
+    return rows, lines
+
+
+def coverage_lines(report: dict[str, Any]) -> list[str]:
+    """The coverage matrix for the terminal: a line per family, a mark per area, then why each
+    cell is not supported or structure only."""
+    rows, why = _coverage_marks(report)
+    if not rows:
         return []
-    lines = ["## Coverage (module families by area)", "", "| Family | " + " | ".join(AREAS) + " |", "|---|" + "---|" * len(AREAS)]
-    for row in list(EXPECTED) + [r for r in seen if r not in EXPECTED]:
-        drawn, expected = set(seen.get(row, ())), EXPECTED.get(row, {})
-        cells = ["x" if a in drawn else ("-" if expected.get(a, DRAWN) == DRAWN else "n/a") for a in AREAS]
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    return lines + [""]
+    areas = list(next(iter(report["coverage_cells"].values())))
+    width = max(len(family) for family, _ in rows) + 2
+    lines = ["coverage (x drawn, ns not supported, so structure only, n/a, - not drawn in this run)",
+             f"  {'':<{width}}" + "".join(f"{a:<6}" for a in areas)]
+    lines += [f"  {family:<{width}}" + "".join(f"{m:<6}" for m in marks) for family, marks in rows]
+    return [line.rstrip() for line in lines] + [f"  {line}" for line in why]
+
+
+def _coverage(report: dict[str, Any]) -> list[str]:
+    """The coverage matrix of the run for the backend under test: per module family and area,
+    drawn (``x``), not supported (``ns``: the backend does not claim the capability the family
+    or the area needs), structure only (``so``: drawn elsewhere, its numerics here not run on
+    this torch and device), never drawn (``n/a``, SPEC's *Coverage* says why), or not drawn in
+    this run (``-``: its properties not selected, or the run ended first)."""
+    rows, why = _coverage_marks(report)
+    if not rows:
+        return []
+    areas = list(next(iter(report["coverage_cells"].values())))
+    lines = ["## Coverage (module families by area)", "", "| Family | " + " | ".join(areas) + " |", "|---|" + "---|" * len(areas)]
+    lines += [f"| {family} | " + " | ".join(marks) + " |" for family, marks in rows]
+    lines.append("")
+    legend = "x: drawn; ns: not supported; so: structure only; n/a: never drawn (SPEC's Coverage says why); -: not drawn in this run."
+    return lines + [legend, ""] + [f"- {_cell(line)}" for line in why] + ([""] if why else [])
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -403,6 +403,7 @@ def build_report(
         summary["must_score"] = None
     summary["root_causes"] = verdict.root_causes()
     summary["defects"] = [defect.as_json() for defect in verdict.defects]
+    seen = coverage.observed((record.property_ids, record.built) for record in records.values())
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "run": _run_field(run, not_run, records, properties),
@@ -418,7 +419,9 @@ def build_report(
         "models": _failing_models(records, rows),
         "built_with": built_with(records),
         # Row (module family) -> the areas whose properties built it (conformance.coverage).
-        "coverage": coverage.observed((record.property_ids, record.built) for record in records.values()),
+        "coverage": seen,
+        # Row -> area -> the cell's state for this backend: drawn, not supported, structure only, N/A.
+        "coverage_cells": coverage.cells(seen, backend.get("capabilities", ()), rows),
     }
 
 
