@@ -4,7 +4,8 @@
 # suite on CUDA (NUM-004 included), its structural areas (PROV, VAL, EMU, REG, BND) with the
 # models themselves on CUDA (--fp8-device=cuda) for both in-tree backends, where 2 GPUs exist the
 # GraphPP pipeline over NCCL and its benchmark (bench_pipeline.py), and the goal table's rows
-# (bench_compile.py, bench_precompile.py). Runs from the repository root on a machine with CUDA,
+# (bench_compile.py, bench_precompile.py), and first step against depth beside torch's own paths
+# (bench_depth.py). Runs from the repository root on a machine with CUDA,
 # torch and torchao installed (fp8conf itself need not be installed):
 #
 #   benchmarks/run_gpu.sh                      every part, in order
@@ -132,10 +133,22 @@ goals_steady() {
         --repeats 3 2>&1 | tee "$OUT/goals-cudagraphs.log" | grep -E "^\|"
 }
 
+depth() {
+    # First step against depth (issue 61): fp8conf regional and full beside torch.compile, torch.compile
+    # with nested_compile_region on the block and regional_inductor on the tagged FP8 regions, each row
+    # a fresh process with an empty Inductor cache; rows appended to $OUT/bench_depth.jsonl, then the
+    # table and the plot ($OUT/bench_depth.svg) of every row kept so far. All depths and both recipes
+    # take more than one 10-minute call: pick them, e.g.
+    #   DEPTH_BLOCKS="2 8" benchmarks/run_gpu.sh depth; DEPTH_BLOCKS=32 DEPTH_RECIPES=tensorwise benchmarks/run_gpu.sh depth
+    python3 benchmarks/bench_depth.py --blocks ${DEPTH_BLOCKS:-2 8 32 64} --recipes ${DEPTH_RECIPES:-tensorwise rowwise} \
+        --row-timeout "${DEPTH_ROW_TIMEOUT:-300}" --jsonl "$OUT/bench_depth.jsonl" 2>&1 | tee -a "$OUT/bench-depth.log" | grep -E "blocks "
+    python3 benchmarks/bench_depth.py --from-jsonl "$OUT/bench_depth.jsonl" 2>&1 | tee "$OUT/bench-depth-table.log" | grep -E "^\||^Fitted|^plot"
+}
+
 # Parts to run: the arguments (any of doctor fresh pipeline gpu_tests conformance moe sharded
-# goals_start goals_steady), all of them by default. One device command may run for at most 10 minutes: the
+# goals_start goals_steady depth), all of them by default. One device command may run for at most 10 minutes: the
 # goal rows take about that each, so run them as calls of their own.
-ALL="doctor fresh pipeline gpu_tests conformance moe sharded goals_start goals_steady"
+ALL="doctor fresh pipeline gpu_tests conformance moe sharded goals_start goals_steady depth"
 [ $# -gt 0 ] || set -- $ALL
 for part in "$@"; do
     case " $ALL " in
