@@ -67,7 +67,7 @@ from conformance.models import ACTIVATIONS, MX_RECIPES, NVFP4_RECIPES, PARENT, S
 
 __all__ = [
     "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "NVFP4_KIND", "MX_SWIZZLED_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
-    "Constraints", "served", "served_spec", "float8_left_out", "float8_recipes", "float8_emulation", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_left_out", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "grouped_v2_runs",
+    "Constraints", "served", "served_spec", "float8_left_out", "float8_recipes", "float8_emulation", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_left_out", "smallest_of_each_kind", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "grouped_v2_runs",
     "sharded_specs",
 ]
 
@@ -467,6 +467,18 @@ def corpus(c: Constraints = _GENERAL, where: Callable[[ModelSpec], bool] | None 
         # Twice as many drawn as missing: Hypothesis's draws repeat, and some are in the corpus.
         admitted += [s for s in _collect(c, where, 2 * n) if s not in admitted][: n - len(admitted)]
     return tuple(admitted)
+
+
+def smallest_of_each_kind(c: Constraints, where: Callable[[ModelSpec], bool] | None = None) -> dict[str, ModelSpec]:
+    """Drawing kind of ``c.kinds`` -> the smallest model holding it of those a property asking
+    ``c`` samples under a derandomized profile (its :func:`corpus` models, which hold each kind):
+    a property that draws from its model as well visits only part of them, so
+    ``conformance.family_examples`` runs these first."""
+    found: dict[str, ModelSpec] = {}
+    for spec in _smallest_first(c, where, hypothesis.settings.default.max_examples):
+        for kind in _kinds(spec):
+            found.setdefault(kind, spec)
+    return {kind: found[kind] for kind in c.kinds if kind in found}
 
 
 #: The quantized module kinds the backend under test converts; every kind outside a backend's run.

@@ -151,6 +151,30 @@ def test_the_families_run_first_on_one_property_per_area(pytester, monkeypatch):
         assert expected and expected <= ran[test.__name__], f"{pid} ran {ran[test.__name__]}, expected {expected}"
 
 
+def test_a_property_that_draws_from_its_model_runs_every_kind_first():
+    """Drawing a module, a pass or a node from its model, a property visits about 19 of the 25
+    models it samples: VAL-002 and VAL-003 ran no NVFP4 model for the reference. Each kind it
+    draws runs first, on the smallest of its models holding it; a property that draws only its
+    model visits them all and adds none."""
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    from conformance.family_examples import KindExample, _smallest_of_kind
+    from conformance.strategies import ALL_KINDS, FLOAT8_KIND, MX_KIND, NVFP4_KIND, supported_kinds
+
+    tests = _property_tests()
+    for pid in ("VAL-002", "VAL-003", "VAL-004", "VAL-006", "VAL-007", "EMU-002", "REG-005", "REG-007", "BND-006"):
+        assert set(tests[pid].fp8_kinds) == set(ALL_KINDS) - {FLOAT8_KIND}, pid
+        assert {KindExample(k) for k in tests[pid].fp8_kinds} <= {kw["spec"] for kw in _explicit(tests[pid])}, pid
+    assert tests["VAL-001"].fp8_kinds == () and tests["PROV-001"].fp8_kinds == ()
+    strategy = tests["VAL-002"].hypothesis._given_kwargs["spec"]
+    for kind in set(ALL_KINDS) - {FLOAT8_KIND}:
+        found = _smallest_of_kind(strategy, kind)
+        assert kind in {"mxfp8_swizzled" if r == "mxfp8_swizzled" else k for k, r, _ in found.quantized_modules().values()}, (kind, found)
+    with supported_kinds((FLOAT8_KIND, MX_KIND)):
+        with pytest.raises(UnsatisfiedAssumption):
+            _smallest_of_kind(strategy, NVFP4_KIND)
+
+
 def _explicit(test) -> list:
     return [example.kwargs for example in getattr(test, "hypothesis_explicit_examples", ())]
 
