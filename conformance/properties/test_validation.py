@@ -40,17 +40,27 @@ def _report(property_id, backend, gm) -> ValidationReport:
         return call_backend(property_id, backend, "validate", gm, strict=False, expect=ValidationReport)
 
 
-def _lower_module_pass(property_id, case, backend, data):
-    """Copy the graph and lower every FP8 compute of one drawn (module, pass) to a plain mm."""
-    gm, oracle = fresh_copy(case)
-    groups = {}
-    for node in attributed(property_id, backend, oracle, fp8_compute_nodes(gm, fp8_ops(property_id, backend)), case.spec):
-        key = (oracle.issued_by[node], "backward" if backend.is_backward(node) else "forward")
-        groups.setdefault(key, []).append(node)
-    fqn, pass_name = data.draw(st.sampled_from(sorted(groups)), label="lowered (module, pass)")
-    for node in groups[(fqn, pass_name)]:
-        rewrites.lower_to_high_precision(gm, node)
-    return gm, fqn, pass_name
+def _lowered_passes(property_id, case, backend, data):
+    """Per pass of one drawn module (both, where it computes in both: the passes are a finite
+    space, enumerated rather than drawn): ``(pass, graph)``, a copy of the graph with every FP8
+    compute of the module in that pass lowered to a plain mm; and the module's FQN."""
+    def groups_of(gm, oracle):
+        groups = {}
+        for node in attributed(property_id, backend, oracle, fp8_compute_nodes(gm, fp8_ops(property_id, backend)), case.spec):
+            key = (oracle.issued_by[node], "backward" if backend.is_backward(node) else "forward")
+            groups.setdefault(key, []).append(node)
+        return groups
+
+    fqn = data.draw(st.sampled_from(sorted({f for f, _ in groups_of(case.gm, case.oracle)})), label="module losing its FP8 compute")
+    lowered = []
+    for pass_name in ("backward", "forward"):
+        gm, oracle = fresh_copy(case)
+        nodes = groups_of(gm, oracle).get((fqn, pass_name))
+        if nodes:
+            for node in nodes:
+                rewrites.lower_to_high_precision(gm, node)
+            lowered.append((pass_name, gm))
+    return fqn, lowered
 
 
 def _names_location(exc, fqn, pass_name) -> bool:
@@ -77,18 +87,20 @@ def test_VAL_001_strict_validation_accepts_supported_models(fp8_backend, spec):
 def test_VAL_002_lost_fp8_compute_fails_naming_module_and_pass(fp8_backend, spec, data):
     """Cheapest defect that passes "some error is raised": an error that names the graph but not
     the module or the pass, or validation that checks provenance only. All FP8 compute of one
-    drawn (module, pass) is lowered to ``mm`` with its metadata kept, and the error must carry
-    that FQN and pass in its message and in ``module_fqn`` / ``pass_name``."""
-    gm, fqn, pass_name = _lower_module_pass("VAL-002", traced("VAL-002", fp8_backend, spec), fp8_backend, data)
-    exc = strict_error("VAL-002", fp8_backend, gm)
-    check(exc is not None, "VAL-002", f"all FP8 compute of {fqn!r} in the {pass_name} pass was lowered to mm, yet strict validation passed", spec)
-    check(
-        _names_location(exc, fqn, pass_name),
-        "VAL-002",
-        f"the error must name module {fqn!r} and pass {pass_name!r} (as .module_fqn/.pass_name, or in its message); "
-        f"saw module_fqn={getattr(exc, 'module_fqn', None)!r} pass_name={getattr(exc, 'pass_name', None)!r}: {exc}",
-        spec,
-    )
+    drawn module in one pass is lowered to ``mm`` with its metadata kept, for each pass in turn
+    (a validation that checks the backward pass alone fails on every model), and the error must
+    carry that FQN and pass in its message and in ``module_fqn`` / ``pass_name``."""
+    fqn, lowered = _lowered_passes("VAL-002", traced("VAL-002", fp8_backend, spec), fp8_backend, data)
+    for pass_name, gm in lowered:
+        exc = strict_error("VAL-002", fp8_backend, gm)
+        check(exc is not None, "VAL-002", f"all FP8 compute of {fqn!r} in the {pass_name} pass was lowered to mm, yet strict validation passed", spec)
+        check(
+            _names_location(exc, fqn, pass_name),
+            "VAL-002",
+            f"the error must name module {fqn!r} and pass {pass_name!r} (as .module_fqn/.pass_name, or in its message); "
+            f"saw module_fqn={getattr(exc, 'module_fqn', None)!r} pass_name={getattr(exc, 'pass_name', None)!r}: {exc}",
+            spec,
+        )
 
 
 @pytest.mark.fp8_property("VAL-003")
@@ -183,12 +195,18 @@ def test_VAL_006_non_strict_mode_warns_the_same_findings_with_a_summary(fp8_back
     """Cheapest defect: a summary that says nothing of the findings (a constant line, or one
     written before validation ran). The summary must state how many findings the report holds
     and name the module the suite broke and every module a finding names."""
-    gm, fqn, pass_name = _lower_module_pass("VAL-006", traced("VAL-006", fp8_backend, spec), fp8_backend, data)
+    fqn, lowered = _lowered_passes("VAL-006", traced("VAL-006", fp8_backend, spec), fp8_backend, data)
+    for pass_name, gm in lowered:
+        _check_findings_and_summary(fp8_backend, spec, gm, fqn, pass_name)
+
+
+def _check_findings_and_summary(fp8_backend, spec, gm, fqn, pass_name) -> None:
+    """VAL-006 on ``gm``, whose FP8 compute of ``fqn`` in ``pass_name`` was lowered."""
     exc = strict_error("VAL-006", fp8_backend, gm)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = call_backend("VAL-006", fp8_backend, "validate", gm, strict=False, expect=ValidationReport)
-    check(exc is not None, "VAL-006", "strict validation passed a graph whose FP8 compute was lowered", spec)
+    check(exc is not None, "VAL-006", f"strict validation passed a graph whose FP8 compute of {fqn!r} in the {pass_name} pass was lowered", spec)
     located = [f for f in report.findings if names_module(f, fqn) and names_pass(f, pass_name)]
     check(bool(located), "VAL-006", f"non-strict report lacks the finding strict mode raised ({exc}); findings: {report.findings}", spec)
     check(len(caught) >= len(report.findings), "VAL-006", f"{len(report.findings)} finding(s) but {len(caught)} warning(s)", spec)
