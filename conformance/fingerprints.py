@@ -68,6 +68,7 @@ __all__ = [
     "Variant",
     "Change",
     "quantization_changes",
+    "layer_changes",
     "unrelated_changes",
     "reordered",
     "flatten_json",
@@ -383,28 +384,39 @@ def _layer_change(draw, kind, spec, base):
 
     quantized = [i for i, layer in enumerate(spec.layers) if layer.recipe is not None]
     if kind == "emulate":
-        # Linears on F.scaled_mm and swizzled MX linears have no emulated mode; MX and NVFP4
-        # recipes name theirs; float8 linears have one unless the backend's own lack it.
-        float8 = strategies.float8_emulation()
-        quantized = [i for i in quantized if spec.layers[i].recipe in _EMULATED_TWIN or (float8 and _is_float8(spec.layers[i].recipe))]
+        quantized = [i for i in quantized if layer_changes(kind, base, i)]
         assume(quantized)
     i = draw(st.sampled_from(quantized), label="changed layer")
+    changes = layer_changes(kind, base, i)
+    assume(changes)  # a backend whose float8 linears have one recipe: no recipe change of its own
+    return changes[0] if len(changes) == 1 else draw(st.sampled_from(changes), label="new recipe")
+
+
+def layer_changes(kind: str, base: Variant, i: int) -> list[Change]:
+    """Every change of ``kind`` (``recipe`` or ``emulate``) of quantized layer ``i`` of ``base``'s
+    model that the backend under test can build: a linear on F.scaled_mm takes the other recipe
+    of its kind; a block-scaled layer (MX, NVFP4) may become a Float8Linear of each of the
+    backend's float8 recipes (its kind changes too), never the reverse, since a float8 layer's
+    widths need not fit their blocks; a float8 layer takes each of the backend's other float8
+    recipes. ``emulate`` flips where the layer has an emulated mode: MX and NVFP4 recipes name
+    theirs; linears on F.scaled_mm and swizzled MX linears have none; float8 linears have one
+    unless the backend's own lack it."""
+    spec = base.spec
     layer, fqns = spec.layers[i], _fqns_of_layer(spec, i)
     if kind == "recipe":
-        # A linear on F.scaled_mm takes the other recipe of its kind; a block-scaled layer (MX,
-        # NVFP4) may become a Float8Linear (its kind changes too), never the reverse: a float8
-        # layer's widths need not fit their blocks.
         same_kind = SCALED_MM_RECIPES if layer.recipe in SCALED_MM_RECIPES else strategies.float8_recipes()
-        others = [r for r in same_kind if r != layer.recipe]
-        assume(others)  # a backend whose float8 linears have one recipe: no recipe change of its own
-        recipe = draw(st.sampled_from(others), label="new recipe")
-        after = dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe))
-        return Change(kind, f"layers.{i}: recipe {layer.recipe!r} -> {recipe!r}", base, after, fqns, (f"layers.{i}", "recipe"))
+        return [
+            Change(kind, f"layers.{i}: recipe {layer.recipe!r} -> {recipe!r}", base,
+                   dataclasses.replace(base, spec=_with_layer(spec, i, recipe=recipe)), fqns, (f"layers.{i}", "recipe"))
+            for recipe in same_kind if recipe != layer.recipe
+        ]
+    if not (layer.recipe in _EMULATED_TWIN or (strategies.float8_emulation() and _is_float8(layer.recipe))):
+        return []
     changes = {"emulate": not layer.emulate}
     if layer.recipe in _EMULATED_TWIN:  # an MX or NVFP4 layer's recipe names its emulation
         changes["recipe"] = _EMULATED_TWIN[layer.recipe]
     after = dataclasses.replace(base, spec=_with_layer(spec, i, **changes))
-    return Change(kind, f"layers.{i}: emulate {layer.emulate} -> {not layer.emulate}", base, after, fqns, (f"layers.{i}", "emulate"))
+    return [Change(kind, f"layers.{i}: emulate {layer.emulate} -> {not layer.emulate}", base, after, fqns, (f"layers.{i}", "emulate"))]
 
 
 def _config_field_change(draw, kind, spec, base, fields):

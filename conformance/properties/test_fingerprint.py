@@ -47,13 +47,14 @@ from conformance.fingerprints import (
     flippable,
     grouped_kind,
     json_diff,
+    layer_changes,
     quantization_changes,
     reordered,
     unrelated_changes,
 )
 from conformance import evidence, strategies
 from conformance.harness import built_with, call_backend, check, fail, float8_config_settable, float8_converter, owns_float8
-from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, LayerSpec, ModelSpec, build_model
 from conformance.moe import MoESpec, experts_family
 from conformance.notes import note
 from conformance.plugin.gating import NOT_SUPPORTED
@@ -255,6 +256,42 @@ def test_FPR_001_every_config_field_flip_of_every_recipe_changes_the_fingerprint
           f"flipping each of these Float8LinearConfig fields (on layers.0, a one-layer model of that recipe, from a custom "
           f"config) left the fingerprint unchanged: {', '.join(missed)}; the fingerprint must cover every numerics-relevant field "
           f"(conformance.fingerprints.CONFIG_FIELDS)")
+
+
+@pytest.mark.fp8_property("FPR-001")
+def test_FPR_001_every_recipe_change_and_emulate_flip_changes_the_fingerprint(fp8_backend):
+    """Cheapest defect: a fingerprint that tells two recipes apart by something one pair of them
+    shares (rowwise and rowwise_with_gw_hp, say), or leaves one kind's emulation out, asked about
+    only when a draw happens to change that layer to that recipe. Recipes are a finite space, so
+    their changes are enumerated rather than sampled: on a one-layer model of each recipe of
+    each kind of linear the backend converts, every recipe the layer can take and its emulation
+    flipped (:func:`~conformance.fingerprints.layer_changes`) must change the fingerprint. Every
+    change missed is named at once."""
+    missed, changed = [], 0
+    for recipe in _layer_recipes(fp8_backend):
+        base = Variant(ModelSpec(32, (LayerSpec(32, recipe, emulate=recipe.endswith("_emulated"), activation="none"),)))
+        for change in layer_changes("recipe", base, 0) + layer_changes("emulate", base, 0):
+            before, _ = _fingerprint("FPR-001", fp8_backend, change.before)
+            after, _ = _fingerprint("FPR-001", fp8_backend, change.after)
+            changed += 1
+            if after == before:
+                missed.append(change.description.removeprefix("layers.0: "))
+    note(f"enumerated {changed} recipe changes and emulate flips over recipes {list(_layer_recipes(fp8_backend))}")
+    check(not missed, "FPR-001",
+          f"on a one-layer model (layers.0), these changes left the fingerprint unchanged: {', '.join(missed)}; the fingerprint "
+          "must cover each quantized module's recipe and emulation")
+
+
+def _layer_recipes(backend) -> tuple[str, ...]:
+    """The recipes of every kind of linear the suite shows the backend: its float8 linears', and
+    those of the kinds it claims (``F.scaled_mm``, its declared MX recipes, NVFP4)."""
+    claims = backend.capabilities
+    return (
+        strategies.float8_recipes()
+        + (SCALED_MM_RECIPES if "scaled_mm_v2" in claims else ())
+        + (tuple(r for r in MX_RECIPES if r in backend.mx_recipes) if "mx" in claims else ())
+        + (NVFP4_RECIPES if "nvfp4" in claims else ())
+    )
 
 
 # --- FPR-002 --------------------------------------------------------------------------------------
@@ -577,13 +614,14 @@ def job_configs(fp8_backend):
 
 
 @pytest.mark.fp8_property("FPR-006")
-@given(spec=model_specs(), data=st.data())
-def test_FPR_006_the_backends_job_configuration_reaches_the_signature(fp8_backend, job_configs, spec, data):
+@given(spec=model_specs())
+def test_FPR_006_the_backends_job_configuration_reaches_the_signature(fp8_backend, job_configs, spec):
     """Cheapest defect: a fingerprint computed from the model alone that ignores ``config`` (every
     relevant variant then leaves it unchanged), or a signature that records the whole job
-    configuration (an unrelated variant then changes it). The test draws both kinds of variant
-    the backend declares and fails either; a backend declaring no relevant variant fails too,
-    since it would make the rule vacuous. Where the scope is ``"quantization"`` the signature
+    configuration (an unrelated variant then changes it). Every variant the backend declares, of
+    both kinds, is checked on every drawn model (the variants are a finite space, enumerated
+    rather than drawn), and either defect fails; a backend declaring no relevant variant fails
+    too, since it would make the rule vacuous. Where the scope is ``"quantization"`` the signature
     holds every input of the fingerprint, so it must change with a relevant variant and the
     fingerprint must ignore an unrelated one; a ``"whole_step"`` key may cover the whole job."""
     configs = job_configs
@@ -592,12 +630,18 @@ def test_FPR_006_the_backends_job_configuration_reaches_the_signature(fp8_backen
     if not configs.relevant:
         fail("FPR-006", f"backend {fp8_backend.name!r}: job_configs() names no quantization-relevant variant: nothing to check")
     model, _ = _built(fp8_backend, spec)
-    variants = [(label, config, True) for label, config in sorted(configs.relevant.items())]
-    variants += [(label, config, False) for label, config in sorted(configs.unrelated.items())]
-    label, config, relevant = data.draw(st.sampled_from(variants), label="job configuration variant")
     signature = lambda c: call_backend("FPR-006", fp8_backend, "quantization_signature", model, strict=True, config=c, expect=str)
     fingerprint = lambda c: call_backend("FPR-006", fp8_backend, "fingerprint", model, strict=True, config=c, expect=str)
-    before, after = (signature(configs.base), fingerprint(configs.base)), (signature(config), fingerprint(config))
+    before = (signature(configs.base), fingerprint(configs.base))
+    for label, config in sorted(configs.relevant.items()):
+        _check_job_variant(fp8_backend, spec, label, before, (signature(config), fingerprint(config)), relevant=True)
+    for label, config in sorted(configs.unrelated.items()):
+        _check_job_variant(fp8_backend, spec, label, before, (signature(config), fingerprint(config)), relevant=False)
+
+
+def _check_job_variant(fp8_backend, spec, label, before, after, *, relevant: bool) -> None:
+    """FPR-006 for one job configuration variant: ``before`` and ``after`` are the (signature,
+    fingerprint) of the base configuration and of the variant ``label``."""
     promises = promises_of(fp8_backend)
     scope = f"fingerprint_scope {fp8_backend.fingerprint_scope!r}"
     if relevant:
