@@ -128,19 +128,16 @@ def test_VAL_003_fp8_compute_without_provenance_fails(fp8_backend, spec, data):
 @family_examples
 @given(spec=non_emulated, data=st.data())
 def test_VAL_004_scaled_op_with_a_high_precision_operand_is_not_fp8_compute(fp8_backend, spec, data):
-    """Cheapest defect: counting a scaled matmul as FP8 compute when any operand is FP8. One
-    operand of a drawn compute node (one that counts: its result reaches an output) is up-cast to
-    float32; the non-strict count of that module and pass must drop by exactly one from the
+    """Cheapest defect: counting a scaled matmul as FP8 compute when any operand is FP8. Each
+    matrix operand of a drawn compute node (one that counts: its result reaches an output) in
+    turn is up-cast to float32 (the two operands are a finite space, enumerated rather than
+    drawn); the non-strict count of that module and pass must drop by exactly one from the
     backend's count of the unbroken graph, which must be the truth (so a count of all scaled ops
     fails), and strict validation must fail."""
     case = traced("VAL-004", fp8_backend, spec)
     gm, oracle = fresh_copy(case)
     computes = attributed("VAL-004", fp8_backend, oracle, needed_fp8_compute(gm, fp8_ops("VAL-004", fp8_backend)), spec)
     node = data.draw(st.sampled_from(computes), label="scaled op given a float32 operand")
-    index = data.draw(st.sampled_from((0, 1)), label="operand")
-    # The argument position of that matrix operand, as the op declares it (an op of the backend's
-    # own may take an accumulator first).
-    position = fp8_ops("VAL-004", fp8_backend).find(node.target).operands[index]
     key = (oracle.issued_by[node], "backward" if fp8_backend.is_backward(node) else "forward")
     truth = fp8_compute_truth("VAL-004", fp8_backend, spec, case.gm, case.oracle)
     before = _report("VAL-004", fp8_backend, gm).compute_counts.get(key, 0)
@@ -151,16 +148,24 @@ def test_VAL_004_scaled_op_with_a_high_precision_operand_is_not_fp8_compute(fp8_
         f"the truth is {truth.admitted_counts()}",
         spec,
     )
-    rewrites.upcast_operand(gm, node, position)
-    seen = _report("VAL-004", fp8_backend, gm).compute_counts.get(key, 0)
-    check(
-        seen == before - 1,
-        "VAL-004",
-        f"'{node.name}' now multiplies a float32 operand (argument {position}); FP8 compute of {key[0]!r} in the {key[1]} pass "
-        f"should count {before - 1}, the backend counts {seen}",
-        spec,
-    )
-    check(strict_error("VAL-004", fp8_backend, gm) is not None, "VAL-004", "strict validation accepted a scaled op fed a float32 operand", spec)
+    at = list(gm.graph.nodes).index(node)
+    for index in (0, 1):
+        broken, _ = fresh_copy(case)
+        target = list(broken.graph.nodes)[at]
+        # The argument position of that matrix operand, as the op declares it (an op of the
+        # backend's own may take an accumulator first).
+        position = fp8_ops("VAL-004", fp8_backend).find(target.target).operands[index]
+        rewrites.upcast_operand(broken, target, position)
+        seen = _report("VAL-004", fp8_backend, broken).compute_counts.get(key, 0)
+        check(
+            seen == before - 1,
+            "VAL-004",
+            f"'{target.name}' now multiplies a float32 operand (argument {position}); FP8 compute of {key[0]!r} in the {key[1]} "
+            f"pass should count {before - 1}, the backend counts {seen}",
+            spec,
+        )
+        check(strict_error("VAL-004", fp8_backend, broken) is not None, "VAL-004",
+              f"strict validation accepted a scaled op fed a float32 operand (argument {position} of '{target.name}')", spec)
 
 
 def _meta_snapshot(gm):
