@@ -109,19 +109,27 @@ def test_VAL_002_lost_fp8_compute_fails_naming_module_and_pass(fp8_backend, spec
 def test_VAL_003_fp8_compute_without_provenance_fails(fp8_backend, spec, data):
     """Cheapest defect: skipping FP8 compute that has no provenance (a silent fallback), which a
     check of provenance on attributed nodes never sees. The suite rebuilds one compute node
-    without metadata; strict validation must fail and name that very node."""
-    gm, _ = traced_graph("VAL-003", fp8_backend, spec)
-    node = data.draw(st.sampled_from(fp8_compute_nodes(gm, fp8_ops("VAL-003", fp8_backend))), label="compute node stripped of meta")
-    rewrites.rebuild_without_meta(gm, node)
-    rebuilt = next(n for n in gm.graph.nodes if n.op == "call_function" and not n.meta.keys() - {"val"} and n.target == node.target)
-    exc = strict_error("VAL-003", fp8_backend, gm)
-    check(exc is not None, "VAL-003", f"FP8 compute node '{rebuilt.name}' lost its metadata, yet strict validation passed", spec)
-    check(
-        rebuilt.name in str(exc),
-        "VAL-003",
-        f"the error must name the node without provenance, '{rebuilt.name}'; saw: {type(exc).__name__}: {exc}",
-        spec,
-    )
+    without metadata, a drawn one of each pass in turn (the passes are a finite space, enumerated
+    rather than drawn); strict validation must fail and name that very node."""
+    case = traced("VAL-003", fp8_backend, spec)
+    by_pass: dict[str, list] = {}
+    for node in fp8_compute_nodes(case.gm, fp8_ops("VAL-003", fp8_backend)):
+        by_pass.setdefault("backward" if fp8_backend.is_backward(node) else "forward", []).append(node)
+    positions = {node: i for i, node in enumerate(case.gm.graph.nodes)}
+    for pass_name, nodes in sorted(by_pass.items()):
+        node = data.draw(st.sampled_from(nodes), label=f"{pass_name} compute node stripped of meta")
+        gm, _ = fresh_copy(case)
+        node = list(gm.graph.nodes)[positions[node]]
+        rewrites.rebuild_without_meta(gm, node)
+        rebuilt = next(n for n in gm.graph.nodes if n.op == "call_function" and not n.meta.keys() - {"val"} and n.target == node.target)
+        exc = strict_error("VAL-003", fp8_backend, gm)
+        check(exc is not None, "VAL-003", f"{pass_name} FP8 compute node '{rebuilt.name}' lost its metadata, yet strict validation passed", spec)
+        check(
+            rebuilt.name in str(exc),
+            "VAL-003",
+            f"the error must name the node without provenance, '{rebuilt.name}'; saw: {type(exc).__name__}: {exc}",
+            spec,
+        )
 
 
 @pytest.mark.fp8_property("VAL-004")
