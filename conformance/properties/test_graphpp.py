@@ -22,7 +22,7 @@ from conformance.dead_compute import dead_fp8_compute, keepable_dead_compute, ne
 from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, output_dependencies, tagged_groups
 from conformance.api.errors import SplitFailure, ValidationFailure
 from conformance.harness import (
-    call_backend, check, fail, fp8_ops, fresh_args, grad_outputs, strict_error, traced, traced_after_cse,
+    call_backend, check, fail, fp8_ops, fresh_args, fresh_copy, grad_outputs, strict_error, traced, traced_after_cse,
 )
 from conformance.stages import split_step
 from conformance.notes import note
@@ -341,24 +341,38 @@ def test_BND_006_strict_validation_runs_before_the_split_and_not_falsely_after(f
                 "A callable must not be failed for FP8 compute that lives in a sibling callable",
                 spec,
             )
-    broken = traced("BND-006", fp8_backend, spec).gm
-    computes = fp8_compute_nodes(broken, fp8_ops("BND-006", fp8_backend))
-    compute = data.draw(st.sampled_from(computes), label="FP8 compute node losing its provenance")
-    rewrites.rebuild_without_meta(broken, compute)
+    # A drawn compute node of each pass in turn loses its provenance: the passes are a finite
+    # space, enumerated rather than drawn.
+    case = traced("BND-006", fp8_backend, spec)
+    positions = {node: i for i, node in enumerate(case.gm.graph.nodes)}
+    by_pass: dict[str, list] = {}
+    for node in fp8_compute_nodes(case.gm, fp8_ops("BND-006", fp8_backend)):
+        by_pass.setdefault("backward" if fp8_backend.is_backward(node) else "forward", []).append(node)
+    for pass_name, nodes in sorted(by_pass.items()):
+        compute = data.draw(st.sampled_from(nodes), label=f"{pass_name} FP8 compute node losing its provenance")
+        broken, _ = fresh_copy(case)
+        compute = list(broken.graph.nodes)[positions[compute]]
+        rewrites.rebuild_without_meta(broken, compute)
+        _check_rejected_before_the_cut(fp8_backend, spec, broken, f"{pass_name} FP8 compute '{compute.name}'")
+
+
+def _check_rejected_before_the_cut(fp8_backend, spec, broken, what: str) -> None:
+    """BND-006: ``split_stage(strict=True)`` of ``broken``, whose ``what`` lost its provenance,
+    raises a ValidationFailure."""
     try:
         fp8_backend.split_stage(broken, strict=True)
     except ValidationFailure:
         return
     except SplitFailure as exc:
-        fail("BND-006", f"split_stage(strict=True) of a stage whose '{compute.name}' lost its provenance raised "
+        fail("BND-006", f"split_stage(strict=True) of a stage whose {what} lost its provenance raised "
              f"SplitFailure, not a conformance.api.ValidationFailure: strict validation must reject the stage before "
              f"any cut is attempted: {exc}", spec)
     except Exception as exc:
-        fail("BND-006", f"split_stage(strict=True) of a stage whose '{compute.name}' lost its provenance raised "
+        fail("BND-006", f"split_stage(strict=True) of a stage whose {what} lost its provenance raised "
              f"{type(exc).__name__}, not a conformance.api.ValidationFailure: {exc}", spec)
     fail(
         "BND-006",
-        f"split_stage(strict=True) cut a stage graph whose FP8 compute '{compute.name}' lost its provenance: "
+        f"split_stage(strict=True) cut a stage graph whose {what} lost its provenance: "
         "strict validation must run on the whole stage before the cut",
         spec,
     )
