@@ -155,17 +155,19 @@ def test_REG_004_only_complete_regions_are_tagged(fp8_backend, spec):
         )
 
 
-def _region_cast(gm, regions, data, spec=None):
-    """A cast to FP8 inside a region, and the region's compute nodes downstream of it."""
-    candidates = []
+def _region_casts(backend, regions, data, spec=None):
+    """A cast to FP8 inside a region of each pass in turn (the passes are a finite space,
+    enumerated rather than drawn): ``(region, cast, members)`` per pass that has one."""
+    candidates: dict[str, list] = {}
     for region in regions:
         members = set(region.nodes)
         for node in region.nodes:
             # Not a view of bytes as e8m0: an MX scale is a power of two, not FP8 data.
             if is_fp8_cast(node):
-                candidates.append((region, node, members))
+                candidates.setdefault("backward" if backend.is_backward(node) else "forward", []).append((region, node, members))
     require_subject(candidates, "REG-005", f"no region of the {len(regions)} reported holds a cast to FP8, so there is no chain to break", spec)
-    return data.draw(st.sampled_from(candidates), label="(region, cast) losing its metadata")
+    return [data.draw(st.sampled_from(found), label=f"({pass_name} region, cast) losing its metadata")
+            for pass_name, found in sorted(candidates.items())]
 
 
 @pytest.mark.fp8_property("REG-005")
@@ -179,9 +181,15 @@ def test_REG_005_a_region_missing_part_of_its_chain_is_not_tagged(fp8_backend, s
     cast) without metadata, where such a check tags a region fed from untracked FP8 and fails."""
     probe, _ = traced_graph("REG-005", fp8_backend, spec)
     probe_regions = _regions_of_fp8_graph("REG-005", fp8_backend, probe, spec)
-    region, cast, members = _region_cast(probe, probe_regions, data, spec)
     probe_computes = set(fp8_compute_nodes(probe, fp8_ops("REG-005", fp8_backend)))
-    downstream = [n.name for n in members if n in probe_computes and _reaches(cast, n)]
+    for region, cast, members in _region_casts(fp8_backend, probe_regions, data, spec):
+        downstream = [n.name for n in members if n in probe_computes and _reaches(cast, n)]
+        _check_broken_chains(fp8_backend, spec, region, cast, downstream)
+
+
+def _check_broken_chains(fp8_backend, spec, region, cast, downstream) -> None:
+    """REG-005 for ``cast`` of ``region``: its cast alone, then its whole chain, rebuilt without
+    metadata on a fresh trace."""
     for scope in ("cast", "whole chain"):
         gm, oracle = traced_graph("REG-005", fp8_backend, spec)
         by_name = {n.name: n for n in gm.graph.nodes}
