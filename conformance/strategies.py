@@ -473,9 +473,11 @@ def smallest_of_each_kind(c: Constraints, where: Callable[[ModelSpec], bool] | N
     """Drawing kind of ``c.kinds`` -> the smallest model holding it of those a property asking
     ``c`` samples under a derandomized profile (its :func:`corpus` models, which hold each kind):
     a property that draws from its model as well visits only part of them, so
-    ``conformance.family_examples`` runs these first."""
+    ``conformance.family_examples`` runs these first. Under another profile, of the first 25: a
+    thorough profile's 200 would draw models afresh for a property the corpus holds too few for."""
+    profile = hypothesis.settings.default
     found: dict[str, ModelSpec] = {}
-    for spec in _smallest_first(c, where, hypothesis.settings.default.max_examples):
+    for spec in _smallest_first(c, where, profile.max_examples if profile.derandomize else min(profile.max_examples, 25)):
         for kind in _kinds(spec):
             found.setdefault(kind, spec)
     return {kind: found[kind] for kind in c.kinds if kind in found}
