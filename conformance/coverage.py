@@ -127,7 +127,8 @@ def cells(
     seen: Mapping[str, Iterable[str]], capabilities: Iterable[str], rows: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, dict[str, str]]:
     """Row -> area -> the cell's state in a run, for the backend under test: ``drawn``, or one of
-    the other states with its reason (``not supported: nvfp4``), from what the run observed:
+    the other states with its reason (``not supported: capability nvfp4 not claimed``), from
+    what the run observed:
     ``seen`` (:func:`observed`), the capabilities the backend claims and the report's property
     rows (their ``status`` and ``capability``). A drawn cell is drawn whatever :data:`EXPECTED`
     says; a row the matrix does not know is drawn where it was built and not drawn elsewhere."""
@@ -160,9 +161,9 @@ def _state(row: str, area: str, drawn: set[str], claimed: set[str], area_unsuppo
         return expected
     needs = FAMILY_CAPABILITIES.get(row)
     if needs is not None and needs not in claimed:
-        return f"{NOT_SUPPORTED}: {needs}"
+        return f"{NOT_SUPPORTED}: capability {needs} not claimed"
     if area_unsupported:
-        return f"{NOT_SUPPORTED}: {', '.join(area_unsupported)}"
+        return f"{NOT_SUPPORTED}: every {area} property of the run not_supported (capability {', '.join(area_unsupported)})"
     if structure_only:
         return reason if drawn else expected
     return f"{NOT_DRAWN}: no property of {area} built it in this run"

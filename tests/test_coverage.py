@@ -58,8 +58,9 @@ def test_a_run_s_cells_are_read_off_the_run():
     assert nvfp4["NUM"] == coverage.EXPECTED["NVFP4"]["NUM"].removeprefix("N/A: ")
     assert nvfp4["NUM"].startswith("structure only: ")
     assert nvfp4["REG"].startswith("not drawn") and nvfp4["MOE"] == coverage.EXPECTED["NVFP4"]["MOE"]
-    assert set(cells["MX"].values()) == {"not supported: mx"} | {c for c in coverage.EXPECTED["MX"].values() if c != "drawn"}
-    assert cells["float8 tensorwise"]["DP"] == "not supported: distributed"
+    not_claimed = "not supported: capability mx not claimed"
+    assert set(cells["MX"].values()) == {not_claimed} | {c for c in coverage.EXPECTED["MX"].values() if c != "drawn"}
+    assert cells["float8 tensorwise"]["DP"] == "not supported: every DP property of the run not_supported (capability distributed)"
     # Not drawn anywhere, the family's structure-only cell is what the matrix says: N/A.
     assert coverage.cells({}, ["nvfp4"], {})["NVFP4"]["NUM"] == coverage.EXPECTED["NVFP4"]["NUM"]
     assert list(cells) == list(coverage.EXPECTED) and all(list(c) == list(coverage.AREAS) for c in cells.values())

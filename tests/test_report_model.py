@@ -274,12 +274,14 @@ def test_the_coverage_matrix_shows_each_cell_s_state_for_the_backend():
         "t.py::test_c": TestRecord(("VAL-001",), "not_supported", 0, reason="not_supported: no validation"),
     }, capabilities=["provenance", "nvfp4"])
     cells = report["coverage_cells"]["NVFP4"]
-    assert (cells["PROV"], cells["VAL"], cells["MOE"]) == ("drawn", "not supported: validation", "N/A: MOE draws grouped experts only")
+    assert (cells["PROV"], cells["MOE"]) == ("drawn", "N/A: MOE draws grouped experts only")
+    assert cells["VAL"] == "not supported: every VAL property of the run not_supported (capability validation)"
     assert cells["NUM"].startswith("structure only: no CPU kernel") and cells["REG"].startswith("not drawn")
-    assert report["coverage_cells"]["MX"]["PROV"] == "not supported: mx"
+    assert report["coverage_cells"]["MX"]["PROV"] == "not supported: capability mx not claimed"
     text = render.markdown(report)
     assert "| NVFP4 | x | ns | - | - | so | - | - | - | n/a | n/a | n/a | - | n/a |" in text
     assert "- not supported (capability mx not claimed): MX in PROV, VAL, EMU, REG, NUM, BND, FPR, RWR; " in text
+    assert "- not supported (every VAL property of the run not_supported (capability validation)): float8 tensorwise in VAL; " in text
     assert "- structure only (no CPU kernel and no Inductor lowering in this torch; " in text
     terminal = RecordingTerminal()
     render.print_summary(terminal, report, None)

@@ -380,8 +380,7 @@ def _coverage_marks(report: dict[str, Any]) -> tuple[list[tuple[str, list[str]]]
                 why.setdefault((name, reason), {}).setdefault(family, []).append(area)
         rows.append((family, marks))
     lines = [
-        f"{name} ({'capability ' + reason + ' not claimed' if name == 'not supported' else reason}): "
-        + "; ".join(f"{family} in {', '.join(areas)}" for family, areas in where.items())
+        f"{name} ({reason}): " + "; ".join(f"{family} in {', '.join(areas)}" for family, areas in where.items())
         for (name, reason), where in why.items()
     ]
     return rows, lines
