@@ -198,6 +198,8 @@ def child(args) -> dict:
         sync()
         seconds.append(time.perf_counter() - start)
     row["step_s"] = statistics.median(seconds)
+    # A steady step that compiles again (a guard that fails every call) shows here.
+    row["steady_inductor_compiles"] = counter.compiles - row["inductor_compiles"]
     if args.device == "cuda":
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     else:
@@ -269,6 +271,7 @@ def table(rows) -> str:
     order = {path: i for i, path in enumerate(PATHS)}
     for row in sorted(rows, key=lambda r: (r["recipe"], order.get(r["path"], 99), r["blocks"])):
         compiles = f"{row['inductor_compiles']} ({row['inductor_generated']})" if "inductor_compiles" in row else ""
+        compiles += f", {row['steady_inductor_compiles']} more in steady steps" if row.get("steady_inductor_compiles") else ""
         lines.append(f"| {row['recipe']} | {row['path']} | {row['blocks']} | {_cell(row, 'first_step_s')} | {_cell(row, 'trace_s')} "
                      f"| {_cell(row, 'partition_s')} | {_cell(row, 'compile_s')} | {_cell(row, 'first_call_s')} | {_cell(row, 'inductor_s')} "
                      f"| {compiles} | {_cell(row, 'step_s', 1e3)} | {_cell(row, 'peak_gib', digits=2)} | {row.get('error', '')} |")
@@ -285,9 +288,10 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 
 def plot_svg(rows, title: str) -> str:
     """First-step seconds against blocks, both axes logarithmic, a line per (recipe, path) with its
-    fitted exponent in the legend; rows without a first step (failed, timed out) are left out."""
+    fitted exponent in the legend; rows without a first step (failed, timed out) are left out, and
+    the legend names their depths."""
     series = {key: sorted(points) for key, points in _series(rows).items() if points}
-    width, height, left, right, top, bottom = 760, 460, 70, 300, 40, 50
+    width, height, left, right, top, bottom = 980, 460, 70, 500, 40, 50
     if not series:
         return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"><text x="20" y="30">no first step measured</text></svg>\n'
     blocks = [b for points in series.values() for b, _ in points]
@@ -321,6 +325,10 @@ def plot_svg(rows, title: str) -> str:
         out += [f'<circle cx="{px(b):.1f}" cy="{py(s):.1f}" r="3.5" fill="{colour}"/>' for b, s in points]
         k = fitted_exponent(points)
         label = f"{path} ({recipe})" + (f": exponent {k:.2f}" if k is not None else "")
+        for outcome, lost in (("timed out", True), ("failed", False)):
+            depths = sorted(r["blocks"] for r in rows if (r["recipe"], r["path"]) == (recipe, path)
+                            and "first_step_s" not in r and bool(r.get("timed_out")) == lost)
+            label += f"; {outcome} at {', '.join(map(str, depths))}" if depths else ""
         y = top + 10 + 20 * i
         out.append(f'<line x1="{width - right + 12}" y1="{y}" x2="{width - right + 32}" y2="{y}" stroke="{colour}" stroke-width="2"/>'
                    f'<text x="{width - right + 38}" y="{y + 4}">{label}</text>')
