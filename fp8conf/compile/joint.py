@@ -23,6 +23,12 @@ using it returns. On CUDA, ``cudagraph=True``
 captures the compiled callable in a CUDA graph and replays it, parameters and buffers being
 static inputs.
 
+A compile runs as stages, each taking the one before's result and returning the next, so that
+what the graph is, is read once and handed on: :func:`plan_compile` (validation, the joint
+signature, the flat copy, the FP8 regions: a :class:`JointPlan`), :func:`partition_plan` (the cut:
+a :class:`JointPartition`), :func:`compile_units` or, for ``full``, :func:`compile_full` (each
+graph compiled: :class:`CompiledUnits`) and :func:`assemble` (the compiled step).
+
 The result is a :class:`CompiledJoint` called like the graph it was made from (a joint graph:
 ``fn(primals, tangents)``, so :func:`fp8conf.run_joint` runs it too; a GraphPP callable:
 ``fn(*args)``), with the names of the nodes Inductor now runs versus those left eager, so that
