@@ -117,7 +117,7 @@ def test_a_split_that_drops_the_grad_input_kept_in_place_is_bitwise_right_and_pl
 #: The VAL and BND rules that count FP8 compute or casts, and those that run what was dropped.
 _RULES = ("VAL-001", "VAL-004", "VAL-007", "BND-001", "BND-002", "BND-003", "BND-004", "BND-005", "BND-006", "BND-007")
 #: Models per property: enough to show a backend conforms; whether a rule bites is its mutants'.
-_EXAMPLES = 8
+_EXAMPLES = 5
 #: In the plan of the other backends (tests/suite_runs.py: other_backend_runs): one process.
 SHARED_RUNS = _RUNS = [
     Run("reference-eliminating-dead-code", "dead_compute_backends:ReferenceEliminatingDeadCode", _RULES, _EXAMPLES),

@@ -2,7 +2,8 @@
 that mutant breaks, while the reference passes the same properties.
 
 Each run is the suite's own pytest session with the ``fp8conf-mutants`` Hypothesis profile
-(derandomized, no shrinking) and a JSON report that is read back (``tests/suite_runs.py``).
+(derandomized, no shrinking) at ``POWER_EXAMPLES`` models per property, the reference's as each
+mutant's, and a JSON report that is read back (``tests/suite_runs.py``).
 The reference's whole-suite run, every selected mutant (each on the property it must break only)
 and the v2 mutants again without capability ``scaled_mm_v2`` are one plan, run one session after
 the other in one process when a test of this file first asks for a verdict: torch is paid for
@@ -18,7 +19,7 @@ import pytest
 
 from conformance.api.spec import PROPERTIES
 from mutants import POWER_KEY, area_of, backends, distributed, e8m0, families, graphpp, moe, mx_swizzled, numerics, nvfp4, own_modules, peers, power_table, regions, rewrites, scaled_mm_v2  # tests/ is on sys.path (tests/conftest.py)
-from suite_runs import Run, failing, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
+from suite_runs import POWER_EXAMPLES, Run, failing, reads_shared_run, run_suite, run_suites  # noqa: F401  (run_suite: other tests import it from here)
 from timings import SESSIONS
 
 MUTANTS = (
@@ -36,7 +37,7 @@ ALL_MUTANTS = MUTANTS + peers.MAKEFX_MUTANTS
 
 
 def _run(mutant) -> Run:
-    return Run(mutant.__name__, f"{mutant.__module__}:{mutant.__name__}", (mutant.KILLED_BY,))
+    return Run(mutant.__name__, f"{mutant.__module__}:{mutant.__name__}", (mutant.KILLED_BY,), POWER_EXAMPLES)
 
 
 def test_every_must_property_of_a_claimed_capability_has_a_mutant():
@@ -71,7 +72,7 @@ def verdicts(request, tmp_path_factory):
     selected = [item for item in request.session.items if item.module is request.module]
     names = {getattr(item, "originalname", item.name) for item in selected}
     mutants = {item.callspec.params["mutant"] for item in selected if getattr(item, "originalname", None) == "test_mutant_is_caught_by_its_property"}
-    runs = [Run("reference", "reference")] if names & set(_REFERENCE_TESTS) else []
+    runs = [Run("reference", "reference", examples=POWER_EXAMPLES)] if names & set(_REFERENCE_TESTS) else []
     runs += [_run(m) for m in ALL_MUTANTS if m in mutants]
     if _WITHOUT_V2_TEST in names and _has_v2():
         runs += [_run(m) for m in scaled_mm_v2.WITHOUT_V2]

@@ -12,14 +12,14 @@ import pytest
 
 from conformance.api.spec import PROPERTIES
 from mutants import own_modules, rewrites  # tests/ is on sys.path (tests/conftest.py)
-from suite_runs import OTHER_BACKENDS, Run, failing, reads_shared_run
+from suite_runs import OTHER_BACKENDS, POWER_EXAMPLES, Run, failing, reads_shared_run
 from timings import SESSIONS
 
 GROUP = OTHER_BACKENDS
 EXAMPLE_BACKEND = "trainer_backend:TrainerBackend"
-#: Models per property of its whole run: enough to show it conforms (whether each property bites
-#: is shown by the mutants built on it, run at 25 in tests/test_mutants.py).
-EXAMPLES = 10
+#: Models per property of its whole run: as many as the mutants built on it have in theirs
+#: (tests/test_mutants.py), so each is caught on models this backend passes.
+EXAMPLES = POWER_EXAMPLES
 
 
 #: Its whole run, in the plan of the other backends (tests/suite_runs.py: other_backend_runs).

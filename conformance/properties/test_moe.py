@@ -38,11 +38,12 @@ from conformance.moe import (
 )
 from conformance.plugin.gating import NOT_SUPPORTED
 from conformance.notes import note
-from conformance.strategies import experts_specs, grouped_fp8_runs, grouped_v2_runs, moe_specs
+from conformance.strategies import MOE_CORPUS_SIZE, experts_specs, grouped_fp8_runs, grouped_v2_runs, moe_specs
 
 # Tracing an MoE stack takes about a second on CPU: a few models per property, shared by all of
-# them under a derandomized profile (traces are cached per model).
-_budget = settings(max_examples=max(2, settings.default.max_examples // 6))
+# them under a derandomized profile (traces are cached per model). Never fewer than the shared
+# corpus holds: it is a finite space (each feature and both grouped APIs), taken whole.
+_budget = settings(max_examples=max(MOE_CORPUS_SIZE, settings.default.max_examples // 6))
 _TOLERANCE = 1e-2
 
 
