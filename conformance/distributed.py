@@ -31,7 +31,7 @@ import torch.fx
 
 from conformance.environment import GLOO_START_FAILED, EnvironmentProblem, gloo_fix, gloo_start_evidence
 from conformance.graphs import Fp8Ops, is_fp8_compute, is_fp8_dtype
-from conformance.rank_processes import start_ranks
+from fp8contract.rank_processes import start_ranks
 
 __all__ = [
     "WORLD_SIZE",
@@ -355,7 +355,7 @@ def _leave_rank() -> None:
 @functools.lru_cache(maxsize=8)
 def gloo_gradients(backend_class: type, cases: tuple[GlooCase, ...], world: int = WORLD_SIZE) -> tuple:
     """Per case and rank, ``("ok", {parameter FQN: relative error})`` or ``("error", message)``:
-    the backend's sharded step in ``world`` gloo processes (:func:`~conformance.rank_processes.start_ranks`, one CPU thread each) against
+    the backend's sharded step in ``world`` gloo processes (:func:`~fp8contract.rank_processes.start_ranks`, one CPU thread each) against
     the unsharded eager step. Run once per backend class and cases in a session.
 
     Raises :class:`~conformance.environment.EnvironmentProblem` when a rank's process group did

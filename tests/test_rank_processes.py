@@ -10,8 +10,8 @@ import os
 import pytest
 import torch.multiprocessing as mp
 
-from conformance import rank_processes
-from conformance.rank_processes import start_ranks
+from fp8contract import rank_processes
+from fp8contract.rank_processes import start_ranks
 
 # Rank functions: module-level, so that a rank can import them (tests/ is on sys.path).
 
