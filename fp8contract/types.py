@@ -216,7 +216,7 @@ class StageSplit:
     by ``forward`` or ``backward_input`` or given to ``run`` (BND-001).
 
     **The AOT convention** (``run`` None; the convention fields set), which the suite wires
-    itself (``conformance.stages``):
+    itself (``conformance.run.stages``):
 
     * ``forward(*primals) -> (*outputs, *saved)``: ``primals`` are the joint graph's placeholders
       that are not tangents, in order; the first ``num_outputs`` results are the stage outputs;

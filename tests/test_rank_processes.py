@@ -1,4 +1,4 @@
-"""Rank processes started from a fork server (conformance/rank_processes.py) get what a spawned
+"""Rank processes started from a fork server (fp8contract/rank_processes.py) get what a spawned
 rank gets: the launcher's environment at the launch, its sys.path, and an output that reaches
 the launcher's streams; a rank's error reaches the launcher as torch.multiprocessing raises it."""
 

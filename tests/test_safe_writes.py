@@ -28,7 +28,7 @@ import sys
 import pytest
 
 import fp8conf
-from conformance.models import build_model
+from conformance.draw.models import build_model
 from conformance.plugin import report_files
 from fingerprint_models import SPEC_A
 from fp8conf import QuantizationSignature

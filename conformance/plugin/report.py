@@ -16,9 +16,9 @@ import re
 from collections import Counter
 from typing import Any, Mapping
 
-from conformance import coverage
+from conformance.report import coverage
 from conformance.plugin.causes import FAILED, decide
-from conformance.plugin.gating import GPU_MARKERS, NOT_IN_SPEC, NOT_SUPPORTED
+from conformance.run.gating import GPU_MARKERS, NOT_IN_SPEC, NOT_SUPPORTED
 
 __all__ = [
     "ENDINGS",
@@ -46,7 +46,7 @@ __all__ = [
 #: is ``xpass`` only when none of its expected failures still fails. ``not_run``: a test the run
 #: selected and ended before (cut off, or never started); it outranks every status that could
 #: read as a verdict on the property. ``environment_error``: the machine, not the backend, stopped
-#: the test (its gloo ranks could not connect; :class:`conformance.environment.EnvironmentProblem`):
+#: the test (its gloo ranks could not connect; :class:`conformance.run.environment.EnvironmentProblem`):
 #: no verdict either, printed ``error (environment)`` and counted apart from the backend's
 #: failures, never in the MUST score.
 STATUSES = ("fail", "error", "environment_error", "not_run", "xfail", "xpass", "pass", "not_supported", "skipped")
@@ -101,7 +101,7 @@ class TestRecord:
     #: ``(family, kind, module class, recipe, built by)`` of the quantized modules its models had.
     built: tuple[tuple[str, ...], ...] = ()
     #: Example key -> ``"pass"``, or for a failing example what the failure named:
-    #: ``{"modules", "nodes", "seen", "size", "code"}`` (``conformance.evidence``).
+    #: ``{"modules", "nodes", "seen", "size", "code"}`` (``conformance.observe.evidence``).
     example_outcomes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -418,7 +418,7 @@ def build_report(
         "untested": [pid for pid in properties if pid not in rows],
         "models": _failing_models(records, rows),
         "built_with": built_with(records),
-        # Row (module family) -> the areas whose properties built it (conformance.coverage).
+        # Row (module family) -> the areas whose properties built it (conformance.report.coverage).
         "coverage": seen,
         # Row -> area -> the cell's state for this backend: drawn, not supported, structure only, N/A.
         "coverage_cells": coverage.cells(seen, backend.get("capabilities", ()), rows),
