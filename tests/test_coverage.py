@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import conformance
 from conformance.report import coverage
 from conformance.api.spec import PROPERTIES
 from conformance.draw.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, base_recipe, kind_of
 from conformance.draw.moe import GROUPED_KIND
 from conformance.draw.strategies import FLOAT8_RECIPES
 
-SPEC = Path(coverage.__file__).resolve().parent / "SPEC.md"
+SPEC = Path(conformance.__file__).resolve().parent / "SPEC.md"
 NVFP4 = ("stacks", "nvfp4_linear", "X", "nvfp4", "convert_nvfp4")
 
 

@@ -4,6 +4,11 @@ Outside ``conformance/backends/`` (the adapters, which may wrap any implementati
 ``conformance`` imports fp8conf, not even lazily inside a function; and the contract,
 ``conformance.api``, re-exported by ``conformance``, imports neither torch nor fp8conf nor the
 test machinery, so a backend author can import it anywhere.
+
+The other way round, fp8conf imports nothing of the suite: what both need (the contract's errors,
+types and spec, and two standard-library helpers) is fp8contract, a leaf both import. The suite's
+folders follow its pipeline (draw, run, observe, judge, report), with few loose modules left at
+its top, no cycles between its stages, and its plugin imported by nobody else.
 """
 
 from __future__ import annotations
