@@ -235,9 +235,22 @@ def _child_main(args) -> None:
         row = child(args)
     except Exception as exc:  # torch's paths may refuse the FP8 modules: the row says how
         traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [""])[0]
-        row = {"error": f"{type(exc).__name__}: {first}"[:300]}
+        row = {"error": describe_error(exc)}
     print(json.dumps(row), flush=True)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``exc``'s type and first line, and where it wraps another (torch's ``BackendCompilerFailed``
+    says only "backend='inductor' raised:", holding the error as ``inner_exception``), the
+    innermost one's type and first line too."""
+    def first_line(e: BaseException) -> str:
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+    cause = exc
+    while (getattr(cause, "inner_exception", None) or cause.__cause__) not in (None, cause):
+        cause = getattr(cause, "inner_exception", None) or cause.__cause__
+    text = first_line(exc) if cause is exc else f"{first_line(exc)} {first_line(cause)}"
+    return text[:300]
 
 
 def fitted_exponent(points) -> float | None:
@@ -337,7 +350,8 @@ def plot_svg(rows, title: str) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default=None, help="cuda when available, else cpu")
+    parser.add_argument("--device", default=None, help="cuda when available, else cpu; with --from-jsonl, the device whose rows "
+                        "are drawn (the plot of cpu rows is bench_depth.svg, of another device's bench_depth-DEVICE.svg)")
     parser.add_argument("--blocks", type=int, nargs="+", default=[2, 8, 32, 64])
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument("--recipes", nargs="+", default=["tensorwise", "rowwise"])
@@ -360,7 +374,8 @@ def main():
         return _child_main(args)
     jsonl = Path(args.jsonl or (args.from_jsonl[0] if args.from_jsonl else JSONL))
     if args.from_jsonl:
-        rows = results.read_jsonl(args.from_jsonl)
+        # One device's rows: a CPU row and a GPU row of one path are other models on other machines.
+        rows = [row for row in results.read_jsonl(args.from_jsonl) if row.get("device", "cpu") == args.device]
     else:
         import torch
         import torchao
@@ -380,7 +395,7 @@ def main():
                   f"{first.get('tokens')} tokens; each row a fresh process with an empty Inductor cache; {first.get('date', '')}")
     text = table(rows)
     print(conditions + "\n\n" + text)
-    svg = jsonl.with_suffix(".svg")
+    svg = jsonl.with_suffix(".svg") if args.device == "cpu" else jsonl.with_name(f"{jsonl.stem}-{args.device}.svg")
     svg.write_text(plot_svg(rows, f"First step against depth: {first.get('environment', '')}"))
     print(f"plot: {svg}")
     if args.write:

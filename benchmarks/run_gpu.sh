@@ -86,7 +86,7 @@ conformance() {
 moe() {
     # FP8 grouped experts (MOE) with the models on CUDA: MOE-006/007 then run real FP8 experts and
     # MOE-008 compiles them; MOE-008's mutant and MOE-006's second-API one must fail them; then the
-    # MoE benchmark (RESULTS.md).
+    # MoE benchmark.
     python3 -m pytest -p conformance.plugin -p no:cacheprovider -q -W ignore \
         --fp8-backend=conformance.backends.reference:ReferenceBackend --fp8-device=cuda --hypothesis-profile=fp8conf-ci \
         --fp8-report="$OUT/moe-cuda.json" conformance/properties/test_moe.py 2>&1 | tee "$OUT/moe-cuda.log" | tail -n 15
@@ -114,7 +114,7 @@ sharded() {
 }
 
 goals_start() {
-    # The goal rows of RESULTS.md's goal table that are about starting: cold start at 2 and 32 blocks
+    # The goal rows about starting (docs/performance.md, benchmarks/goal_rows.jsonl): cold start at 2 and 32 blocks
     # and the first step at the debug shape (each row a fresh process with empty caches), then the
     # warm start from a regional artifact against a cold regional compile.
     python3 benchmarks/bench_compile.py --depth 2 32 --depth-variants "fp8conf regional" "torch.compile" --depth-repeats 1 \

@@ -65,3 +65,38 @@ def test_a_run_s_cells_are_read_off_the_run():
     # Not drawn anywhere, the family's structure-only cell is what the matrix says: N/A.
     assert coverage.cells({}, ["nvfp4"], {})["NVFP4"]["NUM"] == coverage.EXPECTED["NVFP4"]["NUM"]
     assert list(cells) == list(coverage.EXPECTED) and all(list(c) == list(coverage.AREAS) for c in cells.values())
+
+
+def test_a_recipe_the_backend_does_not_declare_is_not_supported_not_missing():
+    # A trainer whose own float8 linears are rowwise only, with MX but no swizzled MX: the rows of
+    # the recipes it lacks say so in every area that would draw them, not "not drawn".
+    seen = coverage.observed([(("PROV-001",), [("float8", "float8_linear", "layers.0", "rowwise", "backend")])])
+    recipes = {"float8_recipes": ["rowwise"], "mx_recipes": ["mxfp8", "mxfp8_emulated"]}
+    cells = coverage.cells(seen, ["provenance", "regions", "mx", "float8_modules"], {}, recipes)
+    assert cells["float8 rowwise"]["PROV"] == "drawn" and cells["float8 rowwise"]["REG"].startswith("not drawn")
+    for row, field in (("float8 tensorwise", "float8_recipes"), ("float8 rowwise_with_gw_hp", "float8_recipes"),
+                       ("MX swizzled on F.scaled_mm", "mx_recipes")):
+        recipe = coverage.ROW_RECIPES[row][1]
+        assert cells[row]["PROV"] == f"not supported: recipe {recipe} not in the backend's {field}", (row, cells[row])
+        assert all(c.startswith(("not supported: recipe", "N/A")) for c in cells[row].values()), (row, cells[row])
+    assert cells["MX"]["REG"].startswith("not drawn")
+    # Without the lists (an older report) nothing changes.
+    assert coverage.cells(seen, ["provenance"], {})["float8 tensorwise"]["PROV"].startswith("not drawn")
+
+
+def test_a_family_the_device_cannot_run_is_structure_only_where_it_was_left_out():
+    # A torch with no CPU kernel for F.scaled_mm: NUM-001 and BND-001 left the v2 linears out and
+    # said why; PROV built them. The NUM and BND cells say structure only with that reason, not
+    # "not drawn"; an area that neither built nor left them out stays not drawn.
+    reason = "float8_scaled_mm_linear layers are not drawn by the properties that run graphs: this torch has no cpu kernel"
+    v2 = ("float8 on F.scaled_mm", "float8_scaled_mm_linear", "Linear", "tensorwise", "backend")
+    seen = coverage.observed([(("PROV-001",), [v2])])
+    left = coverage.left_out([(("NUM-001",), [("float8_scaled_mm_linear", reason)]), (("BND-001",), [("float8_scaled_mm_linear", reason)]),
+                              (("PROV-001",), [])])
+    cells = coverage.cells(seen, ["provenance", "compile.full", "graphpp", "scaled_mm_v2"], {}, None, left)["float8 on F.scaled_mm"]
+    assert cells["PROV"] == "drawn"
+    assert cells["NUM"] == cells["BND"] == f"structure only: {reason}"
+    assert cells["REG"].startswith("not drawn")
+    # Left out by one property but built by another of the area: drawn.
+    seen = coverage.observed([(("PROV-001",), [v2]), (("NUM-002",), [v2])])
+    assert coverage.cells(seen, ["provenance", "scaled_mm_v2"], {}, None, left)["float8 on F.scaled_mm"]["NUM"] == "drawn"

@@ -1,7 +1,9 @@
-"""What the README and the packaging metadata state about the project agrees with the code.
+"""What the README, the adopting guide and the packaging metadata state about the project agrees
+with the code.
 
-The README's adapter examples are what a backend author copies; a signature that drifts from
-:class:`conformance.Backend` sends them to write a method the suite calls differently.
+The adapter examples of the README and of ``docs/adopting.md`` are what a backend author copies;
+a signature that drifts from :class:`conformance.Backend` sends them to write a method the suite
+calls differently.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,13 +19,18 @@ import pytest
 import conformance
 
 ROOT = Path(__file__).resolve().parent.parent
-_CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+_CODE_BLOCK = re.compile(r"```python\n(.*?)^ *```", re.DOTALL | re.MULTILINE)
 
 
-def _adapter_methods() -> list[tuple[str, ast.FunctionDef]]:
-    """Every method of a ``conformance.Backend`` subclass in the README's Python examples."""
+#: The pages whose Python examples hold adapters.
+_ADAPTER_PAGES = ("README.md", "docs/adopting.md")
+
+
+def _adapter_methods(page: str) -> list[tuple[str, ast.FunctionDef]]:
+    """Every method of a ``conformance.Backend`` subclass in ``page``'s Python examples."""
     found = []
-    for block in _CODE_BLOCK.findall((ROOT / "README.md").read_text(encoding="utf-8")):
+    for block in _CODE_BLOCK.findall((ROOT / page).read_text(encoding="utf-8")):
+        block = textwrap.dedent(block)  # a block under a list item is indented
         if "conformance.Backend)" not in block:
             continue
         for node in ast.walk(ast.parse(block)):
@@ -48,15 +56,16 @@ def _of_contract(method) -> list[tuple[str, str, str | None]]:
     return shape
 
 
-def test_the_readme_adapter_methods_take_the_contracts_parameters():
-    methods = _adapter_methods()
+@pytest.mark.parametrize("page", _ADAPTER_PAGES)
+def test_the_documented_adapter_methods_take_the_contracts_parameters(page):
+    methods = _adapter_methods(page)
     assert {"run_joint", "trace_joint", "validate"} <= {func.name for _, func in methods}, methods
     for cls, func in methods:
         contract = getattr(conformance.Backend, func.name, None)
         if contract is None:
             continue  # a helper of the example's own
         assert _of_example(func) == _of_contract(contract), (
-            f"README {cls}.{func.name}({ast.unparse(func.args)}) differs from "
+            f"{page} {cls}.{func.name}({ast.unparse(func.args)}) differs from "
             f"conformance.Backend.{func.name}{inspect.signature(contract)}"
         )
 

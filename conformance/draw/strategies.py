@@ -67,7 +67,7 @@ from conformance.draw.models import ACTIVATIONS, MX_RECIPES, NVFP4_RECIPES, PARE
 
 __all__ = [
     "FLOAT8_RECIPES", "FLOAT8_KIND", "MX_KIND", "SCALED_MM_KIND", "NVFP4_KIND", "MX_SWIZZLED_KIND", "ALL_KINDS", "FLOAT8_AND_MX", "CORPUS_SIZE",
-    "Constraints", "served", "served_spec", "float8_left_out", "float8_recipes", "float8_emulation", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_left_out", "smallest_of_each_kind", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "grouped_v2_runs",
+    "Constraints", "served", "served_spec", "float8_left_out", "float8_recipes", "float8_emulation", "corpus", "layer_specs", "model_specs", "runnable_recipes", "runnable_kinds", "kinds_not_runnable", "kinds_left_out", "smallest_of_each_kind", "supported_kinds", "moe_specs", "experts_specs", "grouped_fp8_runs", "grouped_v2_runs",
     "sharded_specs",
 ]
 
@@ -173,9 +173,15 @@ def _swizzled_mx_matmul(device: str):
     return F.scaled_mm(a, a.t(), scales, block, scales, block, swizzle_a=swizzle, swizzle_b=swizzle, output_dtype=torch.bfloat16)
 
 
+def kinds_not_runnable(device: str = "cpu") -> tuple[str, ...]:
+    """The kinds the suite draws whose matmuls this torch cannot run on ``device``."""
+    runnable = runnable_kinds(device)
+    return tuple(k for k in ALL_KINDS if k not in runnable)
+
+
 def kinds_left_out(device: str = "cpu") -> str | None:
     """A note for a report row when a kind the suite draws cannot run here, else None."""
-    missing = [k for k in ALL_KINDS if k not in runnable_kinds(device)]
+    missing = kinds_not_runnable(device)
     if not missing:
         return None
     return (f"{', '.join(missing)} layers are not drawn by the properties that run graphs: this torch has no {device} "

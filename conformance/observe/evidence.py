@@ -19,7 +19,7 @@ import re
 from typing import Any, Iterable
 
 __all__ = [
-    "built", "drawn", "drawn_model", "example_key", "take_built", "is_named", "named_modules", "named_nodes", "record_failure",
+    "built", "drawn", "drawn_model", "example_key", "left_out", "take_built", "take_left_out", "is_named", "named_modules", "named_nodes", "record_failure",
     "start_example", "take_failure",
 ]
 
@@ -33,6 +33,8 @@ _PENDING: list[dict[str, Any]] = []
 _DRAWN: list[Any] = []
 #: What the models of the test running now were built with, as :func:`built` noted it.
 _BUILT: dict[tuple[str, ...], None] = {}
+#: ``(kind, reason)`` of the kinds the test running now left out of its models, as :func:`left_out` noted.
+_LEFT_OUT: dict[tuple[str, str], None] = {}
 
 
 def start_example() -> None:
@@ -58,6 +60,22 @@ def take_built() -> list[tuple[str, ...]]:
     """The entries :func:`built` noted since the last call, cleared."""
     found = list(_BUILT)
     _BUILT.clear()
+    return found
+
+
+def left_out(kinds: Iterable[str], reason: str) -> None:
+    """Note that the test running now draws no layer of ``kinds`` (``conformance.strategies``'
+    drawing kinds) for ``reason``: the device cannot run their matmuls. The report's coverage
+    matrix shows such a family's cell in the test's area as checked for structure only, with
+    ``reason``, where no property of the area built it."""
+    for kind in kinds:
+        _LEFT_OUT.setdefault((kind, reason), None)
+
+
+def take_left_out() -> list[tuple[str, str]]:
+    """The entries :func:`left_out` noted since the last call, cleared."""
+    found = list(_LEFT_OUT)
+    _LEFT_OUT.clear()
     return found
 
 

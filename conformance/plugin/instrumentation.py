@@ -31,6 +31,7 @@ from conformance.run.environment import EnvironmentProblem
 from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS, DEFAULT_SHRINKS
 from conformance.plugin.report import (
     BUILT_KEY,
+    LEFT_OUT_KEY,
     DEVICE_KEY,
     EXAMPLE_OUTCOMES_KEY,
     ENVIRONMENT_KEY,
@@ -273,6 +274,7 @@ def annotate_report(
             extra.append((EXAMPLE_OUTCOMES_KEY, _carried_outcomes(item)))
         extra.extend((NOTE_KEY, text) for text in notes.take())
         extra.extend((BUILT_KEY, list(entry)) for entry in evidence.take_built())
+        extra.extend((LEFT_OUT_KEY, list(entry)) for entry in evidence.take_left_out())
         info = device_info() if send_device else None
         if info is not None:
             device_sent = True

@@ -78,6 +78,8 @@ EXPECTATION_KEY = "fp8_expectation"
 DEVICE_KEY = "fp8_device"
 NOTE_KEY = "fp8_note"
 BUILT_KEY = "fp8_built"
+#: ``[kind, reason]``: a kind the test left out of its models (``conformance.observe.evidence.left_out``).
+LEFT_OUT_KEY = "fp8_left_out"
 #: What stopped a test that the machine, not the backend, failed (``environment_error``).
 ENVIRONMENT_KEY = "fp8_environment"
 #: Added by the controller to xdist's report of a test whose worker was interrupted: the test
@@ -100,6 +102,8 @@ class TestRecord:
     notes: tuple[str, ...] = ()
     #: ``(family, kind, module class, recipe, built by)`` of the quantized modules its models had.
     built: tuple[tuple[str, ...], ...] = ()
+    #: ``(kind, reason)`` of the kinds its models left out: the device cannot run them.
+    left_out: tuple[tuple[str, str], ...] = ()
     #: Example key -> ``"pass"``, or for a failing example what the failure named:
     #: ``{"modules", "nodes", "seen", "size", "code"}`` (``conformance.observe.evidence``).
     example_outcomes: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -191,6 +195,8 @@ def record_outcome(records: dict[str, TestRecord], report: Any) -> dict[str, Any
             record.notes += (value,)
         elif key == BUILT_KEY and tuple(value) not in record.built:
             record.built += (tuple(value),)
+        elif key == LEFT_OUT_KEY and tuple(value) not in record.left_out:
+            record.left_out += (tuple(value),)
         elif key == DEVICE_KEY and device is None:
             device = dict(value)
         elif key == ENVIRONMENT_KEY:
@@ -404,6 +410,7 @@ def build_report(
     summary["root_causes"] = verdict.root_causes()
     summary["defects"] = [defect.as_json() for defect in verdict.defects]
     seen = coverage.observed((record.property_ids, record.built) for record in records.values())
+    left = coverage.left_out((record.property_ids, record.left_out) for record in records.values())
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "run": _run_field(run, not_run, records, properties),
@@ -420,8 +427,10 @@ def build_report(
         "built_with": built_with(records),
         # Row (module family) -> the areas whose properties built it (conformance.report.coverage).
         "coverage": seen,
+        # Row -> area -> why the area's properties drew none of the row: the device cannot run it.
+        "coverage_left_out": left,
         # Row -> area -> the cell's state for this backend: drawn, not supported, structure only, N/A.
-        "coverage_cells": coverage.cells(seen, backend.get("capabilities", ()), rows),
+        "coverage_cells": coverage.cells(seen, backend.get("capabilities", ()), rows, backend, left),
     }
 
 

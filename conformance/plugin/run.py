@@ -24,6 +24,7 @@ from conformance.run import watchdog
 from conformance.api import PROPERTIES, SPEC_VERSION, Backend
 from conformance.plugin import crashes, ending, instrumentation, probes, progress, quiet, render, usage
 from conformance.run import gating
+from conformance.api.types import FLOAT8_RECIPES
 from conformance.plugin import report as report_model
 from conformance.plugin.report import (
     ENVIRONMENT_ERROR, ENVIRONMENT_KEY, EXPECTATION_KEY, PROPERTY_KEY, RunEnding, TestRecord,
@@ -331,6 +332,16 @@ class ConformanceRun:
             written = self.report_path if self._report_written else None
             render.print_summary(terminalreporter, self.build_report(), written)
 
+    def _drawn_recipes(self) -> dict[str, list[str] | None]:
+        """The recipes the suite draws for the backend: its own float8 linears' (``float8_modules``;
+        TorchAO's are all of them) and its MX linears' (None: it claims no ``mx``)."""
+        capabilities = self.backend.capabilities
+        own = "float8_modules" in capabilities
+        return {
+            "float8_recipes": sorted(self.backend.float8_recipes) if own else list(FLOAT8_RECIPES),
+            "mx_recipes": sorted(self.backend.mx_recipes) if "mx" in capabilities else None,
+        }
+
     def build_report(self) -> dict[str, Any]:
         """The report as plain JSON-ready data; see ``--fp8-report`` and the README."""
         return report_model.build_report(
@@ -346,6 +357,7 @@ class ConformanceRun:
                 "spec_version": getattr(self.backend, "spec_version", SPEC_VERSION),
                 "capabilities": sorted(self.backend.capabilities),
                 "provenance_has_recipe": bool(getattr(self.backend, "provenance_has_recipe", True)),
+                **self._drawn_recipes(),
             },
             environment=instrumentation.environment(self.device),
             options={

@@ -12,10 +12,9 @@ from conformance.observe.dispatch import BlockScaledCalls, always_generated, dis
 from conformance.draw.families import LLAMA_ATTENTION
 from conformance.draw.family_examples import family_examples
 from conformance.observe.graphs import is_fp8_cast, live_nodes, tagged_groups
-from conformance.run.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, traced
-from conformance.report.notes import note
+from conformance.run.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, note_kinds_left_out, traced
 from conformance.run.gating import NOT_SUPPORTED
-from conformance.draw.strategies import FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, kinds_left_out, model_specs, runnable_kinds, runnable_recipes
+from conformance.draw.strategies import FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, model_specs, runnable_kinds, runnable_recipes
 from conformance.api.types import Compiled
 
 runnable = runnable_recipes()
@@ -47,14 +46,8 @@ def _compare(property_id, spec, label, expected, seen):
         check(error <= _TOLERANCE, property_id, f"{label}: {name} differs from eager by {error:.3g} in relative norm (tolerance {_TOLERANCE})", spec)
 
 
-def _note_kinds_left_out(backend) -> None:
-    left_out = kinds_left_out()
-    if left_out and "scaled_mm_v2" in backend.capabilities:
-        note(left_out)
-
-
 def _check_matches_eager(property_id, backend, spec, mode):
-    _note_kinds_left_out(backend)
+    note_kinds_left_out(backend)
     case = traced(property_id, backend, spec)
     compiled = call_backend(property_id, backend, "compile", case.gm, mode=mode, expect=Compiled)
     # Only the compiled callable's own calls are counted, not what the runner does around it.

@@ -159,17 +159,51 @@ LAYOUT_CASES = tuple(
 )
 
 
+def _enumerated_case(index: int, out_dtype: str, a_layout: str, b_layout: str) -> E8M0Case:
+    """One member of the finite space of E8M0-001's dtypes and layouts: ``out_dtype`` x
+    ``a_layout`` x ``b_layout``, the element styles taken in turn (each style on each side three
+    times over the twelve), scale bytes spread over a few binades and fitted to the output's range."""
+    m, n, blocks = 32, 16, 2
+    a_bytes = tuple(118 + (7 * i) % 17 for i in range(m * blocks))
+    b_bytes = tuple(121 + (5 * i) % 13 for i in range(n * blocks))
+    a_bytes, b_bytes = fit_scale_bytes(a_bytes, b_bytes, m, n, BLOCK * blocks, out_dtype, [index % 2 == 0] * blocks)
+    return E8M0Case(m=m, n=n, k=BLOCK * blocks, out_dtype=out_dtype, a_bytes=a_bytes, b_bytes=b_bytes,
+                    a_style=ELEMENT_STYLES[index % len(ELEMENT_STYLES)], b_style=ELEMENT_STYLES[(index + 1) % len(ELEMENT_STYLES)],
+                    seed=index, a_layout=a_layout, b_layout=b_layout)
+
+
+#: Every output dtype with every storage of ``a`` and ``b`` (a finite space: enumerated, not drawn).
+ENUMERATED_CASES = tuple(
+    _enumerated_case(i, out_dtype, a_layout, b_layout)
+    for i, (out_dtype, a_layout, b_layout) in enumerate(
+        (d, a, b) for d in OUT_DTYPES for a in A_LAYOUTS for b in B_LAYOUTS
+    )
+)
+
+
+def _with_examples(cases):
+    """Hypothesis's ``@example`` for each of ``cases``: run before anything is drawn."""
+    def decorate(test):
+        for case in reversed(cases):
+            test = example(case=case)(test)
+        return test
+    return decorate
+
+
 @pytest.mark.fp8_property("E8M0-001")
 @given(case=e8m0_cases())
 @example(case=LAYOUT_CASES[0])
 @example(case=LAYOUT_CASES[1])
+@_with_examples(ENUMERATED_CASES)
 def test_E8M0_001_equals_blockwise_dequantize_then_matmul(fp8_backend, case):
     """Cheapest defect: a scale bias off by one (``2**(s - 126)``), or blocks taken along the wrong
     dimension; an elementwise check on scales near 127 with small operands hides neither. The
     suite decodes every byte itself in float64, draws scale bytes 0, 1, 127 and 254 and
     elements near saturation, and compares every output within one rounding. Operands come in
     the layouts a linear layer passes (``b`` a transposed weight, ``a`` non-contiguous, forced
-    first), so a kernel that reads storage as row-major whatever the strides fails."""
+    first), so a kernel that reads storage as row-major whatever the strides fails. The output
+    dtypes and layouts are a finite space: every dtype with every storage of ``a`` and ``b`` runs
+    first (:data:`ENUMERATED_CASES`), so a kernel wrong for one of them is asked about."""
     out = _run("E8M0-001", fp8_backend, case)
     _check_against_reference("E8M0-001", fp8_backend, case, out)
 

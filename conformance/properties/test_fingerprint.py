@@ -60,6 +60,7 @@ from conformance.draw.moe import MoESpec, experts_family
 from conformance.report.notes import note
 from conformance.run.gating import NOT_SUPPORTED
 from conformance.draw.strategies import FLOAT8_RECIPES, model_specs, served_spec
+from conformance.draw.versions import current_version, other_version
 
 
 def _fingerprint(property_id, backend, variant: Variant, model=None) -> tuple[str, str]:
@@ -281,6 +282,34 @@ def test_FPR_001_every_recipe_change_and_emulate_flip_changes_the_fingerprint(fp
     check(not missed, "FPR-001",
           f"on a one-layer model (layers.0), these changes left the fingerprint unchanged: {', '.join(missed)}; the fingerprint "
           "must cover each quantized module's recipe and emulation")
+
+
+#: How a version change is made (``conformance.draw.versions.other_version``): a post-release or a local label.
+VERSION_CHANGES = ("post", "local")
+
+
+@pytest.mark.fp8_property("FPR-001")
+def test_FPR_001_every_version_change_changes_the_fingerprint(fp8_backend):
+    """Cheapest defect: a fingerprint that reads a version only up to its public release
+    (``2.13.0`` of ``2.13.0+cpu.other``) or only from ``__version__``, asked about only when a
+    draw picks that package and that kind of change. The versions are a finite space: torch's
+    and torchao's, each changed as a post-release and as a local label (``__version__`` and
+    package metadata alike), on a one-layer model; every change must change the fingerprint,
+    every one missed named at once."""
+    recipe = strategies.float8_recipes()[0]
+    base = Variant(ModelSpec(32, (LayerSpec(32, recipe, emulate=False, activation="none"),)))
+    before, _ = _fingerprint("FPR-001", fp8_backend, base)
+    missed = []
+    for name in ("torch", "torchao"):
+        for how in VERSION_CHANGES:
+            version = other_version(current_version(name), how)
+            after, _ = _fingerprint("FPR-001", fp8_backend, dataclasses.replace(base, versions=((name, version),)))
+            if after == before:
+                missed.append(f"{name} {current_version(name)!r} -> {version!r}")
+    note(f"enumerated {2 * len(VERSION_CHANGES)} version changes (torch, torchao; {', '.join(VERSION_CHANGES)})")
+    check(not missed, "FPR-001",
+          f"on a one-layer {recipe} model, these version changes (__version__ and package metadata) left the fingerprint "
+          f"unchanged: {', '.join(missed)}; the fingerprint must cover the torch and torchao versions in full")
 
 
 def _layer_recipes(backend) -> tuple[str, ...]:

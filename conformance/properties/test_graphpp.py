@@ -22,11 +22,10 @@ from conformance.judge.dead_compute import dead_fp8_compute, keepable_dead_compu
 from conformance.observe.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, output_dependencies, tagged_groups
 from conformance.api.errors import SplitFailure, ValidationFailure
 from conformance.run.harness import (
-    call_backend, check, fail, fp8_ops, fresh_args, fresh_copy, grad_outputs, strict_error, traced, traced_after_cse,
+    call_backend, check, fail, fp8_ops, fresh_args, fresh_copy, grad_outputs, note_kinds_left_out, strict_error, traced, traced_after_cse,
 )
 from conformance.run.stages import split_step
-from conformance.report.notes import note
-from conformance.draw.strategies import ALL_KINDS, kinds_left_out, model_specs, runnable_kinds, runnable_recipes
+from conformance.draw.strategies import ALL_KINDS, model_specs, runnable_kinds, runnable_recipes
 from conformance.api.types import StageSplit
 
 #: Float8 and, for a backend that claims ``mx``, MX stages (about half the models then hold MX layers).
@@ -116,8 +115,7 @@ def test_BND_001_forward_then_dI_then_dW_reproduce_the_joint_step_bitwise(fp8_ba
     shape swapped still "run"). The suite wires the callables itself by the ``StageSplit``
     convention and compares every output and gradient bitwise with the unsplit graph, as
     traced and after CSE."""
-    if kinds_left_out() and "scaled_mm_v2" in fp8_backend.capabilities:
-        note(kinds_left_out())
+    note_kinds_left_out(fp8_backend)
     case = traced("BND-001", fp8_backend, spec)
     args, grads = fresh_args(spec, 0), grad_outputs(spec, 100)
     expected = call_backend("BND-001", fp8_backend, "run_joint", case.gm, case.model, args, grads)

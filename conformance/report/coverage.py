@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 __all__ = [
-    "AREAS", "DRAWN", "EXPECTED", "FAMILY_CAPABILITIES", "NOT_APPLICABLE", "NOT_DRAWN", "NOT_SUPPORTED", "ROWS",
-    "STRUCTURE_ONLY", "area_of", "cells", "observed", "row_of", "spec_table",
+    "AREAS", "DRAWN", "EXPECTED", "FAMILY_CAPABILITIES", "NOT_APPLICABLE", "NOT_DRAWN", "NOT_SUPPORTED", "KIND_ROWS", "ROWS", "ROW_RECIPES",
+    "STRUCTURE_ONLY", "area_of", "cells", "left_out", "observed", "row_of", "spec_table",
 ]
 
 #: The areas of the spec, in SPEC's order.
@@ -106,6 +106,28 @@ def row_of(family: str, kind: str, recipe: str) -> str | None:
     return None
 
 
+#: The matrix rows of a drawing kind (``conformance.strategies``' kinds).
+KIND_ROWS = {
+    "float8_linear": ("float8 tensorwise", "float8 rowwise", "float8 rowwise_with_gw_hp"),
+    "float8_scaled_mm_linear": ("float8 on F.scaled_mm",),
+    "mxfp8_linear": ("MX",),
+    "mxfp8_swizzled": ("MX swizzled on F.scaled_mm",),
+    "nvfp4_linear": ("NVFP4",),
+}
+
+
+def left_out(left_by_property: Iterable[tuple[Iterable[str], Iterable[tuple[str, str]]]]) -> dict[str, dict[str, str]]:
+    """Row -> area -> why that area's properties drew none of the row's modules, from
+    ``(property IDs, (kind, reason) entries)`` pairs (``conformance.observe.evidence.left_out``)."""
+    found: dict[str, dict[str, str]] = {}
+    for property_ids, entries in left_by_property:
+        for kind, reason in entries:
+            for row in KIND_ROWS.get(kind, (kind,)):
+                for property_id in property_ids:
+                    found.setdefault(row, {}).setdefault(area_of(property_id), reason)
+    return found
+
+
 def area_of(property_id: str) -> str:
     """The area of a property: its ID before the number (``BND-003`` -> ``BND``)."""
     return property_id.rsplit("-", 1)[0]
@@ -123,16 +145,33 @@ def observed(built_by_property: Iterable[tuple[Iterable[str], Iterable[tuple[str
     return {row: [a for a in AREAS if a in areas] + sorted(areas - set(AREAS)) for row, areas in sorted(found.items())}
 
 
+#: The recipe a row's modules have, by the backend's list that declares it (``Backend.float8_recipes``
+#: for its own float8 linears, ``Backend.mx_recipes``): a backend that lacks it is shown none.
+ROW_RECIPES = {
+    **{f"float8 {recipe}": ("float8_recipes", recipe) for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp")},
+    "MX": ("mx_recipes", "mxfp8"),
+    "MX swizzled on F.scaled_mm": ("mx_recipes", "mxfp8_swizzled"),
+}
+
+
 def cells(
-    seen: Mapping[str, Iterable[str]], capabilities: Iterable[str], rows: Mapping[str, Mapping[str, Any]]
+    seen: Mapping[str, Iterable[str]], capabilities: Iterable[str], rows: Mapping[str, Mapping[str, Any]],
+    recipes: Mapping[str, Iterable[str]] | None = None, left: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, dict[str, str]]:
     """Row -> area -> the cell's state in a run, for the backend under test: ``drawn``, or one of
     the other states with its reason (``not supported: capability nvfp4 not claimed``), from
     what the run observed:
-    ``seen`` (:func:`observed`), the capabilities the backend claims and the report's property
-    rows (their ``status`` and ``capability``). A drawn cell is drawn whatever :data:`EXPECTED`
-    says; a row the matrix does not know is drawn where it was built and not drawn elsewhere."""
+    ``seen`` (:func:`observed`), the capabilities the backend claims, the report's property
+    rows (their ``status`` and ``capability``) and the recipes the suite drew for it
+    (``{"float8_recipes": [...], "mx_recipes": [...]}``, as the report's ``backend`` has them; a
+    list left out: every recipe). A drawn cell is drawn whatever :data:`EXPECTED` says; a row the
+    matrix does not know is drawn where it was built and not drawn elsewhere. ``left``
+    (:func:`left_out`): a cell its area's properties left out because the device cannot run the
+    family, and no property of the area built, is structure only, saying why."""
     claimed = set(capabilities)
+    lacking = {row: f"{NOT_SUPPORTED}: recipe {recipe} not in the backend's {field}"
+               for row, (field, recipe) in ROW_RECIPES.items()
+               if recipes is not None and recipes.get(field) is not None and recipe not in set(recipes[field])}
     unsupported: dict[str, set[str]] = {}
     judged: set[str] = set()
     for property_id, row in rows.items():
@@ -144,14 +183,18 @@ def cells(
     # An area is not supported when every property of it that the run holds was.
     area_unsupported = {area: sorted(caps) for area, caps in unsupported.items() if area not in judged}
     return {
-        row: {area: _state(row, area, set(seen.get(row, ())), claimed, area_unsupported.get(area, [])) for area in AREAS}
+        row: {area: _state(row, area, set(seen.get(row, ())), claimed, area_unsupported.get(area, []), lacking.get(row),
+                           (left or {}).get(row, {}).get(area))
+              for area in AREAS}
         for row in list(EXPECTED) + [r for r in seen if r not in EXPECTED]
     }
 
 
-def _state(row: str, area: str, drawn: set[str], claimed: set[str], area_unsupported: list[str]) -> str:
+def _state(row: str, area: str, drawn: set[str], claimed: set[str], area_unsupported: list[str], lacking: str | None,
+           left_out_because: str | None = None) -> str:
     """One cell of :func:`cells`: ``area_unsupported``, the capabilities of the area's properties
-    where all of them were ``not_supported`` in the run."""
+    where all of them were ``not_supported`` in the run; ``lacking``, the state of a row whose
+    recipe the backend does not declare."""
     if area in drawn:
         return DRAWN
     expected = EXPECTED.get(row, {}).get(area, DRAWN)
@@ -162,10 +205,14 @@ def _state(row: str, area: str, drawn: set[str], claimed: set[str], area_unsuppo
     needs = FAMILY_CAPABILITIES.get(row)
     if needs is not None and needs not in claimed:
         return f"{NOT_SUPPORTED}: capability {needs} not claimed"
+    if lacking is not None:
+        return lacking
     if area_unsupported:
         return f"{NOT_SUPPORTED}: every {area} property of the run not_supported (capability {', '.join(area_unsupported)})"
     if structure_only:
         return reason if drawn else expected
+    if left_out_because is not None:
+        return f"{STRUCTURE_ONLY}: {left_out_because}"
     return f"{NOT_DRAWN}: no property of {area} built it in this run"
 
 

@@ -39,7 +39,7 @@ from conformance.draw.models import ModelSpec, build_model
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
-    "require_subject", "fp8_compute_truth", "declared_ops", "traced_before_rewrite", "traced_after_cse", "owns_float8", "float8_converter", "float8_config_settable", "built_with",
+    "note_kinds_left_out", "require_subject", "fp8_compute_truth", "declared_ops", "traced_before_rewrite", "traced_after_cse", "owns_float8", "float8_converter", "float8_config_settable", "built_with",
     "attributed",
 ]
 
@@ -67,6 +67,18 @@ def serving(backend, device: str = "cpu"):
     finally:
         _SERVED.reset(token)
         _DEVICE.reset(device_token)
+
+
+def note_kinds_left_out(backend) -> None:
+    """For a property that runs graphs: say in its report row which kinds the suite draws this
+    device cannot run (``strategies.kinds_left_out``), and note them as left out for the coverage
+    matrix (``evidence.left_out``), for a backend that claims the second scaled-matmul API."""
+    from conformance.report.notes import note
+
+    reason = strategies.kinds_left_out(device())
+    if reason and "scaled_mm_v2" in backend.capabilities:
+        note(reason)
+        evidence.left_out(strategies.kinds_not_runnable(device()), reason)
 
 
 def owns_float8(backend) -> bool:

@@ -373,7 +373,7 @@ def _load_regional(payload: bytes, header: ArtifactHeader, path: str) -> Precomp
 
 
 def precompile_model(path, model, args, config=None, *, strict: bool | None = None, mechanism: str = "auto", key=None,
-                     unsigned: bool = False, repeat: str | None = None, per_block: tuple[str, ...] = ()) -> ArtifactHeader:
+                     unsigned: bool = False, repeat: str | bool | None = None, per_block: tuple[str, ...] = ()) -> ArtifactHeader:
     """Trace ``model(*args)``'s training step, validate it (strictly when ``config.strict``),
     compile it under ``config`` (a :class:`~fp8conf.CompileConfig`, or the ``strict`` keyword that
     makes one; the mode is ``mechanism``'s, see :func:`save_artifact`) and save it at ``path``

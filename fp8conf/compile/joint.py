@@ -23,6 +23,12 @@ using it returns. On CUDA, ``cudagraph=True``
 captures the compiled callable in a CUDA graph and replays it, parameters and buffers being
 static inputs.
 
+A compile runs as stages, each taking the one before's result and returning the next, so that
+what the graph is, is read once and handed on: :func:`plan_compile` (validation, the joint
+signature, the flat copy, the FP8 regions: a :class:`JointPlan`), :func:`partition_plan` (the cut:
+a :class:`JointPartition`), :func:`compile_units` or, for ``full``, :func:`compile_full` (each
+graph compiled: :class:`CompiledUnits`) and :func:`assemble` (the compiled step).
+
 The result is a :class:`CompiledJoint` called like the graph it was made from (a joint graph:
 ``fn(primals, tangents)``, so :func:`fp8conf.run_joint` runs it too; a GraphPP callable:
 ``fn(*args)``), with the names of the nodes Inductor now runs versus those left eager, so that
@@ -46,7 +52,7 @@ from fp8conf import errors
 from fp8conf.arguments import require
 from fp8conf.graph.call_inputs import input_check
 from fp8conf.compile.config import MODES, REMAINDERS, CompileConfig
-from fp8conf.compile.partition import partition_joint, regions_in, run_partitioned
+from fp8conf.compile.partition import PartitionedJoint, partition_joint, regions_in, run_partitioned
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
 from fp8conf.compile.workers import unit_compiler
 from fp8conf.compile.region_compile import cut_pieces, cut_regions, pack_inputs, tracing_fake_mode
@@ -146,9 +152,8 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     require(gm, "graph module", "compile_joint", "gm")
     config = CompileConfig.of(config, "compile_joint", mode=mode, strict=strict, cudagraph=cudagraph, partition=partition,
                               remainder=remainder, workers=workers)
-    mode, strict, cudagraph, partition, remainder, workers = (
-        config.mode, config.strict, config.cudagraph, config.partition, config.remainder, config.workers)
-    if cudagraph and not torch.cuda.is_available():
+    mode = config.mode
+    if config.cudagraph and not torch.cuda.is_available():
         raise errors.FP8ConfigError("compile_joint(cudagraph=True) needs a CUDA device; this torch sees none")
     ignored = config.ignored_by_mode()
     if ignored:
@@ -156,52 +161,154 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
 
         logger.warning("fp8conf: compile_joint(mode=%r) ignores %s: regional compile reads them, full compile does not",
                        mode, ", ".join(ignored))
-    if strict:
+    # The engine's stages, each taking the one before's result: the plan (what the graph is),
+    # the cut, the compiled units, the assembled step.
+    plan = plan_compile(gm, config, example_inputs)
+    if not plan.takes_inputs:
+        # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
+        return CompiledJoint(gm, mode, (), frozenset(), plan.names, inductor_compiles=0)
+    if mode == "full":
+        return assemble(compile_full(partition_plan(plan)))
+    # Workers start before the cut, so that their start overlaps it.
+    compiler = unit_compiler(config.workers, saveable=config.saveable_units)
+    try:
+        units = compile_units(partition_plan(plan), compiler)
+    finally:
+        compiler.close()
+    return assemble(units)
+
+
+@dataclasses.dataclass(frozen=True)
+class JointPlan:
+    """The first stage of a compile (:func:`plan_compile`): what compiling ``gm`` takes, read from
+    it once and handed on.
+
+    Attributes:
+        gm: the graph compiled (never changed).
+        config: the compile's settings.
+        example_inputs: what ``full`` specializes to (``None``: the traced values).
+        signature: ``gm``'s :class:`~fp8conf.JointSignature` (``None`` for a graph fp8conf did not
+            trace): the cut, the compiled halves and the input check all read it.
+        names: the names of ``gm``'s op nodes, each compiled or left eager.
+        flat: a flat copy of ``gm`` (:func:`~fp8conf.graph.trace.flat_graph_module`), what the
+            later stages cut and compile.
+        regions: the FP8 regions of ``flat`` (``regional``), identified once: the cut keeps them
+            whole, and each half is tagged with its share of them.
+    """
+
+    gm: torch.fx.GraphModule
+    config: CompileConfig
+    example_inputs: Any
+    signature: Any
+    names: frozenset[str]
+    flat: torch.fx.GraphModule
+    regions: list[Region] = dataclasses.field(default_factory=list)
+
+    @property
+    def takes_inputs(self) -> bool:
+        return bool(self.flat.graph.find_nodes(op="placeholder"))
+
+
+@dataclasses.dataclass(frozen=True)
+class JointPartition:
+    """The second stage (:func:`partition_plan`): the plan's flat graph whole (``parts`` is ``None``),
+    or cut into forward and backward by the min-cut partitioner."""
+
+    plan: JointPlan
+    parts: PartitionedJoint | None
+
+    @property
+    def graphs(self) -> list[torch.fx.GraphModule]:
+        """The graphs compiled, in the order the compiled step runs them."""
+        return [self.plan.flat] if self.parts is None else [self.parts.forward, self.parts.backward]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledUnits:
+    """The third stage (:func:`compile_units`, :func:`compile_full`): each graph of the partition
+    compiled.
+
+    Attributes:
+        partition: the stage before.
+        fns: one flat callable per graph of ``partition.graphs``; a partitioned backward's takes
+            its inputs as one list where ``boxed_backward`` says so.
+        regions: the regions tagged (``regional``).
+        compiled_names: names of the nodes Inductor runs.
+        artifact / inductor_compiles: as :class:`CompiledJoint` has them.
+        fallbacks: the compile's fast paths not taken (tracing's are added when assembled).
+        boxed_backward: whether ``fns[1]`` takes its inputs as one list.
+    """
+
+    partition: JointPartition
+    fns: tuple[Callable, ...]
+    regions: tuple[Region, ...]
+    compiled_names: frozenset[str]
+    artifact: Any
+    inductor_compiles: int
+    fallbacks: tuple[str, ...] = ()
+    boxed_backward: bool = False
+
+
+def plan_compile(gm: torch.fx.GraphModule, config: CompileConfig, example_inputs=None) -> JointPlan:
+    """The first stage: ``gm`` validated (strict compilation compiles only what strict validation
+    accepts), its signature read, its flat copy made and, for ``regional``, its FP8 compute
+    checked for attribution and its regions identified; for ``full``, a sharded step refused."""
+    if config.strict:
         _validate_first(gm)
     _warm_compile_pool()
-    # Read once and handed on: the cut, the compiled halves and the input check all need it.
     signature = joint_signature(gm)
     names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
-    flat = flat_graph_module(gm)
-    if not flat.graph.find_nodes(op="placeholder"):
-        # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
-        return CompiledJoint(gm, mode, (), frozenset(), names, inductor_compiles=0)
-    if mode == "full":
-        _refuse_collectives(flat)
-        parts = partition_joint(flat, keep_fp8_regions=False, signature=signature) if partition else None
-        compiled = _full_or_say_why(flat, parts, names, example_inputs, signature)
+    plan = JointPlan(gm, config, example_inputs, signature, names, flat_graph_module(gm))
+    if not plan.takes_inputs:
+        return plan
+    if config.mode == "full":
+        _refuse_collectives(plan.flat)
+        return plan
+    # Before the cut: FP8 compute no region can hold would otherwise be compiled as no region
+    # at all, and the partitioner cannot read nodes without meta["val"].
+    check_attributed(plan.flat, strict=config.strict)
+    return dataclasses.replace(plan, regions=identify_fp8_regions(plan.flat))
+
+
+def partition_plan(plan: JointPlan) -> JointPartition:
+    """The second stage: with ``config.partition``, a joint graph cut into forward and backward
+    (:func:`~fp8conf.compile.partition.partition_joint`): the very cut ``torch.compile`` makes for
+    ``full``, one that keeps every FP8 region whole for ``regional``; a graph the partitioner
+    cannot cut stays whole."""
+    if not plan.config.partition:
+        return JointPartition(plan, None)
+    if plan.config.mode == "full":
+        return JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=False, signature=plan.signature))
+    return JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=True, signature=plan.signature, regions=plan.regions))
+
+
+def assemble(units: CompiledUnits) -> CompiledJoint:
+    """The last stage: the compiled graphs made one step, called like ``gm``: the halves run one
+    after the other (a regional backward regenerated to take its inputs boxed), captured in a
+    CUDA graph with ``cudagraph``, its inputs checked; tracing's fallbacks counted in."""
+    partition, plan = units.partition, units.partition.plan
+    parts, config, gm = partition.parts, plan.config, plan.gm
+    compiled, fallbacks = units.compiled_names & plan.names, units.fallbacks
+    if parts is None:
+        (fn,) = units.fns
+    elif config.mode == "full":
+        fn = run_partitioned(parts, *units.fns, boxed_backward=units.boxed_backward)
     else:
-        # Before the cut: FP8 compute no region can hold would otherwise be compiled as no region
-        # at all, and the partitioner cannot read nodes without meta["val"].
-        check_attributed(flat, strict=strict)
-        # The regions, identified once on the joint graph and handed on: the cut keeps them
-        # whole, and each half is tagged with its share of them.
-        regions = identify_fp8_regions(flat)
-        # Workers start before the cut, so that their start overlaps it.
-        compiler = unit_compiler(workers, saveable=config.saveable_units)
-        try:
-            parts = partition_joint(flat, keep_fp8_regions=True, signature=signature, regions=regions) if partition else None
-            graphs = [flat] if parts is None else [parts.forward, parts.backward]
-            compiled = _regional(gm, graphs, regions, names, strict, remainder, compiler, config.fast_calls)
-        finally:
-            compiler.close()
-        if parts is not None:
-            forward_fn, backward_fn = compiled.fn
-            boxed = _boxed_graph(parts.backward)
-            fallbacks = compiled.fallbacks if boxed is not None else (*compiled.fallbacks, _unboxed("torch.fx's boxed code generator is missing"))
-            fn = run_partitioned(parts, forward_fn, boxed or backward_fn, boxed_backward=boxed is not None)
-            # A node merged into another runs where that one does.
-            merged = {name for name, twin in parts.merged.items() if twin in compiled.compiled_nodes}
-            compiled = dataclasses.replace(compiled, fn=fn, compiled_nodes=compiled.compiled_nodes | merged,
-                                           eager_nodes=compiled.eager_nodes - merged, fallbacks=fallbacks)
-    fn = compiled.fn
-    if cudagraph:
-        fn = _cuda_graphed(fn, _static_inputs(gm, signature))
-    check = input_check(gm, "compile_joint's callable", example_inputs if mode == "full" else None, signature)
+        forward_fn, backward_fn = units.fns
+        boxed = _boxed_graph(parts.backward)
+        if boxed is None:
+            fallbacks = (*fallbacks, _unboxed("torch.fx's boxed code generator is missing"))
+        fn = run_partitioned(parts, forward_fn, boxed or backward_fn, boxed_backward=boxed is not None)
+        # A node merged into another runs where that one does.
+        compiled |= {name for name, twin in parts.merged.items() if twin in compiled}
+    if config.cudagraph:
+        fn = _cuda_graphed(fn, _static_inputs(gm, plan.signature))
+    check = input_check(gm, "compile_joint's callable", plan.example_inputs if config.mode == "full" else None, plan.signature)
     # The step's fast paths not taken include tracing's (an equal-blocks trace refused).
     info = trace_info(gm)
     traced = info.fallbacks if info is not None else ()
-    return dataclasses.replace(compiled, fn=_with_convention(gm, fn, check), fallbacks=(*traced, *compiled.fallbacks))
+    return CompiledJoint(_with_convention(gm, fn, check), config.mode, units.regions, compiled, plan.names - compiled,
+                         units.artifact, units.inductor_compiles, (*traced, *fallbacks))
 
 
 def _validate_first(gm: torch.fx.GraphModule) -> None:
@@ -230,11 +337,13 @@ def _warm_compile_pool() -> None:
         import torch._inductor.compile_fx  # noqa: F401
 
 
-def _full_or_say_why(flat, parts, names, example_inputs, signature) -> CompiledJoint:
-    """:func:`_full`, with what Inductor raises turned into a :class:`GraphCompileError` naming
+def compile_full(partition: JointPartition) -> CompiledUnits:
+    """The third stage of a ``full`` compile: each graph of ``partition`` compiled whole
+    (:func:`_full`), with what Inductor raises turned into a :class:`GraphCompileError` naming
     the op it could not lower (fp8conf's own errors pass as they are)."""
+    flat = partition.plan.flat
     try:
-        return _full(flat, parts, names, example_inputs, signature)
+        return _full(partition)
     except errors.FP8Error:
         raise
     except Exception as exc:
@@ -260,10 +369,12 @@ def _failed_target(exc: BaseException) -> str | None:
     return None
 
 
-def _full(flat, parts, names, example_inputs, signature) -> CompiledJoint:
+def _full(partition: JointPartition) -> CompiledUnits:
+    plan, parts = partition.plan, partition.parts
+    flat, names, example_inputs, signature = plan.flat, plan.names, plan.example_inputs, plan.signature
     if parts is None:
         artifact = _standalone_compile(flat, example_inputs)
-        return CompiledJoint(artifact, "full", (), names, frozenset(), artifact)
+        return CompiledUnits(partition, (artifact,), (), names, artifact, 1)
     if example_inputs is None and _records_fakes(parts.forward) and _records_fakes(parts.backward):
         # As torch.compile compiles the two halves of its cut: Inductor's inner compiler on each
         # graph as it stands. standalone_compile would trace each again through AOTAutograd,
@@ -284,8 +395,7 @@ def _full(flat, parts, names, example_inputs, signature) -> CompiledJoint:
 
         # Inductor's code takes its inputs as one list and empties it: each saved value is freed
         # after its last use.
-        fn = run_partitioned(parts, forward, backward_code, boxed_backward=True)
-        return CompiledJoint(fn, "full", (), names, frozenset(), (forward, backward), 2)
+        return CompiledUnits(partition, (forward, backward_code), (), names, (forward, backward), 2, boxed_backward=True)
     forward = _standalone_compile(parts.forward, None if example_inputs is None else _examples(flat, example_inputs)[: parts.num_primals])
     backward = _standalone_compile(parts.backward, None)
     # The wrappers above the boxed function put a module's parameters and buffers in front of the
@@ -293,8 +403,8 @@ def _full(flat, parts, names, example_inputs, signature) -> CompiledJoint:
     stateless = not any(True for _ in parts.backward.parameters()) and not any(True for _ in parts.backward.buffers())
     boxed = _boxed_entry(backward) if stateless else None
     fallbacks = () if boxed is not None or not stateless else (_unboxed("no function down the compiled artifact's __wrapped__ chain takes one list"),)
-    fn = run_partitioned(parts, forward, boxed or backward, boxed_backward=boxed is not None)
-    return CompiledJoint(fn, "full", (), names, frozenset(), (forward, backward), 2, fallbacks)
+    return CompiledUnits(partition, (forward, boxed or backward), (), names, (forward, backward), 2, fallbacks,
+                         boxed_backward=boxed is not None)
 
 
 def _unboxed(reason: str) -> str:
@@ -426,38 +536,21 @@ def _with_convention(gm, flat_fn, check=None) -> Callable:
     return run
 
 
-def _regional(gm, graphs, joint_regions, names, strict, remainder, compiler, fast_calls) -> CompiledJoint:
-    """Tag the complete FP8 regions of each of ``graphs`` (the flat joint graph, or its forward
-    and backward; ``joint_regions`` are the joint graph's, each graph's share found by name) and compile them as ``remainder`` says, each structurally distinct unit once,
-    with ``compiler`` (here, or in worker processes side by side:
-    :mod:`fp8conf.compile.workers`); ``fn`` is one flat callable, or a list of them when
-    several graphs are given."""
-    regions, fns, compiled_names, distinct, fallbacks = _compile_units(graphs, joint_regions, strict, remainder, compiler, fast_calls)
-    tagged = {n.name for r in regions if r.complete for n in r.nodes}
-    left_eager = tagged - compiled_names
-    if left_eager and strict:
-        region = next(r for r in regions if any(n.name in left_eager for n in r.nodes))
-        raise errors.RegionCompileError(
-            f"FP8 region {region.id} of module '{region.module_fqn}' was tagged but runs eagerly "
-            f"(nodes {sorted(left_eager)[:5]}); it could not be cut out of the graph",
-            module_fqn=region.module_fqn,
-            pass_name=region.pass_name,
-        )
-    compiled = frozenset(compiled_names) & names
-    fn = fns[0] if len(fns) == 1 else fns
-    # The graphs now call their regions' compiled code: what a regional artifact saves.
-    artifact = graphs[0] if len(graphs) == 1 else tuple(graphs)
-    return CompiledJoint(fn, "regional", tuple(regions), compiled, names - compiled, artifact, distinct, tuple(fallbacks))
-
-
-def _compile_units(graphs, joint_regions, strict, remainder, compiler, fast_calls):
-    """:func:`_regional`'s tagging and compiling; every graph's units are cut and submitted
-    before any is bound, so that a pool compiles the forward's and the backward's together."""
+def compile_units(partition: JointPartition, compiler) -> CompiledUnits:
+    """The third stage of a ``regional`` compile: the complete FP8 regions of each graph of
+    ``partition`` tagged (the plan's regions, each graph's share found by name) and compiled as
+    ``remainder`` says, each structurally distinct unit once, with ``compiler`` (here, or in
+    worker processes side by side: :mod:`fp8conf.compile.workers`). Every graph's units are cut
+    and submitted before any is bound, so that a pool compiles the forward's and the backward's
+    together."""
+    plan, graphs = partition.plan, partition.graphs
+    config = plan.config
+    strict, remainder, fast_calls = config.strict, config.remainder, config.fast_calls
     regions, cuts, compiled_names, cache = [], [], set(), {}
     bound = []  # cuts bound on the way (remainder="pieces": the regions, before the pieces around them)
     for graph in graphs:
         # Attribution was checked on the joint graph, before the cut.
-        found = tag_fp8_regions(graph, regions_in(graph, joint_regions), strict=strict)
+        found = tag_fp8_regions(graph, regions_in(graph, plan.regions), strict=strict)
         regions += found
         complete = [r for r in found if r.complete]
         # Those left uncompiled (incomplete, strict=False) stay eager whole.
@@ -479,11 +572,23 @@ def _compile_units(graphs, joint_regions, strict, remainder, compiler, fast_call
         cuts.append(cut)
     # One dynamo-disable frame per graph: the regions called straight through Inductor's code
     # (fp8conf.compile.fast_call) no longer pass through the artifact's own.
-    fns = [torch._dynamo.disable(cut.bind(fast_calls=fast_calls, strict=strict)) for cut in cuts]
+    fns = tuple(torch._dynamo.disable(cut.bind(fast_calls=fast_calls, strict=strict)) for cut in cuts)
     # Once bound: a unit Inductor could not compile (strict=False) runs eagerly, its nodes too.
     compiled_names |= {name for cut in cuts for name in cut.names}
-    fallbacks = list(dict.fromkeys(line for cut in bound + cuts for line in cut.fallbacks))
-    return regions, fns, compiled_names, len(cache), fallbacks
+    fallbacks = tuple(dict.fromkeys(line for cut in bound + cuts for line in cut.fallbacks))
+    tagged = {n.name for r in regions if r.complete for n in r.nodes}
+    left_eager = tagged - compiled_names
+    if left_eager and strict:
+        region = next(r for r in regions if any(n.name in left_eager for n in r.nodes))
+        raise errors.RegionCompileError(
+            f"FP8 region {region.id} of module '{region.module_fqn}' was tagged but runs eagerly "
+            f"(nodes {sorted(left_eager)[:5]}); it could not be cut out of the graph",
+            module_fqn=region.module_fqn,
+            pass_name=region.pass_name,
+        )
+    # The graphs now call their regions' compiled code: what a regional artifact saves.
+    artifact = graphs[0] if len(graphs) == 1 else tuple(graphs)
+    return CompiledUnits(partition, fns, tuple(regions), frozenset(compiled_names), artifact, len(cache), fallbacks)
 
 
 def _region_error(region: Region, exc: Exception) -> errors.RegionCompileError:

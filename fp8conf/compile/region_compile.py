@@ -39,6 +39,7 @@ from fp8conf.compile.compiled_unit import CompiledUnit
 from fp8conf.compile.fast_call import fast_entry, fast_entry_or_reason, graph_allows_fast_call
 from fp8conf.compile.unit_failures import RETRY_PATCHES, settle, unit_name
 from fp8conf.log import fell_back
+from fp8conf.graph.lazy_code import graph_module
 from fp8conf.graph.regions import Region
 
 # What the engine's other modules (joint, workers, compiled_unit) and artifacts use.
@@ -71,7 +72,9 @@ def _node_key(gm, node, position) -> tuple:
         target = "placeholder"
     else:
         target = node.target
-    arguments = pytree.tree_map_only(torch.fx.Node, lambda n: ("node", position[n]), (node.args, node.kwargs))
+    # torch.fx's own map over arguments (pytree's costs several times as much per node): the same
+    # containers, each node replaced by its position.
+    arguments = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: ("node", position[n]))
     return (node.op, target, repr(arguments), _describe(node.meta.get("val")))
 
 
@@ -231,7 +234,8 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
         return CutUnits(gm, [], cache, compiler, names)
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     partitions = [dict.fromkeys(sorted(group, key=order.__getitem__)) for group in groups]
-    fuse_by_partitions(gm, partitions, prefix=prefix, always_return_tuple=True)
+    with _submodules_deferred():
+        fuse_by_partitions(gm, partitions, prefix=prefix, always_return_tuple=True)
     keys = _share_outputs(gm, prefix, _in_canonical_order(gm, prefix))
     calls = []
     with tracing_fake_mode(gm):
@@ -249,6 +253,35 @@ def _cut(gm, groups, prefix: str, cache: dict, error: Callable[[int, Exception],
                     cache[key] = _Submitted(None, functools.partial(error, index), exc)
             calls.append((node, key, fake_inputs, groups[index]))
     return CutUnits(gm, calls, cache, compiler, names)
+
+
+@contextlib.contextmanager
+def _submodules_deferred():
+    """Inside, the submodules ``fuse_by_partitions`` cuts out are deferred graph modules
+    (:func:`fp8conf.graph.lazy_code.graph_module`): their Python code is written when first
+    called, not when cut. Most are never called: a unit equal to one cut before it is bound to
+    that one's compiled code and its submodule dropped, and a compiled unit runs Inductor's code,
+    not its submodule's (writing the code of every unit of a 32-block joint graph, each twice as
+    its inputs are put in order, was about a tenth of its regional compile on CPU). A submodule
+    that reads attributes of the graph (``get_attr``) is lifted by torch, as before; so is every
+    one on a torch whose fuser lifts them otherwise."""
+    from torch.fx.passes.utils import fuser_utils
+
+    lift = getattr(fuser_utils, "lift_subgraph_as_module", None)
+    if lift is None:
+        yield
+        return
+
+    def lift_deferred(gm, subgraph, comp_name: str = "", class_name: str = "GraphModule"):
+        if any(n.op in ("call_module", "get_attr") for n in subgraph.nodes):
+            return lift(gm, subgraph, comp_name=comp_name, class_name=class_name)
+        return graph_module(torch.nn.Module(), subgraph, class_name), {}
+
+    fuser_utils.lift_subgraph_as_module = lift_deferred
+    try:
+        yield
+    finally:
+        fuser_utils.lift_subgraph_as_module = lift
 
 
 def _in_canonical_order(gm, prefix: str) -> dict[torch.fx.Node, tuple]:

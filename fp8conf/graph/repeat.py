@@ -44,7 +44,7 @@ from fp8conf.graph.equal_blocks import TRACED_BLOCKS, equal_values
 from fp8conf.graph.lazy_code import graph_module
 from fp8conf.graph.provenance import BLOCK_META_KEY, OWNER_META_KEY, PROVENANCE_META_KEY, CallRecord
 
-__all__ = ["repeat_blocks", "repeat_calls"]
+__all__ = ["RepeatRefused", "repeat_blocks", "repeat_calls"]
 
 _MODULE_STACK_KEYS = ("nn_module_stack", "fwd_nn_module_stack")
 #: A node name's base and number, as torch.fx splits them (``mm_3`` -> ``mm``, ``3``).
@@ -164,11 +164,23 @@ class _Runs:
             getattr(self.blocks[self.current], self.what).append(node)
 
 
-def _unsupported(why: str) -> FP8TraceError:
-    return FP8TraceError(
-        f"trace_joint(repeat=...): the traced blocks cannot be repeated: {why}. A repeated block may read only its own "
-        "values, the previous block's, the next block's gradients and values every block shares; trace without repeat="
-    )
+class RepeatRefused(FP8TraceError):
+    """The traced blocks cannot be repeated; ``why`` says what in the graph forbids it.
+
+    Its message is for a caller who asked for ``repeat=`` and must trace without it. Where
+    trace_joint chose to repeat unasked (:mod:`fp8conf.graph.auto_repeat`), the error is never
+    raised to the caller: ``why`` becomes the reason of the logged fallback to the whole trace."""
+
+    def __init__(self, why: str):
+        super().__init__(
+            f"trace_joint(repeat=...): the traced blocks cannot be repeated: {why}. A repeated block may read only its own "
+            "values, the previous block's, the next block's gradients and values every block shares; trace without repeat="
+        )
+        self.why = why
+
+
+def _unsupported(why: str) -> RepeatRefused:
+    return RepeatRefused(why)
 
 
 class _Plan:

@@ -28,7 +28,7 @@ from fp8conf.graph.collectives import record_collectives
 from fp8conf.graph.equal_blocks import TRACED_BLOCKS, check_equal_blocks, truncated
 from fp8conf.graph.lazy_code import codegen_deferred, graph_module
 from fp8conf.graph.provenance import CallRecord, node_passes, propagate_provenance, record_forward_provenance
-from fp8conf.graph.repeat import repeat_blocks, repeat_calls
+from fp8conf.graph.repeat import RepeatRefused, repeat_blocks, repeat_calls
 from fp8conf.log import fell_back, library_notices_quieted
 from fp8conf.parallel.layout import ParallelLayout, layout_of
 from fp8conf.quantized.protocol import QuantizationConfig, find_quantized_modules
@@ -374,6 +374,8 @@ def _trace_proven(model, args, container: str, blocks: list[str]) -> tuple[torch
         why = graph_difference(five, copied)
         if why is None and list(repeat_calls(four_calls, blocks[:PROOF_BLOCKS])) != five_calls:
             why = "its quantized modules are called otherwise"
+    except RepeatRefused as exc:  # what the graph shows: said as the fallback's reason, not as the advice to a repeat= caller
+        return None, f"its blocks cannot be traced four and copied ({exc.why})"
     except Exception as exc:  # whatever the cut model or the copy fails on, the whole model is traced instead
         return None, f"its blocks cannot be traced four and copied ({type(exc).__name__}: {exc})"
     if why is not None:

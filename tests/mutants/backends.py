@@ -451,6 +451,23 @@ def _drop_emulate(doc, model):
 FingerprintIgnoresEmulate.quantization_signature, FingerprintIgnoresEmulate.fingerprint = _rewritten_signature(FingerprintIgnoresEmulate, _drop_emulate)
 
 
+class FingerprintReadsPublicVersionsOnly(ReferenceBackend):
+    """Signs torch's and torchao's versions up to their public release (``2.13.0`` of
+    ``2.13.0+cpu``): a local build of another commit loads the artifact of the release."""
+
+    name = "mutant-fingerprint-reads-public-versions-only"
+    KILLED_BY = "FPR-001"
+
+
+def _public_versions(doc, model):
+    doc["versions"] = {name: version.partition("+")[0] for name, version in doc["versions"].items()}
+
+
+FingerprintReadsPublicVersionsOnly.quantization_signature, FingerprintReadsPublicVersionsOnly.fingerprint = _rewritten_signature(
+    FingerprintReadsPublicVersionsOnly, _public_versions
+)
+
+
 class FingerprintIncludesTrainingFlag(ReferenceBackend):
     """Records each quantized module's ``training`` flag, unrelated to quantization: eval() recompiles."""
 
@@ -625,6 +642,7 @@ MUTANTS += [
     FingerprintIgnoresForwardCasts,
     FingerprintIgnoresMX,
     FingerprintIgnoresInputTargetDtype,
+    FingerprintReadsPublicVersionsOnly,
     FingerprintIncludesTrainingFlag,
     FingerprintUsesPythonHash,
     FingerprintLoadsDespiteMismatch,
