@@ -2,7 +2,7 @@
 backward) of a stack of MoE layers: TorchAO's MoE training path side by side with fp8conf's
 grouped experts, eager and compiled.
 
-The model is ``conformance.moe``'s MoE stack (a bf16 top-k router, experts up and down with a
+The model is ``conformance.draw.moe``'s MoE stack (a bf16 top-k router, experts up and down with a
 ReLU between them, token groups padded to multiples of 16) at ``--dim 2048``, ``--experts 8``,
 ``--top-k 2``. Variants:
 
@@ -45,7 +45,7 @@ import time
 import torch
 
 import fp8conf
-from conformance.moe import MoESpec, build_moe_model
+from conformance.draw.moe import MoESpec, build_moe_model
 
 import joint_memory  # benchmarks/joint_memory.py, beside this script
 import results

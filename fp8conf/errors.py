@@ -39,7 +39,7 @@ The branches are siblings, so catching one never swallows another stage's failur
 
 from __future__ import annotations
 
-from conformance.api import errors as contract
+from fp8contract import errors as contract
 
 __all__ = [
     "FP8Error",
@@ -237,7 +237,7 @@ class FP8GraphSplitError(_Located, FP8Error, contract.SplitFailure):
 
 class FileWriteError(FP8Error, OSError):
     """A file fp8conf writes (an artifact, a key file, a region map) that could not be written
-    (:mod:`conformance.writing` writes every file, the suite's reports too): the path names
+    (:mod:`fp8contract.writing` writes every file, the suite's reports too): the path names
     something that is not a regular file (a folder, a FIFO, a device, a socket), which is left as
     it is, or the operating system refused the write (a full disk, a read-only folder). Nothing
     is left behind: no temporary file, and no empty or partial file at the path; what was there

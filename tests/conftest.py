@@ -12,6 +12,16 @@ from fp8conf.log import library_notices_quieted
 with library_notices_quieted():
     import torchao  # noqa: F401
 
+# For the same reason the suite's modules whose state a run's plugin and its tests share (what an
+# example showed, the notes for a report row, the watchdog) and the plugin's run are imported here:
+# one first imported inside an in-process run is dropped from sys.modules when the run ends while
+# its package keeps the attribute, so a later run's plugin (re-imported) and its tests could hold
+# two different copies, and what a test recorded would not reach the report.
+import conformance.observe.evidence  # noqa: E402,F401
+import conformance.plugin.run  # noqa: E402,F401
+import conformance.report.notes  # noqa: E402,F401
+import conformance.run.watchdog  # noqa: E402,F401
+
 # The mutant backends live in tests/mutants and are loaded by name (mutants.backends:Class); the
 # worked example backend and the trainer module it converts with live in docs/examples.
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -16,7 +16,7 @@ import torch
 from conformance.backends import makefx_stages, makefx_trainer
 from conformance.backends.makefx import MakeFxBackend
 from conformance.backends.reference import ReferenceBackend
-from conformance.graphs import output_dependencies
+from conformance.observe.graphs import output_dependencies
 
 __all__ = [
     "ReferenceEliminatingDeadCode", "MakeFxCountingWhatOutputsNeed", "MakeFxSplitWithoutDeadCode", "MakeFxWithoutDeadCode",

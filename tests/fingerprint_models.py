@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from conformance.fingerprints import ARTIFACT_SPEC
-from conformance.models import build_model
+from conformance.draw.fingerprints import ARTIFACT_SPEC
+from conformance.draw.models import build_model
 
 #: The artifact model FPR-004 saves (so Inductor's cache serves both).
 SPEC_A = ARTIFACT_SPEC

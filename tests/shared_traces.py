@@ -1,6 +1,6 @@
 """Traced graphs shared by the sessions of one process of fp8conf's tests (``tests/suite_runs.py``).
 
-The suite traces each drawn model once per session and backend (``conformance.harness.traced``):
+The suite traces each drawn model once per session and backend (``conformance.run.harness.traced``):
 a user's run has one session and one backend. fp8conf's own tests run many sessions in one
 process, each against a new backend, most of them mutants of the reference whose tracing is the
 reference's own: the mutants of one area take the same smallest models first, and the runs of one
@@ -16,7 +16,7 @@ share the traces, keyed by what tracing a model involves:
 * the drawn model's spec and the device.
 
 A backend instance with state of its own (anything in its ``__dict__`` but the suite's watch on
-its methods, ``conformance.watchdog.track``) or an attribute that cannot
+its methods, ``conformance.run.watchdog.track``) or an attribute that cannot
 be a key shares nothing. The model of a shared case is shared too; sessions must leave its
 parameters as they found them (the suite's properties restore what they change), and
 :func:`check_models_kept` drops, and says so, any case whose parameters a session changed.
@@ -29,7 +29,7 @@ import dataclasses
 
 __all__ = ["install", "check_models_kept", "tracing_identity"]
 
-#: Traces kept, as ``conformance.harness`` keeps per session.
+#: Traces kept, as ``conformance.run.harness`` keeps per session.
 _MAX_CASES = 256
 
 
@@ -95,7 +95,7 @@ class _Shared:
 
 class _Cache:
     def __init__(self, trace):
-        self.trace = trace  # conformance.harness's own, uncached
+        self.trace = trace  # conformance.run.harness's own, uncached
         self.cases: collections.OrderedDict = collections.OrderedDict()
         #: Sessions started (:meth:`new_session`), and traces taken from an earlier one.
         self.session = 0
@@ -125,8 +125,8 @@ def _parameters(model) -> dict:
 
 
 def install():
-    """Put the shared cache in place of ``conformance.harness``'s per-session one; returns it."""
-    from conformance import harness
+    """Put the shared cache in place of ``conformance.run.harness``'s per-session one; returns it."""
+    from conformance.run import harness
 
     current = harness._trace
     if isinstance(current, _Cache):

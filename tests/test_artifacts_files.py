@@ -20,7 +20,7 @@ import sys
 import pytest
 
 import fp8conf
-from conformance.models import build_model
+from conformance.draw.models import build_model
 from fingerprint_models import SPEC_A
 from fp8conf import ArtifactError, ArtifactKeyError, KeyFilePermissionError, QuantizationSignature
 from fp8conf.artifacts.keys import ENV_KEY_FILE_SHARED, generate_key_file, read_key_file

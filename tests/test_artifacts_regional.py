@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fp8conf
-from conformance.models import build_model
+from conformance.draw.models import build_model
 from fingerprint_models import SPEC_A, SPEC_B
 from fp8conf import ArtifactError, ArtifactIntegrityError, FingerprintMismatchError, QuantizationSignature
 from fp8conf.artifacts.format import read_artifact, seal, write_atomic
@@ -155,7 +155,7 @@ def test_round_trip_in_a_fresh_process_is_bitwise_and_compiles_nothing(saved, tm
                              (torch._inductor, "standalone_compile"), (regional_inductor, "regional_inductor"),
                              (graph_compile, "compile_joint"), (torch, "compile")]:
             setattr(module, name, compiled)
-        from conformance.models import build_model
+        from conformance.draw.models import build_model
         from test_artifacts_regional import SPEC_R
         from fp8conf.artifacts.regional import load_split_artifact
         data = torch.load({str(directory / "expected.pt")!r})

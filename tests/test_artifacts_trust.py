@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import fp8conf
-from conformance.models import build_model
+from conformance.draw.models import build_model
 from fingerprint_models import SPEC_A
 from fp8conf import (
     ArtifactAuthenticityError,

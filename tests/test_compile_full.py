@@ -15,7 +15,7 @@ import torch._inductor.compile_fx
 
 import fp8conf
 import fp8conf.compile.joint as graph_compile
-from conformance.strategies import runnable_recipes
+from conformance.draw.strategies import runnable_recipes
 from fp8conf.compile.partition import partition_joint
 from fp8conf.graph.trace import flat_graph_module
 from fp8conf.tools.example_models import build_stack

@@ -1,4 +1,4 @@
-"""The coverage matrix (conformance/coverage.py): a row for every family the suite can draw, a
+"""The coverage matrix (conformance/report/coverage.py): a row for every family the suite can draw, a
 cell for every area, SPEC.md showing the same table. Whether the reference's run draws what the
 matrix says is checked on that run (tests/test_mutants.py)."""
 
@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conformance import coverage
+import conformance
+from conformance.report import coverage
 from conformance.api.spec import PROPERTIES
-from conformance.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, base_recipe, kind_of
-from conformance.moe import GROUPED_KIND
-from conformance.strategies import FLOAT8_RECIPES
+from conformance.draw.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, base_recipe, kind_of
+from conformance.draw.moe import GROUPED_KIND
+from conformance.draw.strategies import FLOAT8_RECIPES
 
-SPEC = Path(coverage.__file__).resolve().parent / "SPEC.md"
+SPEC = Path(conformance.__file__).resolve().parent / "SPEC.md"
 NVFP4 = ("stacks", "nvfp4_linear", "X", "nvfp4", "convert_nvfp4")
 
 
@@ -42,7 +43,7 @@ def test_the_observed_matrix_groups_what_each_property_built_by_area():
 def test_spec_shows_the_matrix():
     text = SPEC.read_text(encoding="utf-8")
     table = "\n".join(coverage.spec_table())
-    assert table in text, f"SPEC.md's Coverage table differs from conformance.coverage.EXPECTED; it should read:\n{table}"
+    assert table in text, f"SPEC.md's Coverage table differs from conformance.report.coverage.EXPECTED; it should read:\n{table}"
 
 
 def test_a_run_s_cells_are_read_off_the_run():

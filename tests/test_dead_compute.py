@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from conformance import rewrites
-from conformance.dead_compute import dead_fp8_compute, keepable_dead_compute, needed_fp8_compute
-from conformance.graphs import Fp8Ops, output_dependencies
+from conformance.judge import rewrites
+from conformance.judge.dead_compute import dead_fp8_compute, keepable_dead_compute, needed_fp8_compute
+from conformance.observe.graphs import Fp8Ops, output_dependencies
 from suite_runs import OTHER_BACKENDS, Run, failing, reads_shared_run
 
 E4M3 = torch.float8_e4m3fn
@@ -82,14 +82,14 @@ def test_the_suites_duplicate_reaches_the_outputs_and_changes_no_value():
 
 
 def test_a_split_that_drops_the_grad_input_kept_in_place_is_bitwise_right_and_places_what_is_needed():
-    from conformance.strategies import runnable_recipes
+    from conformance.draw.strategies import runnable_recipes
 
     if "rowwise" not in runnable_recipes():
         pytest.skip("this torch's CPU _scaled_mm cannot run rowwise scales (torch 2.11: tensorwise only)")
     from conformance.backends.makefx_trainer import check_fp8_graph, run_train_step
-    from conformance.harness import fp8_ops
-    from conformance.models import build_model
-    from conformance.models import LayerSpec, ModelSpec
+    from conformance.run.harness import fp8_ops
+    from conformance.draw.models import build_model
+    from conformance.draw.models import LayerSpec, ModelSpec
     from dead_compute_backends import MakeFxSplitWithoutDeadCode
 
     # A first rowwise layer whose input needs no gradient: autograd computes its grad_input,

@@ -1,11 +1,11 @@
-"""The suite's observation of what runs eagerly (conformance/dispatch.py), on small real graphs."""
+"""The suite's observation of what runs eagerly (conformance/observe/dispatch.py), on small real graphs."""
 
 from __future__ import annotations
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from conformance.dispatch import DispatchCounter, always_generated, dispatches_per_node, equal_computations, observed
+from conformance.observe.dispatch import DispatchCounter, always_generated, dispatches_per_node, equal_computations, observed
 
 aten = torch.ops.aten
 

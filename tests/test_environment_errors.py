@@ -27,7 +27,7 @@ import json
 import pytest
 import torch  # imported before any in-process pytester run, which would otherwise unload it
 
-from conformance import distributed, environment
+from conformance.run import distributed, environment
 from conformance.plugin import report as report_model
 from fp8conf import errors as fp8_errors
 import fake_backends  # tests/fake_backends.py (tests/ is on sys.path)
@@ -58,7 +58,7 @@ PROPERTY_TESTS = """
 ENVIRONMENT_STOPS = """
     import pytest
 
-    from conformance.environment import EnvironmentProblem
+    from conformance.run.environment import EnvironmentProblem
 
     @pytest.mark.fp8_property("PROV-001")
     def test_PROV_001_cannot_connect(fp8_backend):
@@ -82,7 +82,7 @@ RuntimeError: [enforce fail at gloo/transport/tcp/device.cc:84] ifa != nullptr. 
 The above exception was the direct cause of the following exception:
 
 Traceback (most recent call last):
-  File "/conformance/distributed.py", line 325, in _gloo_worker
+  File "/conformance/run/distributed.py", line 325, in _gloo_worker
     raise RuntimeError(f"rank {rank}: {GLOO_START_FAILED}: {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
 RuntimeError: rank 0: the gloo process group did not start: RuntimeError: [enforce fail at gloo/transport/tcp/device.cc:84] ifa != nullptr. Unable to find address for: bogus0
 """
@@ -90,7 +90,7 @@ RANK_BACKEND_FAILED = """
 
 -- Process 1 terminated with the following error:
 Traceback (most recent call last):
-  File "/conformance/distributed.py", line 330, in _gloo_worker
+  File "/conformance/run/distributed.py", line 330, in _gloo_worker
     backend = backend_class()
 ValueError: the backend needs a license file
 """

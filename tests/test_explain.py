@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import fp8conf
-from conformance.models import LayerSpec, ModelSpec, build_model
-from conformance.rewrites import rebuild_without_meta
+from conformance.draw.models import LayerSpec, ModelSpec, build_model
+from conformance.judge.rewrites import rebuild_without_meta
 from fp8conf.tools.cli import main
 from fp8conf.tools.explain import render_region_map
 

@@ -1,4 +1,4 @@
-"""The model families (conformance/families.py): which properties run which family, and that
+"""The model families (conformance/draw/families.py): which properties run which family, and that
 they do run them, first, in every profile.
 
 A family is run by a property as an explicit Hypothesis example (``family_examples``), so a
@@ -23,11 +23,11 @@ import torch._dynamo.repro.after_dynamo  # noqa: F401
 import torch._inductor.compile_fx  # noqa: F401
 
 import conformance
-import conformance.harness  # noqa: F401  (imported before the in-process run, which patches its evidence)
-from conformance import evidence
-from conformance.families import FAMILIES, FamilySpec, user_annotations
-from conformance.family_examples import family_specs
-from conformance.graphs import trace_with_oracle
+import conformance.run.harness  # noqa: F401  (imported before the in-process run, which patches its evidence)
+from conformance.observe import evidence
+from conformance.draw.families import FAMILIES, FamilySpec, user_annotations
+from conformance.draw.family_examples import family_specs
+from conformance.observe.graphs import trace_with_oracle
 
 pytest_plugins = ["pytester"]
 
@@ -158,8 +158,8 @@ def test_a_property_that_draws_from_its_model_runs_every_kind_first():
     model visits them all and adds none."""
     from hypothesis.errors import UnsatisfiedAssumption
 
-    from conformance.family_examples import KindExample, _smallest_of_kind
-    from conformance.strategies import ALL_KINDS, FLOAT8_KIND, MX_KIND, NVFP4_KIND, supported_kinds
+    from conformance.draw.family_examples import KindExample, _smallest_of_kind
+    from conformance.draw.strategies import ALL_KINDS, FLOAT8_KIND, MX_KIND, NVFP4_KIND, supported_kinds
 
     tests = _property_tests()
     for pid in ("VAL-002", "VAL-003", "VAL-004", "VAL-006", "VAL-007", "EMU-002", "REG-005", "REG-007", "BND-006"):
@@ -196,8 +196,8 @@ def test_the_hard_shapes_are_forced_first():
 
 
 def test_a_family_property_runs_the_variant_of_the_backends_own_recipes():
-    from conformance.family_examples import served_variant
-    from conformance.strategies import model_specs, supported_kinds
+    from conformance.draw.family_examples import served_variant
+    from conformance.draw.strategies import model_specs, supported_kinds
 
     strategy = model_specs(families=FAMILIES)
     shown = family_specs(strategy)
@@ -213,7 +213,7 @@ def test_a_backends_own_linear_takes_a_nested_adapter_and_its_declaration():
     import trainer_float8
 
     import fp8conf
-    from conformance.models import LayerSpec, ModelSpec, build_model
+    from conformance.draw.models import LayerSpec, ModelSpec, build_model
 
     def convert(model, *, module_filter_fn, recipe, emulate):
         trainer_float8.convert(model, recipe=recipe, emulate=emulate, module_filter_fn=module_filter_fn)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import fp8conf
-from conformance.fingerprints import reordered
-from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.draw.fingerprints import reordered
+from conformance.draw.models import LayerSpec, ModelSpec, build_model
 from fp8conf import ArtifactError, ArtifactIntegrityError, FingerprintMismatchError, QuantizationSignature
 from fp8conf.artifacts import store
 from fp8conf.compile import joint as graph_compile
@@ -121,7 +121,7 @@ def test_fingerprint_is_the_same_under_any_pythonhashseed():
     code = textwrap.dedent(
         """
         import warnings; warnings.simplefilter("ignore")
-        from conformance.models import build_model
+        from conformance.draw.models import build_model
         from fingerprint_models import SPEC_A
         from fp8conf import QuantizationSignature
         print("SHA", QuantizationSignature.from_model(build_model(SPEC_A)[0]).sha256)
@@ -249,7 +249,7 @@ def test_round_trip_in_a_fresh_process_is_bitwise(saved, tmp_path):
         f"""
         import warnings; warnings.simplefilter("ignore")
         import torch, fp8conf
-        from conformance.models import build_model
+        from conformance.draw.models import build_model
         from fingerprint_models import SPEC_A
         data = torch.load({str(path.with_suffix(".pt"))!r})
         model, _ = build_model(SPEC_A)

@@ -1,4 +1,4 @@
-"""The suite's own FPR changes (conformance/fingerprints.py) reach every quantization input."""
+"""The suite's own FPR changes (conformance/draw/fingerprints.py) reach every quantization input."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from conformance.fingerprints import CONFIG_FIELDS, NOT_NUMERICS, flippable
-from conformance.strategies import FLOAT8_RECIPES
+from conformance.draw.fingerprints import CONFIG_FIELDS, NOT_NUMERICS, flippable
+from conformance.draw.strategies import FLOAT8_RECIPES
 
 
 def _leaf_paths(config, prefix=""):

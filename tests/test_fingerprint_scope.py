@@ -4,7 +4,7 @@
   registration order and unrelated job settings; a ``"quantization"`` one may not. Both change
   with every quantization input and agree across builds and processes.
 * Versions are simulated where every reader sees them: ``__version__`` and the installed
-  package metadata (``conformance.versions``).
+  package metadata (``conformance.draw.versions``).
 * ``Backend.expressible_config_fields`` and ``UnsupportedConfig``: config-field changes are drawn
   from what a backend's jobs can express; refusing an inexpressible one is ``not_supported``,
   refusing a model converted from named recipes a failure.
@@ -24,8 +24,8 @@ from packaging.version import Version
 from conformance.api import FINGERPRINT_SCOPES, Backend, UnsupportedConfig
 from conformance.backends.makefx import MakeFxBackend
 from conformance.backends.reference import ReferenceBackend
-from conformance.fingerprint_scopes import SCOPE_PROMISES
-from conformance.fingerprints import (
+from conformance.judge.fingerprint_scopes import SCOPE_PROMISES
+from conformance.draw.fingerprints import (
     CONFIG_FIELDS,
     STRUCTURE_KINDS,
     UNRELATED_KINDS,
@@ -33,8 +33,8 @@ from conformance.fingerprints import (
     drawable_config_fields,
     quantization_changes,
 )
-from conformance.models import LayerSpec, ModelSpec, build_model
-from conformance.versions import current_version, other_version, simulated_versions
+from conformance.draw.models import LayerSpec, ModelSpec, build_model
+from conformance.draw.versions import current_version, other_version, simulated_versions
 from test_mutants import run_suite
 
 SPEC = ModelSpec(in_features=16, layers=(LayerSpec(width=16, recipe="rowwise"), LayerSpec(width=32, recipe=None)))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fp8conf
-from conformance import rewrites
-from conformance.strategies import runnable_recipes
+from conformance.judge import rewrites
+from conformance.draw.strategies import runnable_recipes
 from fp8conf.tools.example_models import build_stack
 from fp8conf.compile import compile_split
 from fp8conf.graph.split import split_stage

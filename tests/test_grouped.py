@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fp8conf
-from conformance.moe import ExpertsSpec, MoESpec, build_experts_model, build_moe_model
+from conformance.draw.moe import ExpertsSpec, MoESpec, build_experts_model, build_moe_model
 from conformance.backends.reference import ReferenceBackend
 from fp8conf.errors import GroupedExpertsError
 from fp8conf.quantized.grouped import (
@@ -204,7 +204,7 @@ def _v2(spec):
 
 @pytest.mark.fp8_sm90
 def test_experts_on_the_second_api_compute_what_the_first_computes_on_gpu():
-    from conformance.strategies import grouped_v2_runs
+    from conformance.draw.strategies import grouped_v2_runs
 
     if not grouped_v2_runs("cuda"):
         pytest.skip(f"torch {torch.__version__} runs no F.scaled_grouped_mm on this GPU")
@@ -225,8 +225,8 @@ def test_experts_on_the_second_api_compute_what_the_first_computes_on_gpu():
 @pytest.mark.parametrize("api", ["first", "second"])
 @pytest.mark.parametrize("mode", ["full", "regional"])
 def test_compiled_moe_graph_matches_eager_on_gpu(mode, api):
-    from conformance.moe import v2_grouped_structure
-    from conformance.strategies import grouped_v2_runs
+    from conformance.draw.moe import v2_grouped_structure
+    from conformance.draw.strategies import grouped_v2_runs
 
     spec = MoESpec(dim=64, hidden=128, experts=4, top_k=2, layers=2, tokens=64, unused=(1,))
     convert = _convert

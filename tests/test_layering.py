@@ -4,6 +4,11 @@ Outside ``conformance/backends/`` (the adapters, which may wrap any implementati
 ``conformance`` imports fp8conf, not even lazily inside a function; and the contract,
 ``conformance.api``, re-exported by ``conformance``, imports neither torch nor fp8conf nor the
 test machinery, so a backend author can import it anywhere.
+
+The other way round, fp8conf imports nothing of the suite: what both need (the contract's errors,
+types and spec, and two standard-library helpers) is fp8contract, a leaf both import. The suite's
+folders follow its pipeline (draw, run, observe, judge, report), with few loose modules left at
+its top, no cycles between its stages, and its plugin imported by nobody else.
 """
 
 from __future__ import annotations
@@ -81,14 +86,14 @@ def test_the_contract_imports_without_torch_fp8conf_hypothesis_or_pytest():
 
 
 def test_the_blocker_blocks():
-    proc = _import_blocked("conformance.harness")
+    proc = _import_blocked("conformance.run.harness")
     assert proc.returncode != 0 and "is blocked" in proc.stderr, proc.stderr[-2000:]
 
 
 # --- no import cycles, lazy imports included -------------------------------------------------
 
 
-def _import_graph(root: Path, packages=("fp8conf", "conformance")) -> dict[str, set[str]]:
+def _import_graph(root: Path, packages=("fp8conf", "fp8contract", "conformance")) -> dict[str, set[str]]:
     """Module -> the modules of ``packages`` it imports, at module level or inside a function
     (a lazy import hides a cycle from Python, not from a reader)."""
     modules = {}
@@ -208,3 +213,164 @@ def test_the_layer_scan_sees_a_stage_importing_the_engine(tmp_path):
     (package / "graph" / "regions.py").write_text("def f():\n    from fp8conf.compile.joint import x\n")
     edges = _import_graph(tmp_path, ("fp8conf",))
     assert _imports_of_package(edges, "fp8conf.graph", "fp8conf.compile") == ["fp8conf.graph.regions imports fp8conf.compile.joint"]
+
+
+# --- the library never imports the suite; both share fp8contract as a leaf --------------------
+
+FP8CONF = ROOT / "fp8conf"
+CONTRACT = ROOT / "fp8contract"
+_IMPORTERS = ("import_module", "__import__", "find_spec", "import_plugin")
+
+
+def _names_imported(path: Path) -> list[tuple[int, str]]:
+    """Every module ``path`` imports (module level or lazily), and every string it hands to an
+    importer (``importlib.import_module("x")``, ``__import__``, ``find_spec``) or that reads as a
+    dotted module path of the suite (``"-p", "conformance.plugin"`` for pytest)."""
+    found = []
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called in _IMPORTERS and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                found.append((node.lineno, node.args[0].value))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            text = node.value.strip()
+            if text.split(".")[0].split(":")[0] == "conformance" and text.replace(".", "").replace(":", "").replace("_", "").isalnum():
+                found.append((node.lineno, text.partition(":")[0]))
+    return sorted(set(found))
+
+
+def _suite_imports(path: Path, root: Path = ROOT) -> list[str]:
+    return [f"{path.relative_to(root)}:{line}: imports {name}" for line, name in _names_imported(path)
+            if name == "conformance" or name.startswith("conformance.")]
+
+
+def test_fp8conf_never_imports_the_suite():
+    scanned = sorted(FP8CONF.rglob("*.py"))
+    assert len(scanned) > 50, scanned
+    found = [line for path in scanned for line in _suite_imports(path)]
+    assert not found, "fp8conf modules that import the conformance suite (the contract is fp8contract):\n" + "\n".join(found)
+
+
+def test_the_suite_import_scan_sees_lazy_and_string_imports(tmp_path):
+    module = tmp_path / "tool.py"
+    module.write_text(
+        '"""conformance.plugin is named in a docstring only."""\n'
+        "import importlib\n\n"
+        "def f():\n    from conformance.api import Backend\n"
+        "    importlib.import_module('conformance.run.harness')\n"
+        "    return ['-p', 'conformance.plugin', 'the conformance suite']\n"
+    )
+    assert _suite_imports(module, tmp_path) == [
+        "tool.py:5: imports conformance.api", "tool.py:6: imports conformance.run.harness", "tool.py:7: imports conformance.plugin",
+    ]
+
+
+def test_fp8contract_is_a_leaf():
+    # It imports the standard library and itself only (rank processes import torch lazily, to
+    # start torch's own process launcher): never fp8conf, the suite, pytest or Hypothesis.
+    scanned = sorted(CONTRACT.rglob("*.py"))
+    assert len(scanned) >= 4, scanned
+    found = [f"{path.relative_to(ROOT)}:{line}: imports {name}" for path in scanned for line, name in _names_imported(path)
+             if name.split(".")[0] in ("fp8conf", "conformance", "pytest", "hypothesis", "torchao")]
+    assert not found, "fp8contract must import neither fp8conf nor the suite:\n" + "\n".join(found)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BLOCKED_IMPORT.split("import {module}")[0].replace('"fp8conf",', '"fp8conf", "conformance",')
+         + "import fp8contract, fp8contract.errors, fp8contract.types, fp8contract.spec, fp8contract.writing, fp8contract.rank_processes\n"
+         + "loaded = sorted(m for m in sys.modules if m.split('.')[0] in BLOCKED)\nassert not loaded, loaded\n"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_conformance_api_reexports_the_contract_unchanged():
+    import fp8contract.errors
+    import fp8contract.spec
+    import fp8contract.types
+
+    import conformance
+    import conformance.api
+    import fp8conf.errors
+
+    for leaf in (fp8contract.errors, fp8contract.types, fp8contract.spec):
+        suite = __import__(f"conformance.api.{leaf.__name__.rpartition('.')[2]}", fromlist=["_"])
+        assert list(suite.__all__) == list(leaf.__all__)
+        for name in leaf.__all__:
+            assert getattr(suite, name) is getattr(leaf, name), name
+            if name in conformance.api.__all__:
+                assert getattr(conformance.api, name) is getattr(leaf, name) is getattr(conformance, name), name
+    # fp8conf's errors subclass the very classes a backend's adapter and the suite catch.
+    assert issubclass(fp8conf.errors.FP8ValidationError, conformance.api.ValidationFailure)
+
+
+# --- conformance/ by role: few loose modules, the plugin imported by nobody else ---------------
+
+#: Old top-level paths kept as deprecated aliases of the modules now under draw/.
+SHIMS = {"models": "conformance.draw.models", "moe": "conformance.draw.moe", "families": "conformance.draw.families",
+         "e8m0": "conformance.draw.e8m0", "strategies": "conformance.draw.strategies"}
+PLUGIN_SHIMS = {"gating": "conformance.run.gating", "loading": "conformance.run.loading"}
+
+
+def test_conformance_has_few_loose_modules():
+    # The suite's folders show its pipeline (draw, run, observe, judge, report); what stays loose at
+    # the top is the package's __init__ and the deprecated aliases of moved modules.
+    loose = sorted(p.name for p in CONFORMANCE.glob("*.py"))
+    assert len(loose) <= 6, f"{len(loose)} loose modules at conformance/'s top level: {loose}"
+    stages = {p.name for p in CONFORMANCE.iterdir() if (p / "__init__.py").is_file()}
+    assert {"api", "backends", "draw", "run", "observe", "judge", "report", "plugin"} <= stages, stages
+
+
+def test_nothing_outside_the_plugin_imports_it():
+    plugin = CONFORMANCE / "plugin"
+    scanned = [p for root in (CONFORMANCE, FP8CONF, CONTRACT) for p in sorted(root.rglob("*.py")) if plugin not in p.parents]
+    assert len(scanned) > 100, len(scanned)
+    found = [f"{path.relative_to(ROOT)}:{line}: imports {name}" for path in scanned for line, name in _names_imported(path)
+             if name == "conformance.plugin" or name.startswith("conformance.plugin.")]
+    assert not found, "modules outside conformance/plugin that import it:\n" + "\n".join(found)
+
+
+def test_no_import_cycles_between_the_suites_stages():
+    # Stage by stage (api, draw, run, observe, judge, report, plugin, ...), not only module by
+    # module: the stages import one another one way only.
+    edges = _import_graph(ROOT)
+    stages: dict[str, set[str]] = {}
+    for name, targets in edges.items():
+        if not name.startswith("conformance.") or name.count(".") < 2:
+            continue
+        stage = ".".join(name.split(".")[:2])
+        for target in targets:
+            other = ".".join(target.split(".")[:2])
+            if target.startswith("conformance.") and target.count(".") >= 1 and other != stage:
+                stages.setdefault(stage, set()).add(other)
+        stages.setdefault(stage, set())
+    for targets in stages.values():
+        targets &= set(stages)
+    assert {"conformance.draw", "conformance.run", "conformance.judge"} <= set(stages), sorted(stages)
+    cycles = _cycles(stages)
+    assert not cycles, "cycles between the suite's stages:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_moved_modules_keep_their_old_paths_with_a_warning():
+    lines = [f"import importlib, warnings\nwarnings.simplefilter('always')\n"]
+    for old, new in [(f"conformance.{k}", v) for k, v in SHIMS.items()] + [(f"conformance.plugin.{k}", v) for k, v in PLUGIN_SHIMS.items()]:
+        lines.append(
+            f"with warnings.catch_warnings(record=True) as seen:\n"
+            f"    old = importlib.import_module({old!r})\n"
+            f"assert old is importlib.import_module({new!r}), {old!r}\n"
+            f"assert [w for w in seen if issubclass(w.category, DeprecationWarning) and {new!r} in str(w.message)], {old!r}\n"
+        )
+    lines.append("from conformance.models import *\nassert callable(build_model) and ModelSpec.__module__ == 'conformance.draw.models'\nprint('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", "".join(lines)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+    assert {p.stem for p in CONFORMANCE.glob("*.py")} - {"__init__"} == set(SHIMS)

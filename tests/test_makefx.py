@@ -31,7 +31,7 @@ def test_makefx_claims_the_contract_points_a_peer_needs():
 
 def _first_rowwise_step():
     from conformance.backends.makefx_trainer import trace_train_step
-    from conformance.models import LayerSpec, ModelSpec, build_model
+    from conformance.draw.models import LayerSpec, ModelSpec, build_model
 
     # The first layer's input needs no gradient; autograd computes its grad_input anyway, and
     # TorchAO scales that rowwise matmul's result in place (``output *= scale``).
@@ -43,7 +43,7 @@ def _first_rowwise_step():
 def _kept_in_place_ops(gm):
     """In-place ops of the step that no output depends on, with the FP8 matmul each scales."""
     from conformance.backends.makefx_trainer import is_fp8_matmul
-    from conformance.graphs import output_dependencies
+    from conformance.observe.graphs import output_dependencies
 
     needed = output_dependencies(gm)
     return [(n, n.args[0]) for n in gm.graph.nodes
@@ -67,7 +67,7 @@ def test_a_traced_step_keeps_the_in_place_op_and_the_fp8_matmul_it_scales():
 
 
 def test_the_split_runs_the_kept_in_place_op_in_backward_weight():
-    from conformance.strategies import runnable_recipes
+    from conformance.draw.strategies import runnable_recipes
 
     if "rowwise" not in runnable_recipes():
         pytest.skip("this torch's CPU _scaled_mm cannot run rowwise scales (torch 2.11: tensorwise only)")

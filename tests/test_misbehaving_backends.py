@@ -100,8 +100,8 @@ def test_graphs_without_recorded_values_are_named_as_the_cause(tmp_path):
 def test_the_float8_only_backend_refuses_other_kinds(recipe):
     # What makes the run above mean something: shown such a graph, it fails the property.
     from conformance.backends.reference import ReferenceBackend
-    from conformance.harness import traced
-    from conformance.models import LayerSpec, ModelSpec
+    from conformance.run.harness import traced
+    from conformance.draw.models import LayerSpec, ModelSpec
     from mutants.contract import Float8Only
 
     reference = ReferenceBackend()

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 
 import fp8conf
 from conformance.backends.reference import ReferenceBackend
-from conformance.models import LayerSpec, ModelSpec, build_model
-from conformance.strategies import ALL_KINDS, FLOAT8_AND_MX, model_specs
+from conformance.draw.models import LayerSpec, ModelSpec, build_model
+from conformance.draw.strategies import ALL_KINDS, FLOAT8_AND_MX, model_specs
 from fp8conf.quantized.mx import MXLinear
 
 convert_mx = ReferenceBackend().convert_mx

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 import fp8conf
 from conformance.backends.makefx import MakeFxBackend
 from conformance.backends.reference import ReferenceBackend
-from conformance.harness import supported_kinds
-from conformance.models import LayerSpec, ModelSpec, build_model
-from conformance.strategies import ALL_KINDS, FLOAT8_KIND, MX_KIND, MX_SWIZZLED_KIND, NVFP4_KIND, SCALED_MM_KIND, Constraints, corpus, model_specs
+from conformance.run.harness import supported_kinds
+from conformance.draw.models import LayerSpec, ModelSpec, build_model
+from conformance.draw.strategies import ALL_KINDS, FLOAT8_KIND, MX_KIND, MX_SWIZZLED_KIND, NVFP4_KIND, SCALED_MM_KIND, Constraints, corpus, model_specs
 from fp8conf.quantized.scaled_mm import ScaledMMLinear, has_scaled_mm_v2
 
 pytestmark = pytest.mark.skipif(not has_scaled_mm_v2(), reason="this torch has no F.scaled_mm (2.12 and newer)")

@@ -129,12 +129,12 @@ def test_the_reference_run_shows_the_moe_properties_experts_on_the_second_groupe
 
 @reads_shared_run(GROUP)
 def test_the_reference_run_draws_every_family_in_every_area_the_matrix_says(reference_run):
-    # The coverage matrix (conformance/coverage.py, SPEC's Coverage): each family the reference
+    # The coverage matrix (conformance/report/coverage.py, SPEC's Coverage): each family the reference
     # claims is built by every area the matrix marks drawn, and by no area it marks N/A (a stale
     # reason). Areas of capabilities the reference does not claim (RWR: rewrites) are the worked
     # example's to draw.
     from conformance.backends.reference import ReferenceBackend
-    from conformance.coverage import DRAWN, EXPECTED, area_of
+    from conformance.report.coverage import DRAWN, EXPECTED, area_of
 
     reference_run.require()
     seen = reference_run.coverage or {}

@@ -530,7 +530,7 @@ def _swizzled_block(dim: int = 64):
 @_needs_v2
 @pytest.mark.parametrize("rows, k", [(16, 32), (144, 160), (256, 64)])
 def test_the_suites_reading_of_swizzled_e8m0_scales_inverts_fp8confs_layout_and_torch_takes_its_size(rows, k):
-    from conformance import block_scaled
+    from conformance.judge import block_scaled
     from fp8conf.quantized.ops.e8m0 import to_cublas_blocked
 
     torch.manual_seed(rows)
@@ -554,7 +554,7 @@ def test_the_suites_reading_of_swizzled_e8m0_scales_inverts_fp8confs_layout_and_
 
 @_needs_v2
 def test_swizzled_mx_linears_trace_attribute_count_and_split_on_cpu():
-    from conformance import block_scaled
+    from conformance.judge import block_scaled
 
     model = _swizzled_block()
     convert_to_mx_training(model, recipe="mxfp8_swizzled", module_filter_fn=lambda m, fqn: fqn != "3")
@@ -572,7 +572,7 @@ def test_swizzled_mx_linears_trace_attribute_count_and_split_on_cpu():
 
 @_needs_v2
 def test_the_swizzled_recipe_computes_what_the_emulated_one_does_by_the_suites_reading():
-    from conformance import block_scaled
+    from conformance.judge import block_scaled
 
     real, emulated = _swizzled_block(), _swizzled_block()
     convert_to_mx_training(real, recipe="mxfp8_swizzled")
@@ -594,7 +594,7 @@ def test_the_swizzled_recipe_computes_what_the_emulated_one_does_by_the_suites_r
 
 @_needs_v2
 def test_a_swizzled_mx_matmul_with_row_major_scales_is_refused_by_the_suites_reading():
-    from conformance import block_scaled
+    from conformance.judge import block_scaled
 
     fn = torch.nn.functional
     a = torch.randn(16, 32).to(torch.float8_e4m3fn)
@@ -612,7 +612,7 @@ def test_the_trainers_own_mx_linears_quantize_and_swizzle_as_fp8conf_and_the_sui
     # (permuted tiles) and the suite's reading.
     import trainer_mx
 
-    from conformance import block_scaled
+    from conformance.judge import block_scaled
     from fp8conf.quantized.ops.e8m0 import to_cublas_blocked
 
     torch.manual_seed(5)

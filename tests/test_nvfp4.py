@@ -1,5 +1,5 @@
 """fp8conf's NVFP4 linear (``fp8conf.quantized.nvfp4``) and the suite's reading of NVFP4 matmuls
-(``conformance.block_scaled``): quantization, the swizzled layout (two independent implementations
+(``conformance.judge.block_scaled``): quantization, the swizzled layout (two independent implementations
 checked against each other and against torch's Meta kernel), conversion, and the passes on traced
 NVFP4 graphs, all on CPU, where torch has no NVFP4 kernel but traces them."""
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import fp8conf
-from conformance import block_scaled as suite
+from conformance.judge import block_scaled as suite
 from fp8conf.errors import NVFP4ConversionError
 from fp8conf.quantized.nvfp4 import (
     NVFP4Linear, convert_to_nvfp4_training, from_nvfp4, has_nvfp4, swizzle_block_scales, swizzled_scales_numel, to_nvfp4,

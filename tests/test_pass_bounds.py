@@ -10,11 +10,11 @@ import torch
 
 from conformance.backends.makefx import MakeFxBackend
 from conformance.backends.reference import ReferenceBackend
-from conformance.dispatch import always_generated, observed
-from conformance.graphs import fp8_compute_nodes, incompleteness, surely_backward, tangent_placeholders
-from conformance.harness import fp8_ops, fresh_args, grad_outputs, traced
-from conformance.models import LayerSpec, ModelSpec
-from conformance.strategies import runnable_recipes
+from conformance.observe.dispatch import always_generated, observed
+from conformance.observe.graphs import fp8_compute_nodes, incompleteness, surely_backward, tangent_placeholders
+from conformance.run.harness import fp8_ops, fresh_args, grad_outputs, traced
+from conformance.draw.models import LayerSpec, ModelSpec
+from conformance.draw.strategies import runnable_recipes
 
 SPEC = ModelSpec(
     in_features=32,

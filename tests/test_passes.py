@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fp8conf
-from conformance.models import LayerSpec, ModelSpec, build_model
-from conformance.strategies import runnable_recipes
+from conformance.draw.models import LayerSpec, ModelSpec, build_model
+from conformance.draw.strategies import runnable_recipes
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.fp8_sm89)]
@@ -224,8 +224,8 @@ def test_model_without_quantized_modules():
 
 
 def test_strict_error_names_module_pass_and_all_findings(traced):
-    from conformance.graphs import copy_graph_module
-    from conformance.rewrites import lower_to_high_precision
+    from conformance.observe.graphs import copy_graph_module
+    from conformance.judge.rewrites import lower_to_high_precision
 
     _, _, _, gm = traced("rowwise", False)
     gm = copy_graph_module(gm)

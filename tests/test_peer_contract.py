@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.fx
 
-from conformance import notes
+from conformance.report import notes
 from conformance.api import StageSplit, ValidationFailure
-from conformance.harness import names_module, names_pass, require_subject
+from conformance.run.harness import names_module, names_pass, require_subject
 from conformance.plugin.report import NOTE_KEY, TestRecord, property_row, record_outcome
 from conformance.api.spec import get_property
-from conformance.stages import split_step
+from conformance.run.stages import split_step
 
 
 def test_a_location_is_read_from_the_attribute_when_set_else_from_the_message():
@@ -91,7 +91,7 @@ def test_notes_of_a_test_reach_its_report_row():
 
 
 def test_the_run_device_is_the_one_serving_names_and_cpu_otherwise():
-    from conformance import harness
+    from conformance.run import harness
     from conformance.backends.makefx import MakeFxBackend
 
     assert harness.device() == "cpu"

@@ -1,4 +1,4 @@
-"""Rank processes started from a fork server (conformance/rank_processes.py) get what a spawned
+"""Rank processes started from a fork server (fp8contract/rank_processes.py) get what a spawned
 rank gets: the launcher's environment at the launch, its sys.path, and an output that reaches
 the launcher's streams; a rank's error reaches the launcher as torch.multiprocessing raises it."""
 
@@ -10,8 +10,8 @@ import os
 import pytest
 import torch.multiprocessing as mp
 
-from conformance import rank_processes
-from conformance.rank_processes import start_ranks
+from fp8contract import rank_processes
+from fp8contract.rank_processes import start_ranks
 
 # Rank functions: module-level, so that a rank can import them (tests/ is on sys.path).
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fp8conf
-from conformance.strategies import runnable_recipes
+from conformance.draw.strategies import runnable_recipes
 from fp8conf import log
 from fp8conf.compile import region_compile
 from fp8conf.compile.unit_failures import RETRY_PATCHES

@@ -2,7 +2,7 @@
 plugin (conformance/plugin/), run through pytester with torch-free fake backends.
 
 In-process runs (``run``) are fast; runs with ``-n 2`` or a hang that must kill a process go
-through a subprocess. The failing fake properties mimic :func:`conformance.harness.fail`, whose
+through a subprocess. The failing fake properties mimic :func:`conformance.run.harness.fail`, whose
 message ends with the drawn model as Python (the harness itself imports torch).
 """
 
@@ -40,12 +40,12 @@ FAKE_BACKENDS = fake_backends.BASE + """
 FAKE = "--fp8-backend=fakebackends:Fake"
 
 # PROV-001 passes and logs every call; PROV-002 fails from x >= 3 (minimal failing x: 3), with
-# a message like conformance.harness.fail's; PROV-003 is a plain test.
+# a message like conformance.run.harness.fail's; PROV-003 is a plain test.
 PROPERTY_TESTS = """
     import os
     import pytest
     from hypothesis import given, strategies as st
-    from conformance.replay import MODEL_MARKER
+    from conformance.report.replay import MODEL_MARKER
 
     def _log(name, x):
         with open(f"calls_{name}_{os.getpid()}.txt", "a") as f:
@@ -490,7 +490,7 @@ def test_fp8conf_check_passes_the_new_options(monkeypatch):
 
 BUILT_TESTS = """
     import pytest
-    from conformance import evidence
+    from conformance.observe import evidence
 
     @pytest.mark.fp8_property("PROV-001")
     def test_PROV_001_builds(fp8_backend):

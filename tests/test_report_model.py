@@ -214,7 +214,7 @@ def test_build_report_rows_follow_the_registry_and_list_the_untested(report):
     assert list(report) == [
         "schema_version", "run", "suite", "spec_version", "checked_spec_version", "backend",
         "environment", "options", "summary", "properties", "untested", "models", "built_with", "coverage",
-        "coverage_cells",
+        "coverage_left_out", "coverage_cells",
     ]
     assert list(report["properties"]) == ["PROV-001", "PROV-002", "VAL-001"]
     assert report["properties"]["PROV-002"]["tests"] == 2

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from conformance import evidence
+from conformance.observe import evidence
 from conformance.api.spec import PROPERTIES
-from conformance.models import LayerSpec, ModelSpec
+from conformance.draw.models import LayerSpec, ModelSpec
 from conformance.plugin import render
 from conformance.plugin.causes import decide
 from conformance.plugin.report import (
     EXAMPLE_OUTCOMES_KEY, PROPERTY_KEY, TestRecord, build_report, property_row, record_outcome,
 )
-from conformance.strategies import ALL_KINDS, Constraints, _smallest_first, model_specs, served
+from conformance.draw.strategies import ALL_KINDS, Constraints, _smallest_first, model_specs, served
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -223,7 +223,7 @@ def test_a_reproducer_is_readable_python_one_layer_per_line():
     code = spec.to_python()
     assert code == (
         "import torch\n"
-        "from conformance.models import *\n"
+        "from conformance.draw.models import *\n"
         "\n"
         "spec = ModelSpec(\n"
         "    in_features=16,\n"

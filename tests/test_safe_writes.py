@@ -28,7 +28,7 @@ import sys
 import pytest
 
 import fp8conf
-from conformance.models import build_model
+from conformance.draw.models import build_model
 from conformance.plugin import report_files
 from fingerprint_models import SPEC_A
 from fp8conf import QuantizationSignature
@@ -271,7 +271,7 @@ def test_precompile_save_on_a_full_disk_exits_2_naming_the_path(tmp_path, monkey
 
 
 def test_write_files_without_overwrite_never_replaces_a_file_that_appears_while_writing(tmp_path, monkeypatch):
-    from conformance import writing
+    from fp8contract import writing
 
     path = tmp_path / "k.key"
     real_write_whole = writing._write_whole

@@ -1,7 +1,7 @@
 """Grouped experts on torch's second scaled-matmul API (``F.scaled_grouped_mm`` ->
 ``aten._scaled_grouped_mm_v2``): fp8conf's ``Float8GroupedExperts(v2=True)``, traced, validated,
 split and region-identified on CPU under the suite's structure-only Meta kernel
-(``conformance.moe.v2_grouped_structure``; torch ships a CUDA kernel only). Its numerics need an
+(``conformance.draw.moe.v2_grouped_structure``; torch ships a CUDA kernel only). Its numerics need an
 sm90 GPU; here its structure is checked, and that the kernel is scoped and never computes.
 """
 
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import fp8conf
-from conformance.graphs import Fp8Ops, fp8_compute_nodes, grouped_offsets, incompleteness, is_fp8_cast
-from conformance.moe import MoESpec, build_moe_model, has_v2_grouped_meta_kernel, v2_grouped_structure
+from conformance.observe.graphs import Fp8Ops, fp8_compute_nodes, grouped_offsets, incompleteness, is_fp8_cast
+from conformance.draw.moe import MoESpec, build_moe_model, has_v2_grouped_meta_kernel, v2_grouped_structure
 from conformance.backends.reference import ReferenceBackend
 from fp8conf.quantized.grouped import Float8GroupedExperts, has_scaled_grouped_mm_v2
 
@@ -117,7 +117,7 @@ def test_v2_grouped_experts_trace_validate_split_and_identify_regions_on_cpu(inp
 
 
 def test_a_v2_grouped_gemm_lost_to_high_precision_fails_validation_naming_its_experts():
-    from conformance.rewrites import lower_grouped_to_high_precision
+    from conformance.judge.rewrites import lower_grouped_to_high_precision
 
     _spec, model, args = _model(True)
     with v2_grouped_structure():

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import fp8conf
-from conformance.strategies import SCALED_MM_KIND, runnable_kinds
+from conformance.draw.strategies import SCALED_MM_KIND, runnable_kinds
 from fp8conf.errors import FP8ValidationError, ScaledMMConversionError
 from fp8conf.quantized.scaled_mm import ScaledMMLinear, convert_to_scaled_mm_training, has_scaled_mm_v2
 

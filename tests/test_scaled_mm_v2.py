@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fp8conf
-from conformance.strategies import SCALED_MM_KIND, runnable_kinds
+from conformance.draw.strategies import SCALED_MM_KIND, runnable_kinds
 from fp8conf.graph.roles import OpRole, scale_operands
 
 E4M3 = torch.float8_e4m3fn

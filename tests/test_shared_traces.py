@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 import shared_traces
-from conformance import harness, watchdog
+from conformance.run import harness, watchdog
 from conformance.backends.makefx import MakeFxBackend
 from conformance.backends.reference import ReferenceBackend
-from conformance.models import LayerSpec, ModelSpec
+from conformance.draw.models import LayerSpec, ModelSpec
 
 SPEC = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="tensorwise"),))
 MX_SPEC = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="mxfp8"),))

@@ -1,4 +1,4 @@
-"""The property registry (conformance/spec.py) against the suite's tests, read statically.
+"""The property registry (fp8contract/spec.py) against the suite's tests, read statically.
 
 Every ``fp8_property("...")`` citation in conformance/properties/*.py names a registered
 property, and every property of a capability the reference backend claims has a test. A
@@ -131,7 +131,7 @@ def test_spec_md_and_the_registry_state_each_rule_in_one_wording():
         f"registry entries without a SPEC.md row: {sorted(set(registry) - set(rows))}"
     )
     differing = {pid: (rows[pid], registry[pid]) for pid in rows if rows[pid] != registry[pid]}
-    assert not differing, "SPEC.md and conformance/api/spec.py word these rules differently:\n" + "\n".join(
+    assert not differing, "SPEC.md and fp8contract/spec.py word these rules differently:\n" + "\n".join(
         f"{pid}:\n  SPEC.md:  {spec}\n  registry: {reg}" for pid, (spec, reg) in sorted(differing.items())
     )
 

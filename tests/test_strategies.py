@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.models import LayerSpec, ModelSpec
-from conformance.strategies import (
+from conformance.draw.models import LayerSpec, ModelSpec
+from conformance.draw.strategies import (
     ALL_KINDS, CORPUS_SIZE, FLOAT8_RECIPES, Constraints, corpus, float8_left_out, served, served_spec, supported_kinds,
 )
-from conformance.strategies import _drawn_specs  # the strategy behind the corpus
+from conformance.draw.strategies import _drawn_specs  # the strategy behind the corpus
 
 pytest_plugins = ["pytester"]
 
@@ -104,7 +104,7 @@ def test_properties_with_the_same_constraints_share_models_and_others_overlap():
 
 
 _PRINT_CORPUS = (
-    "from conformance.strategies import Constraints, ALL_KINDS, corpus\n"
+    "from conformance.draw.strategies import Constraints, ALL_KINDS, corpus\n"
     "import json\n"
     "print(json.dumps([repr(s) for s in corpus(Constraints(kinds=ALL_KINDS, emulate=False), n=25)]))\n"
 )
@@ -137,7 +137,7 @@ def test_a_derandomized_profile_draws_from_the_corpus_and_others_draw_afresh(pyt
     pytester.makepyfile(
         """
         from hypothesis import given, settings, strategies as st
-        from conformance.strategies import ALL_KINDS, Constraints, corpus, model_specs
+        from conformance.draw.strategies import ALL_KINDS, Constraints, corpus, model_specs
 
         seen = []
 
@@ -182,7 +182,7 @@ def test_a_backends_own_float8_linears_get_only_their_recipes_and_no_emulation()
 
 @pytest.mark.parametrize("c", [Constraints(recipes=("tensorwise",)), Constraints(emulate=True)])
 def test_a_property_asking_only_for_what_the_backend_lacks_is_not_supported(c):
-    from conformance.plugin.gating import NOT_SUPPORTED
+    from conformance.run.gating import NOT_SUPPORTED
 
     with supported_kinds(("float8_linear",), **OWN), pytest.raises(pytest.skip.Exception) as skipped:
         served(c)
@@ -212,8 +212,8 @@ def _backend(**attributes):
     (frozenset({"mxfp8_swizzled"}), "mxfp8_swizzled", "mxfp8_linear"),
 ])
 def test_mx_layers_are_drawn_of_the_declared_recipes_and_a_property_asking_for_others_is_not_supported(mx_recipes, wanted, lacked):
-    from conformance.harness import supported_kinds as kinds_of
-    from conformance.plugin.gating import NOT_SUPPORTED
+    from conformance.run.harness import supported_kinds as kinds_of
+    from conformance.run.gating import NOT_SUPPORTED
 
     kinds = kinds_of(_backend(mx_recipes=mx_recipes))
     assert wanted in kinds and lacked not in kinds

@@ -1,4 +1,4 @@
-"""The suite's own reading of sharded graphs (conformance/distributed.py), on graphs the reference
+"""The suite's own reading of sharded graphs (conformance/run/distributed.py), on graphs the reference
 traces over torch's fake process group: which all-gathers reach a module's weight, and what they
 move, judged from the graph alone (no fp8conf collective record is read)."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.distributed import (
+from conformance.run.distributed import (
     fake_mesh, forward_matmuls, is_all_gather, moves_fp8_bytes, only_views_between, weight_gathers,
 )
-from conformance.graphs import Fp8Ops, trace_with_oracle
-from conformance.models import LayerSpec, ModelSpec, build_model
+from conformance.observe.graphs import Fp8Ops, trace_with_oracle
+from conformance.draw.models import LayerSpec, ModelSpec, build_model
 
 SPEC = ModelSpec(32, (LayerSpec(64, "tensorwise", bias=True), LayerSpec(32, None), LayerSpec(32, "tensorwise")))
 QUANTIZED = ("layers.0", "layers.2")
@@ -61,7 +61,7 @@ def test_the_fake_mesh_refuses_a_second_process_group():
 def test_sharded_models_are_what_float8_all_gather_and_the_fp8_styles_take(tensor_parallel):
     from hypothesis import given, settings
 
-    from conformance.strategies import sharded_specs
+    from conformance.draw.strategies import sharded_specs
 
     @settings(max_examples=30, database=None, deadline=None)
     @given(spec=sharded_specs(tensor_parallel=tensor_parallel))

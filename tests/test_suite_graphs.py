@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conformance.backends.reference import ReferenceBackend
-from conformance.graphs import Fp8Ops, copy_graph_module, fp8_compute_nodes, run_for_side_effects_only
-from conformance.harness import fp8_compute_truth, fp8_ops, traced
-from conformance.models import LayerSpec, ModelSpec
+from conformance.observe.graphs import Fp8Ops, copy_graph_module, fp8_compute_nodes, run_for_side_effects_only
+from conformance.run.harness import fp8_compute_truth, fp8_ops, traced
+from conformance.draw.models import LayerSpec, ModelSpec
 
 SPEC = ModelSpec(in_features=32, layers=(LayerSpec(width=32, recipe="tensorwise"), LayerSpec(width=32, recipe="mxfp8")))
 REFERENCE = ReferenceBackend()
@@ -84,7 +84,7 @@ def test_a_backend_without_e8m0_is_never_asked_for_its_op():
 
 
 def test_what_runs_is_what_the_outputs_need_plus_side_effects_and_their_inputs():
-    from conformance.graphs import live_nodes
+    from conformance.observe.graphs import live_nodes
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def step(x, w):
@@ -154,8 +154,8 @@ def test_a_kept_matmul_beyond_an_unneeded_grad_input_is_dead_compute():
 def test_fp8_compute_the_suites_attribution_gives_to_no_module_is_a_verdict_with_its_evidence():
     # A pass that rebuilt the node without its metadata leaves the suite's ground truth blank: the
     # property fails naming the node, its pass and sequence number, never a TypeError in the suite.
-    from conformance.graphs import Oracle
-    from conformance.harness import attributed
+    from conformance.observe.graphs import Oracle
+    from conformance.run.harness import attributed
 
     def step(a, b, sa, sb):
         return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32)

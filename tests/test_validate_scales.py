@@ -20,9 +20,9 @@ from torch import nn
 
 import fp8conf
 from conformance.backends.reference import ReferenceBackend
-from conformance.models import LayerSpec, ModelSpec, build_model
-from conformance.moe import MoESpec, build_moe_model, v2_grouped_structure
-from conformance.strategies import SCALED_MM_KIND, runnable_kinds
+from conformance.draw.models import LayerSpec, ModelSpec, build_model
+from conformance.draw.moe import MoESpec, build_moe_model, v2_grouped_structure
+from conformance.draw.strategies import SCALED_MM_KIND, runnable_kinds
 from fp8conf.graph.roles import is_fp8_compute
 from fp8conf.graph.scales import SCALE_PROPERTY_ID, scale_findings, scale_problems
 from fp8conf.quantized.grouped import convert_to_float8_grouped_experts, has_scaled_grouped_mm_v2

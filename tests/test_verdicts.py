@@ -94,7 +94,7 @@ SLOW_FAILURE = """
     import time
     import pytest
     from hypothesis import given, strategies as st
-    from conformance.replay import MODEL_MARKER
+    from conformance.report.replay import MODEL_MARKER
 
     @pytest.mark.fp8_property("PROV-002")
     @given(x=st.integers(0, 10**9))

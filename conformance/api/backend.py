@@ -359,7 +359,7 @@ class Backend(abc.ABC):
         """Convert, in place, the experts modules of ``model`` that ``module_filter_fn(module, fqn)``
         accepts into the backend's FP8 grouped experts (capability ``moe``; kind
         ``float8_grouped_experts``). An experts module (the suite's
-        ``conformance.moe.GroupedExperts``) has a Parameter ``weight`` of shape ``(E, out, in)``,
+        ``conformance.draw.moe.GroupedExperts``) has a Parameter ``weight`` of shape ``(E, out, in)``,
         dims multiples of 16, and is called as ``module(x, offs)``: ``x`` ``(M, in)`` holds tokens
         sorted by expert, ``offs`` the ``(E,)`` int32 end offsets of the token groups (a group may
         be empty; ``offs[-1] == M``; every group's size a multiple of 16), and the result is
@@ -382,7 +382,7 @@ class Backend(abc.ABC):
         ``scaled_grouped_mm_v2`` and builds them through this method. torch ships a CUDA kernel
         of ``aten._scaled_grouped_mm_v2`` only, so on CPU the properties that trace (MOE-001 to
         MOE-005) trace them with fake tensors under a Meta kernel of the suite's
-        (``conformance.moe.v2_grouped_structure``), and those that run them (MOE-006 to MOE-008)
+        (``conformance.draw.moe.v2_grouped_structure``), and those that run them (MOE-006 to MOE-008)
         do so only where the device runs them."""
         raise NotImplementedError(f"backend {self.name!r} does not implement convert_scaled_grouped_experts()")
 

@@ -13,19 +13,19 @@ variable gives, is a usage error, not a run that checks nothing):
   before any test runs (:mod:`~conformance.plugin.usage`) and keeps only the tests of
   ``--fp8-property``;
 * loads and instantiates the backend once per session (fixture ``fp8_backend``;
-  :mod:`~conformance.plugin.loading`);
+  :mod:`~conformance.run.loading`);
 * collects ``conformance/properties/`` of the installed package when no test path is given;
 * checks every ``@pytest.mark.fp8_property(ID)`` against :mod:`conformance.api.spec`, skips a
   test as ``not_supported`` when the backend does not claim the property's capability or the
   property is newer than the spec version checked, and skips ``fp8_gpu`` / ``fp8_sm89`` /
   ``fp8_sm90`` / ``fp8_sm100`` tests the local device cannot run
-  (:mod:`~conformance.plugin.gating`);
+  (:mod:`~conformance.run.gating`);
 * marks the tests under an entry of ``--fp8-expectations`` xfail, not strict, and runs their
-  Hypothesis tests without shrinking (:mod:`conformance.expectations`);
-* bounds every example by ``--fp8-timeout`` (:mod:`conformance.watchdog`) and shrinking by
+  Hypothesis tests without shrinking (:mod:`conformance.judge.expectations`);
+* bounds every example by ``--fp8-timeout`` (:mod:`conformance.run.watchdog`) and shrinking by
   ``--fp8-shrink-seconds``, counts the examples Hypothesis ran and adds to every failure the
   command that replays it (:mod:`~conformance.plugin.instrumentation`,
-  :mod:`conformance.replay`); a crashed xdist worker's report names the backend method it was
+  :mod:`conformance.report.replay`); a crashed xdist worker's report names the backend method it was
   in (:mod:`~conformance.plugin.crashes`);
 * prints a line per test as it finishes (:mod:`~conformance.plugin.progress`) and keeps
   torch's and torchao's chatter out of captured logs (:mod:`~conformance.plugin.quiet`);
@@ -43,7 +43,7 @@ do) calls :func:`register_profiles`, :func:`load_profile` and :func:`skip_unavai
 from its ``conftest.py``.
 """
 
-from conformance.plugin.gating import GPU_MARKERS, add_markers, skip_unavailable_gpu_tests
+from conformance.run.gating import GPU_MARKERS, add_markers, skip_unavailable_gpu_tests
 # pytest looks for hooks and fixtures on the module the entry point names: this one.
 from conformance.plugin.hooks import (
     DEFAULT_TIMEOUT,
@@ -55,7 +55,7 @@ from conformance.plugin.hooks import (
     pytest_load_initial_conftests,
     warm_inductor,
 )
-from conformance.plugin.loading import ENTRY_POINT_GROUP, load_backend
+from conformance.run.loading import ENTRY_POINT_GROUP, load_backend
 from conformance.plugin.profiles import (
     DEFAULT_PROFILE,
     PROFILE_ENV,

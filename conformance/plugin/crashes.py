@@ -3,7 +3,7 @@
 A backend that ends its process (``os._exit``, a segfault in a kernel) leaves pytest-xdist
 only "worker 'gw0' crashed while running T". Each worker therefore keeps a small note, in a
 folder the controller names, of the test it runs and the adapter method in progress
-(:func:`conformance.watchdog.on_method_change`); when a worker dies, the controller adds the
+(:func:`conformance.run.watchdog.on_method_change`); when a worker dies, the controller adds the
 note to xdist's report of the crash, which then names the method and carries a reproducer.
 """
 
@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from conformance import replay, watchdog
+from conformance.report import replay
+from conformance.run import watchdog
 from conformance.plugin.handoff import WorkerFolder
 from conformance.plugin.report import PROPERTY_KEY, REPRODUCER_KEY
 

@@ -15,9 +15,10 @@ import pytest
 
 import conformance
 from conformance.api import SPEC_VERSION, Backend
-from conformance.plugin import gating, profiles, usage
+from conformance.run import gating
+from conformance.plugin import profiles, usage
 from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS, DEFAULT_SHRINKS
-from conformance.plugin.loading import ENTRY_POINT_GROUP, load_backend
+from conformance.run.loading import ENTRY_POINT_GROUP, load_backend
 
 __all__ = [
     "DEFAULT_TIMEOUT",

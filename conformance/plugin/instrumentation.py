@@ -24,8 +24,10 @@ from hypothesis.errors import StopTest, UnsatisfiedAssumption
 from hypothesis.internal.conjecture import engine
 from hypothesis.statistics import collector
 
-from conformance import evidence, notes, replay, watchdog
-from conformance.environment import EnvironmentProblem
+from conformance.observe import evidence
+from conformance.report import notes, replay
+from conformance.run import watchdog
+from conformance.run.environment import EnvironmentProblem
 from conformance.plugin.profiles import DEFAULT_SHRINK_SECONDS, DEFAULT_SHRINKS
 from conformance.plugin.report import (
     BUILT_KEY,
@@ -208,7 +210,7 @@ def _drawn_models(item: pytest.Item, kwargs: dict[str, Any]) -> list[Any]:
 
 def _note_example(item: pytest.Item, key: str | None, failure: dict[str, Any] | None) -> None:
     """Note that the example ``key`` passed (``failure`` None) or failed, naming what
-    ``failure`` records (:func:`conformance.evidence.record_failure`; empty when the failure
+    ``failure`` records (:func:`conformance.observe.evidence.record_failure`; empty when the failure
     came from elsewhere). An example that failed once stays failed."""
     if key is None:
         return
@@ -261,7 +263,7 @@ def annotate_report(
 ) -> bool:
     """Add to ``report`` the examples run, a timeout, the reproducer of a failure (also as a
     report section) and, when ``send_device``, the device; True when the device was added. A
-    test the machine stopped (:class:`~conformance.environment.EnvironmentProblem`) carries what
+    test the machine stopped (:class:`~conformance.run.environment.EnvironmentProblem`) carries what
     stopped it instead of a reproducer: no model of the backend's is to blame."""
     extra = report.user_properties  # this report's own copy of item.user_properties
     excinfo = call.excinfo
@@ -354,7 +356,7 @@ def report_thread_timeout(item: pytest.Item, message: str, backend_spec: str) ->
         item.location,
         {name: 1 for name in item.keywords},
         "failed",
-        f"conformance.watchdog.BackendTimeout: {message}",
+        f"conformance.run.watchdog.BackendTimeout: {message}",
         "call",
         user_properties=[*item.user_properties, (TIMEOUT_KEY, message), (REPRODUCER_KEY, found)],
     )

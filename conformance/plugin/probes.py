@@ -9,7 +9,7 @@ probed for a property that is not selected, not claimed by the backend or skippe
 ends before its first test: it writes no report and removes an earlier one at ``--fp8-report``
 (:mod:`~conformance.plugin.ending`).
 
-The probes are :mod:`conformance.environment`'s: torch and the machine, never the backend. Under
+The probes are :mod:`conformance.run.environment`'s: torch and the machine, never the backend. Under
 xdist each worker probes its own selection (the process that would run the tests); a worker that
 finds a problem writes it to a file in a folder its controller gave it and keeps no test, and the
 controller, told the worker's collection is done, raises the usage error.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conformance import environment
+from conformance.run import environment
 from conformance.plugin.handoff import WorkerFolder
 from conformance.plugin.report import PROPERTY_KEY
 

@@ -60,7 +60,7 @@ def _health_checks() -> tuple[Any, ...]:
         HealthCheck.data_too_large,
         HealthCheck.filter_too_much,
         HealthCheck.differing_executors,
-        # A derandomized profile draws the shared corpus of models (conformance.strategies) with
+        # A derandomized profile draws the shared corpus of models (conformance.draw.strategies) with
         # Hypothesis, once per process, when a test first asks for it, possibly from inside its
         # own @given: a one-time nesting, not the per-example kind this check is about.
         *[c for c in (getattr(HealthCheck, "nested_given", None),) if c is not None],

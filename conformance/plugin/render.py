@@ -362,7 +362,7 @@ def _built_with(report: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-#: How a cell of the coverage matrix is printed, by its state (``conformance.coverage.cells``).
+#: How a cell of the coverage matrix is printed, by its state (``conformance.report.coverage.cells``).
 _COVERAGE_MARKS = {"drawn": "x", "not supported": "ns", "structure only": "so", "N/A": "n/a", "not drawn": "-"}
 
 

@@ -16,9 +16,9 @@ import re
 from collections import Counter
 from typing import Any, Mapping
 
-from conformance import coverage
+from conformance.report import coverage
 from conformance.plugin.causes import FAILED, decide
-from conformance.plugin.gating import GPU_MARKERS, NOT_IN_SPEC, NOT_SUPPORTED
+from conformance.run.gating import GPU_MARKERS, NOT_IN_SPEC, NOT_SUPPORTED
 
 __all__ = [
     "ENDINGS",
@@ -46,7 +46,7 @@ __all__ = [
 #: is ``xpass`` only when none of its expected failures still fails. ``not_run``: a test the run
 #: selected and ended before (cut off, or never started); it outranks every status that could
 #: read as a verdict on the property. ``environment_error``: the machine, not the backend, stopped
-#: the test (its gloo ranks could not connect; :class:`conformance.environment.EnvironmentProblem`):
+#: the test (its gloo ranks could not connect; :class:`conformance.run.environment.EnvironmentProblem`):
 #: no verdict either, printed ``error (environment)`` and counted apart from the backend's
 #: failures, never in the MUST score.
 STATUSES = ("fail", "error", "environment_error", "not_run", "xfail", "xpass", "pass", "not_supported", "skipped")
@@ -78,7 +78,7 @@ EXPECTATION_KEY = "fp8_expectation"
 DEVICE_KEY = "fp8_device"
 NOTE_KEY = "fp8_note"
 BUILT_KEY = "fp8_built"
-#: ``[kind, reason]``: a kind the test left out of its models (``conformance.evidence.left_out``).
+#: ``[kind, reason]``: a kind the test left out of its models (``conformance.observe.evidence.left_out``).
 LEFT_OUT_KEY = "fp8_left_out"
 #: What stopped a test that the machine, not the backend, failed (``environment_error``).
 ENVIRONMENT_KEY = "fp8_environment"
@@ -105,7 +105,7 @@ class TestRecord:
     #: ``(kind, reason)`` of the kinds its models left out: the device cannot run them.
     left_out: tuple[tuple[str, str], ...] = ()
     #: Example key -> ``"pass"``, or for a failing example what the failure named:
-    #: ``{"modules", "nodes", "seen", "size", "code"}`` (``conformance.evidence``).
+    #: ``{"modules", "nodes", "seen", "size", "code"}`` (``conformance.observe.evidence``).
     example_outcomes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -425,7 +425,7 @@ def build_report(
         "untested": [pid for pid in properties if pid not in rows],
         "models": _failing_models(records, rows),
         "built_with": built_with(records),
-        # Row (module family) -> the areas whose properties built it (conformance.coverage).
+        # Row (module family) -> the areas whose properties built it (conformance.report.coverage).
         "coverage": seen,
         # Row -> area -> why the area's properties drew none of the row: the device cannot run it.
         "coverage_left_out": left,

@@ -2,7 +2,7 @@
 left to read as this run's.
 
 :func:`replace_files` writes the files as fp8conf writes every file
-(:func:`conformance.writing.write_files`): each to a temporary file beside it, moved into place
+(:func:`fp8contract.writing.write_files`): each to a temporary file beside it, moved into place
 once all are written, so that a reader (a CI job, a second terminal) sees the previous file or
 the new one, never half of one, and a folder, FIFO or device at the path is left as it is; a
 write that fails removes its temporary files and raises :class:`ReportWriteError`.
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from conformance.writing import write_files
+from fp8contract.writing import write_files
 
 __all__ = ["MARKDOWN_TITLE", "ReportWriteError", "is_report", "remove_earlier_report", "replace_files"]
 
@@ -36,7 +36,7 @@ class ReportWriteError(OSError):
 
     @classmethod
     def of_write(cls, message: str, *, path: Path, reason: str, errno: int | None) -> "ReportWriteError":
-        """The error :func:`conformance.writing.write_files` raises, in a report's words."""
+        """The error :func:`fp8contract.writing.write_files` raises, in a report's words."""
         return cls(path, reason, errno)
 
 

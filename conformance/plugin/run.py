@@ -1,9 +1,9 @@
 """One conformance run: the hooks registered only when ``--fp8-backend`` is given.
 
 :class:`ConformanceRun` holds the backend and the per-session state and wires the concerns
-together: gating at collection (:mod:`~conformance.plugin.gating`), the machine probed for the
+together: gating at collection (:mod:`~conformance.run.gating`), the machine probed for the
 selected tests (:mod:`~conformance.plugin.probes`), expectations
-(:mod:`conformance.expectations`), instrumentation of each test
+(:mod:`conformance.judge.expectations`), instrumentation of each test
 (:mod:`~conformance.plugin.instrumentation`), how the run ended
 (:mod:`~conformance.plugin.ending`), the report (:mod:`~conformance.plugin.report`), its
 rendering (:mod:`~conformance.plugin.render`) and its files
@@ -19,11 +19,12 @@ from typing import Any, Generator
 
 import pytest
 
-from conformance import expectations as expectations_file
-from conformance import watchdog
+from conformance.judge import expectations as expectations_file
+from conformance.run import watchdog
 from conformance.api import PROPERTIES, SPEC_VERSION, Backend
+from conformance.plugin import crashes, ending, instrumentation, probes, progress, quiet, render, usage
+from conformance.run import gating
 from conformance.api.types import FLOAT8_RECIPES
-from conformance.plugin import crashes, ending, gating, instrumentation, probes, progress, quiet, render, usage
 from conformance.plugin import report as report_model
 from conformance.plugin.report import (
     ENVIRONMENT_ERROR, ENVIRONMENT_KEY, EXPECTATION_KEY, PROPERTY_KEY, RunEnding, TestRecord,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conformance.api import PROPERTIES
-from conformance.plugin.loading import ENTRY_POINT_GROUP
+from conformance.run.loading import ENTRY_POINT_GROUP
 
 __all__ = ["checked_backend_spec", "checked_properties", "checked_report_path", "require_suite_dependencies", "selects"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.harness import serving
+from conformance.run.harness import serving
 
 
 # Session scope: one backend serves the whole session, and Hypothesis refuses function-scoped

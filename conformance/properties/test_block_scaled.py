@@ -1,7 +1,7 @@
 """NVF and MXS: block-scaled layers keep their swizzled block layout and compute what it means.
 
 Two kinds of layer hand ``F.scaled_mm`` block scales in cuBLAS's ``SWIZZLE_32_4_4`` layout
-(``conformance.block_scaled``):
+(``conformance.judge.block_scaled``):
 
 * NVFP4 linears (capability ``nvfp4``, ``Backend.convert_nvfp4``; kind ``nvfp4_linear``): packed
   FP4 operands, e4m3 scales of blocks of 16 and a float32 global scale.
@@ -15,10 +15,10 @@ look at what only they have:
 * NVF-001 / MXS-001, the layout reaching each matmul, read off the traced graph (the rewritten
   one for a backend that claims ``rewrites``), off each piece of its GraphPP split, and (MXS-001)
   off the matmuls the compiled step runs: the format's operands, recipes, swizzles and scales
-  (``conformance.block_scaled.layout_problems``), as many per module and pass as the recipe issues.
+  (``conformance.judge.block_scaled.layout_problems``), as many per module and pass as the recipe issues.
 * NVF-002 / MXS-002, what the step computes: run with its block-scaled matmuls executed by the
   device's kernel or, where no device here has one (any but sm100), by the suite's own reading of
-  the declared layout (``conformance.block_scaled.read_by_the_suite``; the report row says which),
+  the declared layout (``conformance.judge.block_scaled.read_by_the_suite``; the report row says which),
   each operand read in its declared layout reconstructs the high-precision tensor it was
   quantized from (observed at torch's dispatcher), and the step stays near the high-precision
   step. A layout that is declared but not the one the scales are in (row-major scales passed as
@@ -32,11 +32,11 @@ import collections
 import pytest
 from hypothesis import given
 
-from conformance import block_scaled
+from conformance.judge import block_scaled
 from conformance.api.types import Compiled, StageSplit
-from conformance.harness import call_backend, check, device, fail, eager_step, fresh_args, grad_outputs, high_precision_twin, traced
-from conformance.notes import note
-from conformance.strategies import MX_SWIZZLED_KIND, NVFP4_KIND, model_specs, runnable_kinds
+from conformance.run.harness import call_backend, check, device, fail, eager_step, fresh_args, grad_outputs, high_precision_twin, traced
+from conformance.report.notes import note
+from conformance.draw.strategies import MX_SWIZZLED_KIND, NVFP4_KIND, model_specs, runnable_kinds
 
 #: NVF-002's bound on each operand: the relative norm of the difference between the operand
 #: dequantized in its declared layout and the high-precision tensor it was quantized from. NVFP4
@@ -111,7 +111,7 @@ def _kernel(area: str) -> bool:
     if kernel:
         note(f"{fmt.name} matmuls run by torch's {device()} kernel, their operands read by the suite")
     else:
-        note(f"{fmt.name} matmuls computed by the suite's reading of the declared layout (conformance.block_scaled): this "
+        note(f"{fmt.name} matmuls computed by the suite's reading of the declared layout (conformance.judge.block_scaled): this "
              f"torch has no {device()} kernel for them (sm100 GPUs have one)")
     return kernel
 

@@ -8,13 +8,13 @@ import collections
 import pytest
 from hypothesis import given
 
-from conformance.dispatch import BlockScaledCalls, always_generated, dispatches_per_node, equal_computations, observed
-from conformance.families import LLAMA_ATTENTION
-from conformance.family_examples import family_examples
-from conformance.graphs import is_fp8_cast, live_nodes, tagged_groups
-from conformance.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, note_kinds_left_out, traced
-from conformance.plugin.gating import NOT_SUPPORTED
-from conformance.strategies import FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, model_specs, runnable_kinds, runnable_recipes
+from conformance.observe.dispatch import BlockScaledCalls, always_generated, dispatches_per_node, equal_computations, observed
+from conformance.draw.families import LLAMA_ATTENTION
+from conformance.draw.family_examples import family_examples
+from conformance.observe.graphs import is_fp8_cast, live_nodes, tagged_groups
+from conformance.run.harness import fresh_args as _fresh_args, grad_outputs as _grad_outputs, call_backend, check, compile_settings, fresh_copy, note_kinds_left_out, traced
+from conformance.run.gating import NOT_SUPPORTED
+from conformance.draw.strategies import FLOAT8_KIND, MX_KIND, SCALED_MM_KIND, model_specs, runnable_kinds, runnable_recipes
 from conformance.api.types import Compiled
 
 runnable = runnable_recipes()
@@ -25,7 +25,7 @@ RUNNABLE_KINDS = tuple(k for k in (FLOAT8_KIND, SCALED_MM_KIND) if k in runnable
 
 # A cold Inductor compile takes seconds to tens of seconds on CPU: see harness.compile_budget.
 compile_budget = compile_settings()
-#: The model families the NUM properties run first (conformance.families): the Llama-shaped one
+#: The model families the NUM properties run first (conformance.draw.families): the Llama-shaped one
 #: only, without its MLP, whose attention (SDPA and its backward, grouped-query), norms, residual
 #: stream, embedding and high-precision head a compiled step must get right. A cold Inductor
 #: compile of the whole Llama family costs about twice as much; the other families would cost
@@ -67,7 +67,7 @@ def _check_matches_eager(property_id, backend, spec, mode):
 
 def _check_nothing_ran_eagerly(property_id, spec, dispatched) -> None:
     """A fully compiled step runs in Inductor's generated code and its extern kernels: no op
-    Inductor always generates code for (:func:`conformance.dispatch.always_generated`), and no
+    Inductor always generates code for (:func:`conformance.observe.dispatch.always_generated`), and no
     cast to FP8, reaches the dispatcher while it runs. The graph module itself, or a graph
     compiled only in its FP8 regions, dispatches them."""
     eager = sorted((str(op), n) for op, n in dispatched.counts.items() if always_generated(op))
@@ -341,9 +341,9 @@ def test_NUM_004_cuda_graph_replays_match_eager(fp8_backend, spec):
     """Cheapest defect: a CUDA graph replayed without copying fresh inputs into its static
     buffers, so replays repeat the capture's result. The capture and two replays with fresh
     inputs must each match eager."""
-    from conformance.graphs import trace_with_oracle
-    from conformance.harness import float8_converter
-    from conformance.models import build_model
+    from conformance.observe.graphs import trace_with_oracle
+    from conformance.run.harness import float8_converter
+    from conformance.draw.models import build_model
 
     model, args = build_model(spec, device="cuda", float8=float8_converter(fp8_backend))
     gm, _ = trace_with_oracle(fp8_backend, model, args, list(spec.quantized_modules()), fp8_backend.is_backward)

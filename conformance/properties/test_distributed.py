@@ -3,7 +3,7 @@
 The backend shards the suite's models itself (``Backend.shard_data_parallel``,
 ``Backend.shard_tensor_parallel``) and traces the sharded step with its own ``trace_joint``.
 The structural properties (DP-001, DP-002, DP-004) read that graph, traced over torch's fake
-process group in this one process (:func:`conformance.distributed.fake_mesh`, world size 2):
+process group in this one process (:func:`conformance.run.distributed.fake_mesh`, world size 2):
 which all-gathers reach a quantized module's weight is found by data flow from the module's
 forward matmuls (the module as the suite's own annotation says), what they move from the
 dtypes on their inputs and outputs. DP-003 runs the sharded step in two gloo processes on CPU,
@@ -26,18 +26,18 @@ import functools
 import pytest
 from hypothesis import given, settings
 
-from conformance.distributed import (
+from conformance.run.distributed import (
     DP_GRADIENT_TOLERANCE, WORLD_SIZE, GlooCase, casts_after, descendants, fake_mesh, forward_matmuls, gloo_gradients,
     moves_fp8_bytes, only_views_between, weight_gathers, weight_operand,
 )
-from conformance.environment import EnvironmentProblem
-from conformance.graphs import is_fp8_compute, scale_operands, trace_with_oracle
-from conformance import evidence
-from conformance.harness import built_with, check, fail, float8_config_settable, fp8_ops, owns_float8
-from conformance.models import LayerSpec, ModelSpec, build_model, recipe_compute_counts
-from conformance.notes import note
-from conformance.plugin.gating import NOT_SUPPORTED
-from conformance.strategies import served_spec, sharded_specs
+from conformance.run.environment import EnvironmentProblem
+from conformance.observe.graphs import is_fp8_compute, scale_operands, trace_with_oracle
+from conformance.observe import evidence
+from conformance.run.harness import built_with, check, fail, float8_config_settable, fp8_ops, owns_float8
+from conformance.draw.models import LayerSpec, ModelSpec, build_model, recipe_compute_counts
+from conformance.report.notes import note
+from conformance.run.gating import NOT_SUPPORTED
+from conformance.draw.strategies import served_spec, sharded_specs
 
 # A sharded trace costs about as much as an unsharded one; two models per property.
 _budget = settings(max_examples=max(2, settings.default.max_examples // 12))
@@ -46,10 +46,10 @@ _TP_PLAN = {"layers.0": "colwise", "layers.1": "rowwise"}
 
 def _how(float8_all_gather) -> str:
     return (
-        f"(the model built by conformance.models.build_model(spec, float8_all_gather={float8_all_gather}), or with "
+        f"(the model built by conformance.draw.models.build_model(spec, float8_all_gather={float8_all_gather}), or with "
         f"float8=backend.convert_float8 for a backend's own float8 linears, sharded by "
         f"backend.shard_data_parallel(model, mesh, float8_all_gather={float8_all_gather}) over "
-        f"conformance.distributed.fake_mesh() and traced by backend.trace_joint)"
+        f"conformance.run.distributed.fake_mesh() and traced by backend.trace_joint)"
     )
 
 
@@ -63,7 +63,7 @@ def _declared(backend, gather: str) -> None:
 def _own_modules(backend, float8_all_gather: bool) -> bool:
     """Whether the backend's own float8 linears are the ones sharded (capability ``float8_modules``):
     with float8 all-gather on, TorchAO's are where the backend's are exactly TorchAO's, built
-    with the setting (``conformance.harness.float8_config_settable``)."""
+    with the setting (``conformance.run.harness.float8_config_settable``)."""
     if not owns_float8(backend):
         return False
     if float8_all_gather and float8_config_settable(backend):
@@ -267,7 +267,7 @@ def test_DP_004_a_tensor_parallel_fp8_linear_keeps_its_fp8_compute_on_every_rank
         "layers.0": (widths[0], widths[1] // WORLD_SIZE),
         "layers.1": (widths[1] // WORLD_SIZE, widths[2]),
     }
-    how = f"(plan {_TP_PLAN}, backend.shard_tensor_parallel over conformance.distributed.fake_mesh(rank=..))"
+    how = f"(plan {_TP_PLAN}, backend.shard_tensor_parallel over conformance.run.distributed.fake_mesh(rank=..))"
     for rank in range(WORLD_SIZE):
         try:
             gm, oracle = _tensor_parallel(fp8_backend, spec, rank)

@@ -1,9 +1,9 @@
 """E8M0: the MX block-scaled matmul whose scales travel as E8M0 bytes (``uint8``, and
 ``float8_e8m0fnu`` where the backend takes torch's own e8m0 dtype).
 
-Every numeric check is against :func:`conformance.e8m0.reference`, which decodes the bytes in
+Every numeric check is against :func:`conformance.draw.e8m0.reference`, which decodes the bytes in
 float64 itself; the backend's op is only ever the thing under test. Operands are drawn as
-:class:`conformance.e8m0.E8M0Case`, so a failure prints them as runnable Python.
+:class:`conformance.draw.e8m0.E8M0Case`, so a failure prints them as runnable Python.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from conformance.e8m0 import A_LAYOUTS, B_LAYOUTS, BLOCK, ELEMENT_STYLES, NAN_BYTE, OUT_DTYPES, E8M0Case, fit_scale_bytes, float8_allclose, reference
-from conformance.harness import compile_settings, fail
-from conformance.notes import note
+from conformance.draw.e8m0 import A_LAYOUTS, B_LAYOUTS, BLOCK, ELEMENT_STYLES, NAN_BYTE, OUT_DTYPES, E8M0Case, fit_scale_bytes, float8_allclose, reference
+from conformance.run.harness import compile_settings, fail
+from conformance.report.notes import note
 
 # A cold Inductor compile takes seconds to tens of seconds on CPU: see harness.compile_budget.
 compile_budget = compile_settings()
@@ -79,7 +79,7 @@ def _backend_spec(backend) -> str:
 
 def _call_line(backend, case: E8M0Case) -> str:
     return (
-        "from conformance.plugin import load_backend\n"
+        "from conformance.run.loading import load_backend\n"
         f"backend = load_backend({_backend_spec(backend)!r})\n"
         f"out = backend.scaled_mm_e8m0(a, b, a_scale, b_scale, torch.{case.out_dtype})"
     )

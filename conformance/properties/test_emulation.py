@@ -10,17 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import block_scaled, evidence, rewrites
-from conformance.families import FAMILIES
-from conformance.family_examples import family_examples
-from conformance.dead_compute import needed_fp8_compute
-from conformance.graphs import fp8_compute_nodes
-from conformance.harness import (
+from conformance.judge import block_scaled, rewrites
+from conformance.observe import evidence
+from conformance.draw.families import FAMILIES
+from conformance.draw.family_examples import family_examples
+from conformance.judge.dead_compute import needed_fp8_compute
+from conformance.observe.graphs import fp8_compute_nodes
+from conformance.run.harness import (
     attributed, built_with, call_backend, check, device, eager_step, fail, fp8_ops, grad_outputs, high_precision_twin,
     names_module, strict_error, traced, traced_graph,
 )
-from conformance.notes import note
-from conformance.strategies import (
+from conformance.report.notes import note
+from conformance.draw.strategies import (
     ALL_KINDS, FLOAT8_KIND, MX_SWIZZLED_KIND, NVFP4_KIND, SCALED_MM_KIND, grouped_fp8_runs, grouped_v2_runs, model_specs,
     moe_specs, runnable_kinds, runnable_recipes,
 )
@@ -193,7 +194,7 @@ def test_EMU_004_a_real_fp8_step_is_no_silent_high_precision_step(fp8_backend, s
 # --- EMU-005 and EMU-006: each module computes what its recipe defines ---------------------------
 
 #: How far a module's output or gradient may be from what its recipe defines
-#: (conformance.definitions: operands quantized by the suite in plain torch, multiplied in float64,
+#: (conformance.judge.definitions: operands quantized by the suite in plain torch, multiplied in float64,
 #: on the module's own inputs), relative to the recipe's own rounding there: ``q``, the relative
 #: norm of the difference between the definition and the high-precision product. A module that
 #: follows the suite's reading differs by its accumulation order (the reference: at most 0.06 q;
@@ -208,7 +209,7 @@ _ROUNDINGS_ALLOWED = 2.5
 _FLOOR = 0.01
 
 #: The block formats each drawing kind's matmuls take, where a device without a kernel has them
-#: computed by the suite's reading (conformance.block_scaled).
+#: computed by the suite's reading (conformance.judge.block_scaled).
 _BLOCK_FORMATS = {NVFP4_KIND: block_scaled.NVFP4, MX_SWIZZLED_KIND: block_scaled.MXFP8}
 
 
@@ -257,7 +258,7 @@ def _hold_to_definitions(property_id: str, spec, model, args, grad_out, recipes:
     bound, one line each: the property holds when nothing does."""
     import copy
 
-    from conformance.definitions import HIGH_PRECISION, definition
+    from conformance.judge.definitions import HIGH_PRECISION, definition
 
     deviations = []
     known = {fqn: definition(*kr) for fqn, kr in recipes.items() if definition(*kr) is not None}
@@ -298,13 +299,13 @@ def _beyond_definition(fqn, kind_recipe, label, got, defined, plain) -> list[str
     if error <= allowed:
         return []
     return [f"module {fqn!r} ({kind_recipe[0]}, recipe {kind_recipe[1]}): its {label} differs from what the recipe defines "
-            f"(operands quantized as conformance.definitions reads the recipe, multiplied in float64, on the module's own "
+            f"(operands quantized as conformance.judge.definitions reads the recipe, multiplied in float64, on the module's own "
             f"inputs) by {error:.3g} in relative norm; allowed {allowed:.3g} ({_ROUNDINGS_ALLOWED:g} x the recipe's own "
             f"rounding there, {rounding:.3g}, + {_FLOOR:g})"]
 
 
 def _linear_step(recipe, module, inputs, grad_output):
-    from conformance.definitions import linear_step
+    from conformance.judge.definitions import linear_step
 
     return linear_step(recipe, inputs[0], module.weight, grad_output)
 
@@ -317,7 +318,7 @@ def _block_formats_computed(spec) -> frozenset:
     for kind, fmt in _BLOCK_FORMATS.items():
         if kind in kinds and kind not in runnable_kinds(device()):
             computed.add(fmt.name)
-            note(f"{fmt.name} matmuls computed by the suite's reading of the declared layout (conformance.block_scaled): "
+            note(f"{fmt.name} matmuls computed by the suite's reading of the declared layout (conformance.judge.block_scaled): "
                  f"this torch has no {device()} kernel for them")
     return frozenset(computed)
 
@@ -332,7 +333,7 @@ def test_EMU_005_each_linear_computes_what_its_recipe_defines(fp8_backend, spec)
     applied twice. Each real quantized linear of a recipe the suite reads (float8, MX of either
     layout, NVFP4), run eagerly in the backend's own model (its NVFP4 and swizzled MX matmuls
     computed by the suite's reading of the declared layout where the device has no kernel), is
-    held to the recipe's definition (conformance.definitions) on its own inputs and output
+    held to the recipe's definition (conformance.judge.definitions) on its own inputs and output
     gradient: output, input gradient and weight gradient (summed over its calls)."""
     case = traced("EMU-005", fp8_backend, spec)
     recipes = {fqn: (kind, recipe) for fqn, (kind, recipe, emulate) in spec.quantized_modules().items() if not emulate}
@@ -342,7 +343,7 @@ def test_EMU_005_each_linear_computes_what_its_recipe_defines(fp8_backend, spec)
 
 
 def _experts_step(recipe, module, inputs, grad_output):
-    from conformance.definitions import experts_step
+    from conformance.judge.definitions import experts_step
 
     return experts_step(recipe, inputs[0], module.weight, inputs[1], grad_output)
 
@@ -353,7 +354,7 @@ def _grouped_computed(spec) -> frozenset:
     api, runs = ("F.scaled_grouped_mm", grouped_v2_runs) if spec.v2 else ("torch._scaled_grouped_mm", grouped_fp8_runs)
     if runs(device()):
         return frozenset()
-    note(f"grouped GEMMs of experts on {api} computed by the suite's reading (conformance.moe.reference_grouped_mm): this "
+    note(f"grouped GEMMs of experts on {api} computed by the suite's reading (conformance.draw.moe.reference_grouped_mm): this "
          f"torch has no {device()} kernel for them")
     return frozenset({block_scaled.GROUPED})
 
@@ -372,9 +373,9 @@ def test_EMU_006_each_experts_module_computes_what_its_recipe_defines(fp8_backen
     with groups, MOE-007 looks for NaN: all pass it). Each real experts module of an MoE model, on either grouped API, run eagerly
     in the backend's own model (its grouped GEMMs computed by the suite's reading where the
     device has no kernel), is held to its recipe's definition per token group
-    (conformance.definitions.experts_step) on its own inputs, token groups and output gradient:
+    (conformance.judge.definitions.experts_step) on its own inputs, token groups and output gradient:
     output, input gradient and weight gradient."""
-    from conformance.moe import build_moe_model, experts_family
+    from conformance.draw.moe import build_moe_model, experts_family
 
     convert = fp8_backend.convert_scaled_grouped_experts if spec.v2 else fp8_backend.convert_grouped_experts
     try:

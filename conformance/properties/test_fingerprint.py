@@ -1,6 +1,6 @@
 """FPR: a precompiled artifact is only ever used under the FP8 configuration it was built for.
 
-The changes are the suite's own (``conformance.fingerprints``): it converts real models with
+The changes are the suite's own (``conformance.draw.fingerprints``): it converts real models with
 TorchAO, flips recipes, ``emulate`` flags and ``Float8LinearConfig`` fields, the ``strict`` flag and
 the torch/torchao versions (``__version__`` and package metadata), and knows which words a
 readable error or diff must name. Compilation happens once per session (FPR-004 saves one
@@ -8,7 +8,7 @@ artifact of a fixed model and loads it under drawn changes); everything else onl
 models and stays fast.
 
 What the rules hold a fingerprint to depends on what the backend declares it covers
-(``Backend.fingerprint_scope``, :data:`conformance.fingerprint_scopes.SCOPE_PROMISES`): every scope
+(``Backend.fingerprint_scope``, :data:`conformance.judge.fingerprint_scopes.SCOPE_PROMISES`): every scope
 changes with every quantization input and is equal for models built alike, in any process; only
 a ``"quantization"`` fingerprint must also ignore structure, registration order and unrelated job
 settings. Config-field changes are drawn from what the backend's jobs can express
@@ -33,8 +33,8 @@ from hypothesis import strategies as st
 
 from conformance.api.errors import FingerprintMismatch, UnsupportedConfig
 from conformance.api.types import JobConfigs
-from conformance.fingerprint_scopes import promises_of
-from conformance.fingerprints import (
+from conformance.judge.fingerprint_scopes import promises_of
+from conformance.draw.fingerprints import (
     ARTIFACT_SPEC,
     CONFIG_FIELDS,
     CONFIG_KINDS,
@@ -52,14 +52,15 @@ from conformance.fingerprints import (
     reordered,
     unrelated_changes,
 )
-from conformance import evidence, strategies
-from conformance.harness import built_with, call_backend, check, fail, float8_config_settable, float8_converter, owns_float8
-from conformance.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, LayerSpec, ModelSpec, build_model
-from conformance.moe import MoESpec, experts_family
-from conformance.notes import note
-from conformance.plugin.gating import NOT_SUPPORTED
-from conformance.strategies import FLOAT8_RECIPES, model_specs, served_spec
-from conformance.versions import current_version, other_version
+from conformance.observe import evidence
+from conformance.draw import strategies
+from conformance.run.harness import built_with, call_backend, check, fail, float8_config_settable, float8_converter, owns_float8
+from conformance.draw.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, LayerSpec, ModelSpec, build_model
+from conformance.draw.moe import MoESpec, experts_family
+from conformance.report.notes import note
+from conformance.run.gating import NOT_SUPPORTED
+from conformance.draw.strategies import FLOAT8_RECIPES, model_specs, served_spec
+from conformance.draw.versions import current_version, other_version
 
 
 def _fingerprint(property_id, backend, variant: Variant, model=None) -> tuple[str, str]:
@@ -132,7 +133,7 @@ def _config_fields(fp8_backend, kind, *, inexpressible=False):
 
 def _drawn_changes(fp8_backend, kind, data, fields):
     """The change of ``kind`` and, where the backend claims grouped experts and ``kind`` has a
-    change of theirs (:data:`~conformance.fingerprints.GROUPED_KINDS`), that change too, on an
+    change of theirs (:data:`~conformance.draw.fingerprints.GROUPED_KINDS`), that change too, on an
     MoE model: every example asks about both families, at the cost of two fingerprints of a
     model that is never traced."""
     changes = [data.draw(quantization_changes(kind, fields=fields), label="change")]
@@ -225,7 +226,7 @@ def test_FPR_001_every_config_field_flip_of_every_recipe_changes_the_fingerprint
     """Cheapest defect: a fingerprint that leaves out one config field (the forward operands'
     target dtype, say), asked about only when a draw happens to flip that field. The config
     fields are a finite space, so they are enumerated rather than sampled. On a one-layer model of each of the
-    backend's float8 recipes, every :data:`~conformance.fingerprints.CONFIG_FIELDS` entry torchao
+    backend's float8 recipes, every :data:`~conformance.draw.fingerprints.CONFIG_FIELDS` entry torchao
     accepts for that recipe is flipped, from a custom config (another field flipped in both
     models, so that the recipe's name cannot stand in for the field); each must change the
     fingerprint (or, for a field the backend declares inexpressible, be refused). Every field
@@ -256,7 +257,7 @@ def test_FPR_001_every_config_field_flip_of_every_recipe_changes_the_fingerprint
     check(not missed, "FPR-001",
           f"flipping each of these Float8LinearConfig fields (on layers.0, a one-layer model of that recipe, from a custom "
           f"config) left the fingerprint unchanged: {', '.join(missed)}; the fingerprint must cover every numerics-relevant field "
-          f"(conformance.fingerprints.CONFIG_FIELDS)")
+          f"(conformance.draw.fingerprints.CONFIG_FIELDS)")
 
 
 @pytest.mark.fp8_property("FPR-001")
@@ -266,7 +267,7 @@ def test_FPR_001_every_recipe_change_and_emulate_flip_changes_the_fingerprint(fp
     only when a draw happens to change that layer to that recipe. Recipes are a finite space, so
     their changes are enumerated rather than sampled: on a one-layer model of each recipe of
     each kind of linear the backend converts, every recipe the layer can take and its emulation
-    flipped (:func:`~conformance.fingerprints.layer_changes`) must change the fingerprint. Every
+    flipped (:func:`~conformance.draw.fingerprints.layer_changes`) must change the fingerprint. Every
     change missed is named at once."""
     missed, changed = [], 0
     for recipe in _layer_recipes(fp8_backend):
@@ -283,7 +284,7 @@ def test_FPR_001_every_recipe_change_and_emulate_flip_changes_the_fingerprint(fp
           "must cover each quantized module's recipe and emulation")
 
 
-#: How a version change is made (``conformance.versions.other_version``): a post-release or a local label.
+#: How a version change is made (``conformance.draw.versions.other_version``): a post-release or a local label.
 VERSION_CHANGES = ("post", "local")
 
 

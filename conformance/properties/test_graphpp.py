@@ -15,17 +15,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import rewrites
-from conformance.families import FAMILIES
-from conformance.family_examples import family_examples
-from conformance.dead_compute import dead_fp8_compute, keepable_dead_compute, needed_fp8_compute, unneeded_grad_inputs
-from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, output_dependencies, tagged_groups
+from conformance.judge import rewrites
+from conformance.draw.families import FAMILIES
+from conformance.draw.family_examples import family_examples
+from conformance.judge.dead_compute import dead_fp8_compute, keepable_dead_compute, needed_fp8_compute, unneeded_grad_inputs
+from conformance.observe.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, is_fp8_compute, output_dependencies, tagged_groups
 from conformance.api.errors import SplitFailure, ValidationFailure
-from conformance.harness import (
+from conformance.run.harness import (
     call_backend, check, fail, fp8_ops, fresh_args, fresh_copy, grad_outputs, note_kinds_left_out, strict_error, traced, traced_after_cse,
 )
-from conformance.stages import split_step
-from conformance.strategies import ALL_KINDS, model_specs, runnable_kinds, runnable_recipes
+from conformance.run.stages import split_step
+from conformance.draw.strategies import ALL_KINDS, model_specs, runnable_kinds, runnable_recipes
 from conformance.api.types import StageSplit
 
 #: Float8 and, for a backend that claims ``mx``, MX stages (about half the models then hold MX layers).

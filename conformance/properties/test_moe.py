@@ -1,13 +1,13 @@
 """MOE: FP8 grouped experts (mixture-of-experts layers) keep their FP8 through provenance,
 validation, regions, the GraphPP split and compilation (capability ``moe``, since spec 1.1).
 
-Models are drawn MoE stacks (:class:`conformance.moe.MoESpec`: a high-precision top-k router,
+Models are drawn MoE stacks (:class:`conformance.draw.moe.MoESpec`: a high-precision top-k router,
 experts converted by the backend's ``convert_grouped_experts``, uneven token groups, empty ones
 among them; for a backend that claims ``scaled_grouped_mm_v2``, MOE-001 to MOE-005 also draw
-experts on ``F.scaled_grouped_mm``, converted by its ``convert_scaled_grouped_experts``) and single experts modules on drawn token groups (:class:`conformance.moe.ExpertsSpec`).
+experts on ``F.scaled_grouped_mm``, converted by its ``convert_scaled_grouped_experts``) and single experts modules on drawn token groups (:class:`conformance.draw.moe.ExpertsSpec`).
 The structural properties trace with fake tensors, which works on CPU builds without an FP8
 grouped-GEMM kernel (for experts on ``F.scaled_grouped_mm``, under the suite's structure-only
-Meta kernel, ``conformance.moe.v2_grouped_structure``, around every backend call on such a model); the properties that execute graphs run real FP8 experts where the device
+Meta kernel, ``conformance.draw.moe.v2_grouped_structure``, around every backend call on such a model); the properties that execute graphs run real FP8 experts where the device
 runs FP8 grouped GEMMs and emulated ones elsewhere; MOE-008 needs an sm90 GPU. Each property
 also needs the capability of its area (``provenance``, ``validation``, ...): without it, it is
 ``not_supported``.
@@ -23,22 +23,23 @@ import functools
 import pytest
 from hypothesis import example, given, settings
 
-from conformance import evidence, rewrites
+from conformance.observe import evidence
+from conformance.judge import rewrites
 from conformance.api.types import Compiled, Region, StageSplit
-from conformance.dead_compute import needed_fp8_compute
-from conformance.graphs import (
+from conformance.judge.dead_compute import needed_fp8_compute
+from conformance.observe.graphs import (
     fp8_compute_nodes, grouped_offsets, incompleteness, is_fp8_cast, is_fp8_dtype, tagged_groups, trace_with_oracle,
 )
-from conformance.harness import (
+from conformance.run.harness import (
     built_with, call_backend, check, device, fail, fp8_compute_truth, fp8_ops, fresh_copy, names_module, names_pass, strict_error,
 )
-from conformance.moe import (
+from conformance.draw.moe import (
     GROUPED_KIND, ExpertsSpec, build_experts_model, build_moe_model, experts_family, experts_inputs, has_v2_grouped_meta_kernel,
     v2_grouped_structure,
 )
-from conformance.plugin.gating import NOT_SUPPORTED
-from conformance.notes import note
-from conformance.strategies import MOE_CORPUS_SIZE, experts_specs, grouped_fp8_runs, grouped_v2_runs, moe_specs
+from conformance.run.gating import NOT_SUPPORTED
+from conformance.report.notes import note
+from conformance.draw.strategies import MOE_CORPUS_SIZE, experts_specs, grouped_fp8_runs, grouped_v2_runs, moe_specs
 
 # Tracing an MoE stack takes about a second on CPU: a few models per property, shared by all of
 # them under a derandomized profile (traces are cached per model). Never fewer than the shared

@@ -7,13 +7,13 @@ import collections
 import pytest
 from hypothesis import given
 
-from conformance.families import FAMILIES
-from conformance.family_examples import family_examples
-from conformance.graphs import fp8_compute_nodes, no_fp8_compute_reason, surely_backward, tangent_placeholders
-from conformance.harness import call_backend, check, fail, fp8_ops, fresh_args as _fresh_args, grad_outputs as _grad_outputs, traced, traced_graph
-from conformance.notes import note
-from conformance.strategies import ALL_KINDS
-from conformance.strategies import model_specs as _model_specs
+from conformance.draw.families import FAMILIES
+from conformance.draw.family_examples import family_examples
+from conformance.observe.graphs import fp8_compute_nodes, no_fp8_compute_reason, surely_backward, tangent_placeholders
+from conformance.run.harness import call_backend, check, fail, fp8_ops, fresh_args as _fresh_args, grad_outputs as _grad_outputs, traced, traced_graph
+from conformance.report.notes import note
+from conformance.draw.strategies import ALL_KINDS
+from conformance.draw.strategies import model_specs as _model_specs
 from conformance.api.types import Provenance
 
 #: Quantized module kinds drawn here: float8 and, for a backend that claims ``mx``, MX layers
@@ -143,7 +143,7 @@ def test_PROV_003_backward_nodes_carry_the_provenance_of_their_forward_op(fp8_ba
 
 def _check_backward_pass_covers_what_the_output_gradients_reach(fp8_backend, spec, case) -> None:
     """``is_backward`` against the suite's own ground truth: the nodes that the placeholders fed
-    the gradients of the step's outputs reach (:func:`conformance.graphs.surely_backward`)."""
+    the gradients of the step's outputs reach (:func:`conformance.observe.graphs.surely_backward`)."""
     grad_out = _grad_outputs(spec, 100)
 
     def run(fn):

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import rewrites
-from conformance.families import FAMILIES, user_annotations
-from conformance.family_examples import family_examples
-from conformance.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, non_convexity, tagged_groups
-from conformance.harness import call_backend, check, fail, fp8_ops, fresh_copy, require_subject, traced, traced_graph
-from conformance.strategies import ALL_KINDS
-from conformance.strategies import model_specs as _model_specs
+from conformance.judge import rewrites
+from conformance.draw.families import FAMILIES, user_annotations
+from conformance.draw.family_examples import family_examples
+from conformance.observe.graphs import fp8_compute_nodes, incompleteness, is_fp8_cast, non_convexity, tagged_groups
+from conformance.run.harness import call_backend, check, fail, fp8_ops, fresh_copy, require_subject, traced, traced_graph
+from conformance.draw.strategies import ALL_KINDS
+from conformance.draw.strategies import model_specs as _model_specs
 from conformance.api.types import Region
 
 #: Quantized module kinds drawn here: float8 and, for a backend that claims ``mx``, MX layers
@@ -134,7 +134,7 @@ def test_REG_004_only_complete_regions_are_tagged(fp8_backend, spec):
         reason = incompleteness(nodes, fp8_backend.is_backward, ops)
         check(reason is None, "REG-004", f"tagged region {region_id!r} is incomplete: {reason}", spec)
     for region in regions:
-        # Completeness is the suite's to judge (conformance.graphs.incompleteness), not the backend's.
+        # Completeness is the suite's to judge (conformance.observe.graphs.incompleteness), not the backend's.
         reason = incompleteness(set(region.nodes), fp8_backend.is_backward, ops)
         check(
             region.complete == (reason is None),
@@ -306,7 +306,7 @@ def test_REG_007_tagging_keeps_other_annotations(fp8_backend, spec, data):
 
 def _check_model_annotations(fp8_backend, spec, gm, oracle):
     """Every forward node a quantized module issued carries the keys the model's own forward
-    annotated it with (:func:`conformance.families.user_annotations`, the suite's attribution):
+    annotated it with (:func:`conformance.draw.families.user_annotations`, the suite's attribution):
     through the backend's tracing and its tagging. Backward nodes are not asked: whether
     annotations reach them is the torch version's business."""
     for node in gm.graph.nodes:

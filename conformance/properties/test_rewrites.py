@@ -3,7 +3,7 @@
 A graph trainer runs passes of its own on the traced joint graph (fusions, FP8 op rewrites,
 common-subexpression elimination) before it validates, tags, splits and compiles it. With
 ``rewrites`` claimed, every property of the suite runs on the rewritten graph
-(``conformance.harness.traced``); these compare it with the graph as traced: each module's FP8
+(``conformance.run.harness.traced``); these compare it with the graph as traced: each module's FP8
 compute and provenance (RWR-001), where a GraphPP split puts that compute (RWR-002), the graph's
 inputs, FP8 ones included (RWR-003), and what the step computes (RWR-004).
 """
@@ -16,15 +16,15 @@ import pytest
 from hypothesis import given
 
 from conformance.api.types import StageSplit
-from conformance.families import FAMILIES
-from conformance.family_examples import family_examples
-from conformance.dead_compute import needed_fp8_compute
-from conformance.graphs import fp8_compute_nodes, output_dependencies
-from conformance.harness import (
+from conformance.draw.families import FAMILIES
+from conformance.draw.family_examples import family_examples
+from conformance.judge.dead_compute import needed_fp8_compute
+from conformance.observe.graphs import fp8_compute_nodes, output_dependencies
+from conformance.run.harness import (
     call_backend, check, fail, fp8_ops, fresh_args, grad_outputs, traced, traced_before_rewrite,
 )
-from conformance.plugin.gating import NOT_SUPPORTED
-from conformance.strategies import ALL_KINDS, model_specs, runnable_kinds, runnable_recipes
+from conformance.run.gating import NOT_SUPPORTED
+from conformance.draw.strategies import ALL_KINDS, model_specs, runnable_kinds, runnable_recipes
 
 #: Relative norm of the difference between the rewritten and the traced step that RWR-004 allows
 #: per output and gradient: a fusion may round once more or in another order (float32 models),

@@ -8,18 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import rewrites
-from conformance.evidence import is_named
-from conformance.families import FAMILIES
-from conformance.family_examples import family_examples
-from conformance.dead_compute import needed_fp8_compute
-from conformance.graphs import declared_on_high_precision, fp8_compute_nodes, undeclared_low_precision_compute
-from conformance.harness import (
+from conformance.judge import rewrites
+from conformance.observe.evidence import is_named
+from conformance.draw.families import FAMILIES
+from conformance.draw.family_examples import family_examples
+from conformance.judge.dead_compute import needed_fp8_compute
+from conformance.observe.graphs import declared_on_high_precision, fp8_compute_nodes, undeclared_low_precision_compute
+from conformance.run.harness import (
     attributed, call_backend, check, declared_ops, fail, fp8_compute_truth, fp8_ops, fresh_copy, names_module, names_pass, strict_error,
     traced, traced_graph,
 )
-from conformance.strategies import ALL_KINDS
-from conformance.strategies import model_specs as _model_specs
+from conformance.draw.strategies import ALL_KINDS
+from conformance.draw.strategies import model_specs as _model_specs
 from conformance.api.types import ValidationReport
 
 #: Quantized module kinds drawn here: float8 and, for a backend that claims ``mx``, MX layers

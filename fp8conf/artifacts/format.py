@@ -34,7 +34,7 @@ import os
 import re
 import warnings
 
-from conformance.writing import write_file
+from fp8contract.writing import write_file
 from fp8conf.arguments import require
 from fp8conf.artifacts.keys import ENV_KEY, ENV_KEY_FILE, key_id, resolve_key
 from fp8conf.artifacts.reading import ENV_MAX_ARTIFACT_BYTES, max_artifact_bytes, read_regular_file, refuse_unless_regular_file
@@ -121,7 +121,7 @@ def seal(header: ArtifactHeader, payload: bytes, key: bytes | None) -> tuple[Art
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Write the artifact bytes ``data`` at ``path`` as :func:`conformance.writing.write_file`
+    """Write the artifact bytes ``data`` at ``path`` as :func:`fp8contract.writing.write_file`
     writes (a reader never sees half an artifact; a folder, FIFO or device at ``path`` is
     refused: :class:`~fp8conf.errors.FileWriteError`), readable by its owner alone, creating
     missing folders above it."""

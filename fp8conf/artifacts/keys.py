@@ -31,7 +31,7 @@ import shlex
 import stat
 import warnings
 
-from conformance.writing import write_file
+from fp8contract.writing import write_file
 from fp8conf.artifacts.reading import MAX_KEY_FILE_BYTES, read_regular_file
 from fp8conf.errors import ArtifactKeyError, FileWriteError, KeyFilePermissionError
 

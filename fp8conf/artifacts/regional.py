@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from conformance.writing import check_write_target
+from fp8contract.writing import check_write_target
 from fp8conf.artifacts.envelope import (
     check_signature_describes, describe_graph, deserialize_guarded, resolve_signing_key, signature_of_header, verified,
 )

@@ -35,7 +35,7 @@ import tempfile
 import warnings
 from typing import Any, Callable
 
-from conformance.writing import check_write_target
+from fp8contract.writing import check_write_target
 from fp8conf.arguments import require
 from fp8conf.artifacts.envelope import (
     check_signature_describes, describe_graph, deserialize_guarded, resolve_signing_key, signature_of_header, verified,

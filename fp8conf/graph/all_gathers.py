@@ -29,7 +29,7 @@ import warnings
 
 import torch.fx
 
-from conformance.api.types import Finding
+from fp8contract.types import Finding
 from fp8conf import errors
 from fp8conf.arguments import require
 from fp8conf.graph.collectives import CollectiveRecord, get_collective, is_collective

@@ -37,7 +37,7 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 
-from conformance.api import types as contract
+from fp8contract import types as contract
 
 from fp8conf.arguments import require
 from fp8conf.graph.roles import compute_format, is_fp8_compute, is_unjudged_scaled_mm, matrix_operands

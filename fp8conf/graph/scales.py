@@ -42,7 +42,7 @@ import torch
 import torch.fx
 
 # The finding type is the contract's own: a report fp8conf makes is what a backend returns.
-from conformance.api.types import Finding
+from fp8contract.types import Finding
 from fp8conf.graph.provenance import get_provenance, node_passes
 from fp8conf.graph.roles import is_fp8_compute, matrix_operands
 from fp8conf.log import warn_once

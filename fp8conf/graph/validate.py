@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import torch.fx
 
 # The report types are the contract's own: a report fp8conf makes is what a backend returns.
-from conformance.api.types import Finding, ValidationReport
+from fp8contract.types import Finding, ValidationReport
 from fp8conf.arguments import require
 from fp8conf import errors
 from fp8conf.graph.provenance import get_provenance, node_passes, unattributed_fp8_compute

@@ -131,7 +131,7 @@ def _model_from_factory(spec: str):
 
 
 def _explain(args) -> int:
-    from conformance.writing import check_write_target
+    from fp8contract.writing import check_write_target
     from fp8conf.errors import FileWriteError, FP8Error
 
     try:
@@ -196,6 +196,9 @@ def _run(args) -> int:
     import pytest
 
     pytest_args = [
+        # The suite's plugin, named by its pytest11 entry point: pytest loads it (once, autoload
+        # or not); fp8conf itself imports nothing of the suite.
+        "-p", "fp8conf",
         f"--fp8-backend={args.backend}",
         f"--fp8-report={args.report}",
         f"--hypothesis-profile={args.profile}",

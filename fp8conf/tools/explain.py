@@ -14,7 +14,7 @@ import html
 
 import torch
 
-from conformance.writing import check_write_target, write_file
+from fp8contract.writing import check_write_target, write_file
 from fp8conf.errors import FileWriteError
 from fp8conf.graph.provenance import node_passes
 from fp8conf.graph.regions import Region, identify_fp8_regions

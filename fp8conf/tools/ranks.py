@@ -125,13 +125,13 @@ def _one_error(failure: Exception, errors_dir: str, tool: str, ranks: int) -> Ex
 
 def spawn(worker, args: tuple, *, ranks: int, tool: str) -> None:
     """Run ``worker(rank, *args)`` in ``ranks`` processes (forked from a server that imported torch
-    and fp8conf once: :func:`conformance.rank_processes.start_ranks`) and wait for them; a failed
+    and fp8conf once: :func:`fp8contract.rank_processes.start_ranks`) and wait for them; a failed
     rank is raised as one error (see the module's docstring)."""
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise FP8ConfigError(f"{tool}: ranks must be a whole number of 1 or more, got {ranks!r}")
     import torch.multiprocessing as mp
 
-    from conformance.rank_processes import start_ranks
+    from fp8contract.rank_processes import start_ranks
 
     with tempfile.TemporaryDirectory(prefix=f"fp8conf-{tool}-") as errors_dir:
         try:

@@ -117,7 +117,7 @@ class BackwardStartsLate(ReferenceBackend):
 
 
 def _is_fp8_matmul(node) -> bool:
-    from conformance.graphs import Fp8Ops, is_fp8_compute
+    from conformance.observe.graphs import Fp8Ops, is_fp8_compute
 
     return is_fp8_compute(node, Fp8Ops())
 
@@ -238,7 +238,7 @@ class ExistenceOnlyCounts(ReferenceBackend):
 def _what_outputs_need(gm):
     """A copy of ``gm`` without the nodes no output needs: what a trainer whose validation
     ignores dead code judges (rightly: such code computes nothing the step returns)."""
-    from conformance.graphs import copy_graph_module, output_dependencies
+    from conformance.observe.graphs import copy_graph_module, output_dependencies
 
     needed_only = copy_graph_module(gm)
     needed = output_dependencies(needed_only)

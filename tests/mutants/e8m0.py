@@ -149,7 +149,7 @@ class CompiledScalesOneExponentUp(ReferenceBackend):
     KILLED_BY = "NUM-005"
 
     def compile(self, gm, *, mode, cudagraph=False):
-        from conformance.graphs import copy_graph_module
+        from conformance.observe.graphs import copy_graph_module
 
         gm = copy_graph_module(gm)
         for node in gm.graph.nodes:

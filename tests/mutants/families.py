@@ -1,7 +1,7 @@
 """Mutant backends whose defect needs what real trainers run: modules of one leaf name under two
 parents, a model's own annotations, token groups made only of padding, operands laid out as a
 linear layer passes them. The suite's stacks of linears never show them any of these; the model
-families and the forced shapes do (``conformance/families.py``, MOE-006/007's padding groups,
+families and the forced shapes do (``conformance/draw/families.py``, MOE-006/007's padding groups,
 E8M0-001's layouts).
 """
 

@@ -14,7 +14,7 @@ import fp8conf.graph.regions
 import fp8conf.graph.validate
 import fp8conf.quantized.protocol
 import fp8conf.quantized.grouped as grouped
-from conformance import rewrites
+from conformance.judge import rewrites
 from conformance.api.types import Compiled, Provenance
 from conformance.backends.reference import ReferenceBackend
 from mutants.backends import _replaced

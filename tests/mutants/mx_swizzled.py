@@ -80,7 +80,7 @@ class MXScalesRowMajorDeclared(ReferenceBackend):
 
 def _row_major(scales: torch.Tensor, rows: int, k: int) -> torch.Tensor:
     """Swizzled e8m0 scales of an operand of ``rows`` rows and contraction dim ``k``, row-major."""
-    from conformance.block_scaled import unswizzle
+    from conformance.judge.block_scaled import unswizzle
 
     matrix = unswizzle(scales.view(torch.uint8), rows, k, 32)
     return matrix.contiguous().view(torch.float8_e8m0fnu)
@@ -98,7 +98,7 @@ class CompileRowMajorScales(ReferenceBackend):
         import copy
 
         from conformance.api.types import Compiled
-        from conformance.block_scaled import MXFP8, matmul_format
+        from conformance.judge.block_scaled import MXFP8, matmul_format
 
         out = copy.deepcopy(gm)
         for node in list(out.graph.nodes):

@@ -9,7 +9,7 @@ import fp8conf
 import fp8conf.graph.regions
 from conformance.backends.reference import ReferenceBackend
 from conformance.api.types import Compiled, Region
-from conformance.graphs import copy_graph_module, is_fp8_cast
+from conformance.observe.graphs import copy_graph_module, is_fp8_cast
 from fp8conf.graph.provenance import get_provenance
 from fp8conf.graph.regions import identify_fp8_regions, tag_fp8_regions
 

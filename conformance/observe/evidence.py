@@ -3,7 +3,7 @@
 A property is checked on many examples (drawn models). Whether a failure follows from another
 property's failure or is a defect of its own is decided on what each property did on each example
 (``conformance.plugin.causes``): the plugin keys every example by its drawn model
-(:func:`example_key`) and notes whether it passed or failed, and :func:`conformance.harness.fail`
+(:func:`example_key`) and notes whether it passed or failed, and :func:`conformance.run.harness.fail`
 records here what its failure named (:func:`record_failure`): the modules of the drawn model and
 the graph nodes its message locates. The harness notes the model an example traces
 (:func:`drawn`), so a failure whose message shows no model (a backend method that raised) still

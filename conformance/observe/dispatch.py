@@ -32,7 +32,7 @@ import functools
 import torch
 import torch.fx
 
-from conformance.graphs import is_fp8_dtype
+from conformance.observe.graphs import is_fp8_dtype
 
 __all__ = ["DispatchCounter", "observed", "dispatches_per_node", "equal_computations", "always_generated", "BlockScaledCalls"]
 

@@ -70,7 +70,7 @@ class Fp8Ops:
     torch's scaled matmuls always (:data:`conformance.api.types.TORCH_COMPUTE_OPS`); a backend's
     own ops only when it declares them through the contract (``Backend.fp8_compute_ops``, and
     its ``e8m0_op`` with capability ``e8m0``). The suite builds one per backend
-    (:func:`conformance.harness.fp8_ops`), so no op name of a backend's is wired in here and two
+    (:func:`conformance.run.harness.fp8_ops`), so no op name of a backend's is wired in here and two
     backends never see each other's.
     """
 
@@ -269,7 +269,7 @@ def live_nodes(gm: torch.fx.GraphModule) -> set:
     node with a side effect (an in-place or otherwise mutating op, as it judges it:
     ``Node.is_impure``, random ops not counted as such) and everything those depend on. A
     ``make_fx`` graph's in-place ``mul_`` on a value nothing returns stays, with what it reads.
-    What counts as FP8 compute is what reaches an output (:mod:`conformance.dead_compute`)."""
+    What counts as FP8 compute is what reaches an output (:mod:`conformance.judge.dead_compute`)."""
     return _with_inputs(n for n in gm.graph.nodes if n.op == "output" or _has_side_effect(n))
 
 

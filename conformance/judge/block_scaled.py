@@ -25,7 +25,7 @@ itself (:func:`unswizzle`) and so defines, on every device, what such a matmul c
   without a kernel, computed by :func:`reference_matmul` (and counted) instead of raising:
   NVF-002 and MXS-002 run a backend's step that way on CPU, and say so in their report rows.
   Asked to (:data:`GROUPED`), it computes the rowwise FP8 grouped GEMMs of either grouped API by
-  the suite's reading too (``conformance.moe.reference_grouped_mm``): EMU-006 runs experts so.
+  the suite's reading too (``conformance.draw.moe.reference_grouped_mm``): EMU-006 runs experts so.
 """
 
 from __future__ import annotations
@@ -331,11 +331,11 @@ def _call_format(args, kw) -> Format | None:
 
 
 def _grouped_call(func, kw):
-    """A rowwise FP8 grouped GEMM computed by ``conformance.moe.reference_grouped_mm``; a v2 call
+    """A rowwise FP8 grouped GEMM computed by ``conformance.draw.moe.reference_grouped_mm``; a v2 call
     of another scaling raises :class:`LayoutUnreadable`."""
     import torch.nn.functional as F
 
-    from conformance.moe import reference_grouped_mm
+    from conformance.draw.moe import reference_grouped_mm
 
     scale_a, scale_b = _scale_list(kw["scale_a"]), _scale_list(kw["scale_b"])
     if "recipe_a" in kw:
@@ -357,7 +357,7 @@ def read_by_the_suite(*, compute: bool | frozenset = True, operands: bool = True
     (True for all, or a set of format names and :data:`GROUPED`) says which calls are computed
     by the suite instead of torch's kernel (for devices without one): block-scaled ones by
     :func:`reference_matmul`, rowwise FP8 grouped GEMMs of either API by
-    ``conformance.moe.reference_grouped_mm`` (counted, not observed). ``operands`` False: the
+    ``conformance.draw.moe.reference_grouped_mm`` (counted, not observed). ``operands`` False: the
     operands are not compared with their sources, and no op's ancestry is tracked (a step only
     computed, at a fraction of the cost). Every other op runs as torch ships it. The yielded
     :class:`Reads` fills as calls run."""

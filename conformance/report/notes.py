@@ -8,7 +8,13 @@ plugin reads it without importing torch.
 
 from __future__ import annotations
 
-__all__ = ["note", "take"]
+__all__ = ["NOT_IN_SPEC", "NOT_SUPPORTED", "note", "take"]
+
+#: Skip reason of a property whose capability the backend does not claim (gating and the
+#: strategies skip with it; the report reads it as ``not_supported``).
+NOT_SUPPORTED = "not_supported:"
+#: Skip reason of a property newer than the spec version checked; reported ``not_supported``.
+NOT_IN_SPEC = "not_in_spec_version:"
 
 _PENDING: list[str] = []
 

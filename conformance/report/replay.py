@@ -2,7 +2,7 @@
 
 Built on the process that ran the test (an xdist worker too) from the failure itself:
 
-* the message of :func:`conformance.harness.fail`, which ends with ``Minimal model
+* the message of :func:`conformance.run.harness.fail`, which ends with ``Minimal model
   (runnable):`` and the drawn model as Python;
 * the notes Hypothesis attaches to the exception (the failing test case and, under a profile
   with ``print_blob``, the ``@reproduce_failure`` decorator) and the seed it drew;
@@ -21,7 +21,7 @@ import pytest
 
 __all__ = ["MODEL_MARKER", "command", "reproducer", "section_text"]
 
-#: The line :func:`conformance.harness.fail` puts before the drawn model.
+#: The line :func:`conformance.run.harness.fail` puts before the drawn model.
 MODEL_MARKER = "Minimal model (runnable):"
 _BLOB = re.compile(r"@reproduce_failure\(.*?\)")
 _FAILING_CASE = ("Failing test case: ", "Falsifying example: ")
@@ -109,7 +109,7 @@ def section_text(found: dict[str, Any]) -> str:
     lines = ["Replay:", "  " + found["command"]]
     if found.get("reproduce_failure"):
         lines += ["Or decorate the test with:", "  " + found["reproduce_failure"]]
-    # The drawn model is already in the failure's message (conformance.harness.fail).
+    # The drawn model is already in the failure's message (conformance.run.harness.fail).
     if not found.get("model") and found.get("failing_case"):
         lines += ["Failing test case:", found["failing_case"]]
     return "\n".join(lines) + "\n"

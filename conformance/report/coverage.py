@@ -6,7 +6,7 @@ fingerprint leaves out linears on ``F.scaled_mm`` passes every property that nev
 family for a backend that claims it, or why it does not (``N/A: reason``); SPEC.md shows the same
 table (*Coverage*). A run's report holds the matrix as observed (:func:`observed`): the areas whose
 properties built each family's modules, from what every property noted it built
-(``conformance.evidence.built``), and the state of every cell for the backend under test
+(``conformance.observe.evidence.built``), and the state of every cell for the backend under test
 (:func:`cells`): drawn, not supported (the capability it does not claim), structure only (the
 family drawn, its numerics there not run on this torch and device) or N/A. fp8conf's own tests
 hold the reference's run to :data:`EXPECTED` and every family the suite can draw to a row of it.
@@ -91,7 +91,7 @@ FAMILY_CAPABILITIES = {
 
 
 def row_of(family: str, kind: str, recipe: str) -> str | None:
-    """The matrix row of a quantized module noted as built (``conformance.evidence.built``'s
+    """The matrix row of a quantized module noted as built (``conformance.observe.evidence.built``'s
     family, kind and recipe), None for a kind the matrix does not know."""
     if kind == "float8_linear":
         return f"float8 {recipe}"
@@ -118,7 +118,7 @@ KIND_ROWS = {
 
 def left_out(left_by_property: Iterable[tuple[Iterable[str], Iterable[tuple[str, str]]]]) -> dict[str, dict[str, str]]:
     """Row -> area -> why that area's properties drew none of the row's modules, from
-    ``(property IDs, (kind, reason) entries)`` pairs (``conformance.evidence.left_out``)."""
+    ``(property IDs, (kind, reason) entries)`` pairs (``conformance.observe.evidence.left_out``)."""
     found: dict[str, dict[str, str]] = {}
     for property_ids, entries in left_by_property:
         for kind, reason in entries:
@@ -135,7 +135,7 @@ def area_of(property_id: str) -> str:
 
 def observed(built_by_property: Iterable[tuple[Iterable[str], Iterable[tuple[str, ...]]]]) -> dict[str, list[str]]:
     """Row -> the areas that built it, from ``(property IDs, built entries)`` pairs (the
-    entries as ``conformance.evidence.built`` notes them: family, kind, module, recipe, built by).
+    entries as ``conformance.observe.evidence.built`` notes them: family, kind, module, recipe, built by).
     A kind the matrix does not know is its own row, under its kind's name."""
     found: dict[str, set[str]] = {}
     for property_ids, entries in built_by_property:

@@ -25,7 +25,7 @@ import dataclasses
 import torch
 import torch.fx
 
-from conformance.graphs import Fp8Ops, Oracle, fp8_compute_nodes, output_dependencies, run_for_side_effects_only
+from conformance.observe.graphs import Fp8Ops, Oracle, fp8_compute_nodes, output_dependencies, run_for_side_effects_only
 
 __all__ = [
     "needed_fp8_compute", "dead_fp8_compute", "keepable_dead_compute", "unneeded_grad_inputs", "ComputeTruth", "compute_truth",

@@ -12,7 +12,7 @@
   kinds it claims, and reproducers of models it converts name it;
 * :func:`fail` prints the property ID, its spec line, what was expected versus seen, and the
   drawn model as runnable Python, and records for the report what the failure names (the
-  model's modules and the graph's nodes, :mod:`conformance.evidence`);
+  model's modules and the graph's nodes, :mod:`conformance.observe.evidence`);
 * :func:`names_module` / :func:`names_pass`: whether an error locates a module or a pass, by
   its attribute or, for a backend that cannot set it, in its message;
 * :func:`require_subject`: a property whose subject is empty (no region reported, nothing to
@@ -28,12 +28,13 @@ import functools
 
 import pytest
 
-from conformance import evidence, strategies
+from conformance.observe import evidence
+from conformance.draw import strategies
 from conformance.api.errors import ValidationFailure
 from conformance.api.spec import get_property
-from conformance.dead_compute import ComputeTruth, compute_truth
-from conformance.graphs import Fp8Ops, Oracle, RewriteFailed, copy_graph_module, trace_and_rewrite, trace_with_oracle
-from conformance.models import ModelSpec, build_model
+from conformance.judge.dead_compute import ComputeTruth, compute_truth
+from conformance.observe.graphs import Fp8Ops, Oracle, RewriteFailed, copy_graph_module, trace_and_rewrite, trace_with_oracle
+from conformance.draw.models import ModelSpec, build_model
 
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
@@ -72,7 +73,7 @@ def note_kinds_left_out(backend) -> None:
     """For a property that runs graphs: say in its report row which kinds the suite draws this
     device cannot run (``strategies.kinds_left_out``), and note them as left out for the coverage
     matrix (``evidence.left_out``), for a backend that claims the second scaled-matmul API."""
-    from conformance.notes import note
+    from conformance.report.notes import note
 
     reason = strategies.kinds_left_out(device())
     if reason and "scaled_mm_v2" in backend.capabilities:
@@ -255,7 +256,7 @@ def fp8_compute_truth(property_id: str, backend, spec, gm, oracle: Oracle) -> Co
     """The FP8 compute ``gm`` must hold per ``(fqn, pass)``: the recipe's count for what the step
     needs, what the graph keeps within the allowance (a grad_input nobody needs, kept for an
     in-place op) and the dead FP8 compute beyond it (SPEC.md, "Counting what the outputs need";
-    :func:`conformance.dead_compute.compute_truth`). Attributed by the suite's oracle, never by
+    :func:`conformance.judge.dead_compute.compute_truth`). Attributed by the suite's oracle, never by
     the backend's provenance; a functional graph keeps nothing, and its truth is the recipe's."""
     return compute_truth(spec, gm, oracle, fp8_ops(property_id, backend), lambda n: "backward" if backend.is_backward(n) else "forward")
 
@@ -295,7 +296,7 @@ _CONVERTERS = {
 def built_with(backend, spec, model, *, float8_by_torchao: bool = False) -> tuple[tuple[str, ...], ...]:
     """``(family, kind, module class, recipe, built by)`` of each quantized module of ``spec``,
     read off the built ``model``: the class is what the module is, observed, not what was asked
-    for. Noted for the report (:func:`conformance.evidence.built`) by every property that
+    for. Noted for the report (:func:`conformance.observe.evidence.built`) by every property that
     builds one. ``float8_by_torchao``: the suite built the float8 linears with TorchAO although
     the backend claims ``float8_modules``, to set their config (:func:`float8_config_settable`)."""
     family = getattr(spec, "family", None) or "stacks"
@@ -321,7 +322,7 @@ class _NotBuilt(Exception):
 @functools.lru_cache(maxsize=256)
 def _trace(backend, spec: ModelSpec, device: str) -> TracedCase:
     try:
-        if hasattr(spec, "build"):  # a model family (conformance.families)
+        if hasattr(spec, "build"):  # a model family (conformance.draw.families)
             model, args = spec.build(device, float8=float8_converter(backend))
         else:
             model, args = build_model(
@@ -363,9 +364,9 @@ def traced(property_id: str, backend, spec: ModelSpec) -> TracedCase:
 
 def traced_after_cse(property_id: str, backend, spec: ModelSpec):
     """A copy of ``spec``'s graph (:func:`traced`) after torch's joint-graph CSE
-    (:func:`conformance.rewrites.eliminate_common_subexpressions`), which every property that
+    (:func:`conformance.judge.rewrites.eliminate_common_subexpressions`), which every property that
     asks shares: the merge is made once per traced case, each caller gets a graph of its own."""
-    from conformance.rewrites import eliminate_common_subexpressions
+    from conformance.judge.rewrites import eliminate_common_subexpressions
 
     traced(property_id, backend, spec)  # fails the property, saying why, where tracing does
     cached = _trace(backend, spec, device())
@@ -416,7 +417,7 @@ def traced_graph(property_id: str, backend, spec: ModelSpec):
 
 
 def fresh_copy(case: TracedCase):
-    """Another copy of the case's graph (:func:`conformance.graphs.copy_graph_module`), with the
+    """Another copy of the case's graph (:func:`conformance.observe.graphs.copy_graph_module`), with the
     oracle's node keys mapped onto it by position."""
     gm = copy_graph_module(case.gm)
     by_position = dict(zip(case.gm.graph.nodes, gm.graph.nodes))
@@ -446,8 +447,8 @@ def high_precision_twin(property_id: str, spec, model):
     parameters (by FQN): the step the FP8 step stands in for."""
     import torch
 
-    from conformance.families import build_family
-    from conformance.models import build_model
+    from conformance.draw.families import build_family
+    from conformance.draw.models import build_model
 
     if hasattr(spec, "family"):
         twin, _ = build_family(spec, device(), plain=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from conformance.graphs import copy_codegen, grouped_offsets
+from conformance.observe.graphs import copy_codegen, grouped_offsets
 
 __all__ = [
     "lower_to_high_precision", "lower_grouped_to_high_precision", "rebuild_without_meta", "rebuild_chain_without_meta", "upcast_operand",

@@ -4,7 +4,7 @@ The suite never takes the backend's word for what changed: a :class:`Change` is 
 suite on real torch objects (a TorchAO recipe, an ``emulate`` flag, a ``Float8LinearConfig``
 field, the set of converted linears, the ``strict`` flag, the torch or torchao version string) and
 carries the words a readable diff or error must name. Versions change where any reader sees
-them: ``__version__`` and the installed package metadata (:mod:`conformance.versions`).
+them: ``__version__`` and the installed package metadata (:mod:`conformance.draw.versions`).
 
 *Quantization inputs* (FPR-001, FPR-004, FPR-005) are, per quantized module: its FQN (conversion
 moved to another layer with the same config is a change), kind,
@@ -23,12 +23,12 @@ modules (activations, residuals, plain linears' bias, an extra plain linear). Sh
 model's structure are the trainer's own fingerprint's business, not the quantization signature's.
 
 What a backend's fingerprint covers (``Backend.fingerprint_scope``) decides which of these it
-must ignore: :mod:`conformance.fingerprint_scopes` says, per scope, what each FPR rule may hold
+must ignore: :mod:`conformance.judge.fingerprint_scopes` says, per scope, what each FPR rule may hold
 it to.
 Config-field changes are drawn from the fields the backend's jobs can express
 (``Backend.expressible_config_fields``, :func:`drawable_config_fields`).
 
-``python -m conformance.fingerprints`` is the child process of FPR-002: it reads a JSON request
+``python -m conformance.draw.fingerprints`` is the child process of FPR-002: it reads a JSON request
 on stdin, builds the models in its own process (with its own ``PYTHONHASHSEED``) and prints the
 backend's fingerprints and signatures as JSON.
 """
@@ -47,11 +47,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, LayerSpec, ModelSpec, apply_layer, build_model
-from conformance.moe import MoESpec, build_moe_model
-from conformance import strategies
-from conformance.strategies import ALL_KINDS, model_specs, moe_specs
-from conformance.versions import current_version, other_version, simulated_versions
+from conformance.draw.models import MX_RECIPES, NVFP4_RECIPES, SCALED_MM_RECIPES, LayerSpec, ModelSpec, apply_layer, build_model
+from conformance.draw.moe import MoESpec, build_moe_model
+from conformance.draw import strategies
+from conformance.draw.strategies import ALL_KINDS, model_specs, moe_specs
+from conformance.draw.versions import current_version, other_version, simulated_versions
 
 __all__ = [
     "ARTIFACT_SPEC",
@@ -242,7 +242,7 @@ class Variant:
         (``Backend.convert_grouped_experts``) or, on ``F.scaled_grouped_mm``, ``scaled_grouped``."""
         import torch
 
-        import conformance.models as models
+        import conformance.draw.models as models
 
         if isinstance(self.spec, MoESpec):
             convert = scaled_grouped if self.spec.v2 else grouped
@@ -644,7 +644,7 @@ def fingerprints_in_subprocess(backend, specs, *, hash_seed: str | None = None, 
     seed = other_hash_seed() if hash_seed is None else str(hash_seed)
     request = {"backend": backend_locator(backend), "specs": [repr(s) for s in specs]}
     env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.run([sys.executable, "-m", "conformance.fingerprints"], input=json.dumps(request),
+    proc = subprocess.run([sys.executable, "-m", "conformance.draw.fingerprints"], input=json.dumps(request),
                           capture_output=True, env=env, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"child with PYTHONHASHSEED={seed} exited {proc.returncode}:\n{proc.stderr[-3000:]}")

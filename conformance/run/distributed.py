@@ -8,12 +8,12 @@ of the backend.
 * :func:`weight_gathers`: the forward all-gathers that move a quantized module's weight, found by
   data flow in the backend's own graph: the all-gathers among the ancestors of the weight operand
   of the module's forward matmuls (the module as the suite's own ground truth says,
-  :func:`conformance.graphs.trace_with_oracle`). The all-gathers are torch's functional
+  :func:`conformance.observe.graphs.trace_with_oracle`). The all-gathers are torch's functional
   collectives (``torch.ops._c10d_functional``) or their ``c10d`` forms, whatever code issued them.
 * :func:`moves_fp8_bytes` / :func:`only_views_between`: what such a gather moves.
 * :func:`gloo_gradients`: the data-parallel step run by the backend in processes of their own
   over gloo (DP-003), against the unsharded eager step; ranks that cannot connect are the
-  machine's problem (:class:`conformance.environment.EnvironmentProblem`), not the backend's.
+  machine's problem (:class:`conformance.run.environment.EnvironmentProblem`), not the backend's.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import tempfile
 import torch
 import torch.fx
 
-from conformance.environment import GLOO_START_FAILED, EnvironmentProblem, gloo_fix, gloo_start_evidence
-from conformance.graphs import Fp8Ops, is_fp8_compute, is_fp8_dtype
-from conformance.rank_processes import start_ranks
+from conformance.run.environment import GLOO_START_FAILED, EnvironmentProblem, gloo_fix, gloo_start_evidence
+from conformance.observe.graphs import Fp8Ops, is_fp8_compute, is_fp8_dtype
+from fp8contract.rank_processes import start_ranks
 
 __all__ = [
     "WORLD_SIZE",
@@ -252,7 +252,7 @@ def _reaches_fp8(start, step) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class GlooCase:
-    """One model of DP-003: its spec (``conformance.models.ModelSpec``), the setting, and whether
+    """One model of DP-003: its spec (``conformance.draw.models.ModelSpec``), the setting, and whether
     the backend's own float8 linears (``Backend.convert_float8``) are built, not TorchAO's."""
 
     spec: object
@@ -285,8 +285,8 @@ def _whole(grad, full_shape, world):
 def _gloo_case(backend, mesh, rank, world, case) -> dict:
     import copy
 
-    from conformance.harness import grad_outputs
-    from conformance.models import build_model
+    from conformance.run.harness import grad_outputs
+    from conformance.draw.models import build_model
 
     if case.own_modules:
         model, (x,) = build_model(case.spec, "cpu", float8=backend.convert_float8)
@@ -355,10 +355,10 @@ def _leave_rank() -> None:
 @functools.lru_cache(maxsize=8)
 def gloo_gradients(backend_class: type, cases: tuple[GlooCase, ...], world: int = WORLD_SIZE) -> tuple:
     """Per case and rank, ``("ok", {parameter FQN: relative error})`` or ``("error", message)``:
-    the backend's sharded step in ``world`` gloo processes (:func:`~conformance.rank_processes.start_ranks`, one CPU thread each) against
+    the backend's sharded step in ``world`` gloo processes (:func:`~fp8contract.rank_processes.start_ranks`, one CPU thread each) against
     the unsharded eager step. Run once per backend class and cases in a session.
 
-    Raises :class:`~conformance.environment.EnvironmentProblem` when a rank's process group did
+    Raises :class:`~conformance.run.environment.EnvironmentProblem` when a rank's process group did
     not start or its sockets failed (the machine's network setup, not the backend), naming what
     the rank said."""
     import torch.multiprocessing as mp

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from conformance.families import FamilySpec, variants
-from conformance.strategies import FLOAT8_KIND, served, smallest_of_each_kind
+from conformance.draw.families import FamilySpec, variants
+from conformance.draw.strategies import FLOAT8_KIND, served, smallest_of_each_kind
 
 __all__ = ["FixedDraws", "KindExample", "family_examples", "family_specs", "served_variant"]
 
@@ -39,7 +39,7 @@ class FixedDraws:
 @dataclasses.dataclass(frozen=True)
 class KindExample:
     """An explicit example standing for the smallest model of a kind that the property samples
-    (:func:`conformance.strategies.smallest_of_each_kind`), known only once the backend's kinds
+    (:func:`conformance.draw.strategies.smallest_of_each_kind`), known only once the backend's kinds
     are: a backend that converts no module of the kind rejects the example."""
 
     kind: str
@@ -47,7 +47,7 @@ class KindExample:
 
 def family_examples(test):
     """Decorator (above ``@given``): the property's first examples are the family models that its
-    ``spec`` strategy (one of ``conformance.strategies.model_specs``) admits, ``data`` (where the
+    ``spec`` strategy (one of ``conformance.draw.strategies.model_specs``) admits, ``data`` (where the
     test takes it) drawing the simplest values: every family runs on every such property in
     every profile, not only when Hypothesis happens to draw it. Where the test takes ``data``,
     every other kind of module its strategy draws follows (float8 linears too where no family
@@ -97,7 +97,7 @@ def _smallest_of_kind(strategy, kind: str):
 
 def served_variant(strategy, spec: FamilySpec) -> FamilySpec:
     """The family model of ``spec``'s family that ``strategy``'s property runs against the backend
-    under test (``conformance.strategies.served``): ``spec`` itself for TorchAO's float8 linears,
+    under test (``conformance.draw.strategies.served``): ``spec`` itself for TorchAO's float8 linears,
     else the one of the recipes and emulation the backend's own have (with or without mixed
     emulation as ``spec``, when it has both)."""
     constraints = served(strategy.constraints)

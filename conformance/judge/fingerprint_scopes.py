@@ -23,7 +23,7 @@ class ScopePromises:
         registration_order: the fingerprint is equal for the model registered in reverse order
             (FPR-002).
         structure: the fingerprint ignores the structure changes of
-            :data:`conformance.fingerprints.STRUCTURE_KINDS` (FPR-003).
+            :data:`conformance.draw.fingerprints.STRUCTURE_KINDS` (FPR-003).
         global_inputs_in_signature: the signature holds every input of the fingerprint: a global
             change (``strict``, a version) and a relevant job setting show in it (FPR-005,
             FPR-006).
