@@ -180,12 +180,18 @@ def _explicit(test) -> list:
 
 
 def test_the_hard_shapes_are_forced_first():
-    """E8M0-001 runs ``b`` as a transposed weight and a non-contiguous ``a``; MOE-006 and MOE-007
-    run groups made only of padding (padding equal to the group's size) beside empty ones."""
+    """E8M0-001 runs ``b`` as a transposed weight and a non-contiguous ``a`` first, then every
+    output dtype with every storage of ``a`` and ``b``; MOE-006 and MOE-007 run groups made only
+    of padding (padding equal to the group's size) beside empty ones."""
+    import itertools
+
+    from conformance.draw.e8m0 import A_LAYOUTS, B_LAYOUTS, OUT_DTYPES
+
     tests = _property_tests()
     cases = [kwargs["case"] for kwargs in _explicit(tests["E8M0-001"])]
-    assert {case.b_layout for case in cases} == {"transposed_weight"} and "column_major" in {case.a_layout for case in cases}
-    a, b, _, _ = next(case for case in cases if case.a_layout == "column_major").build()
+    assert any(case.a_layout == "column_major" and case.b_layout == "transposed_weight" for case in cases)
+    assert {(c.out_dtype, c.a_layout, c.b_layout) for c in cases} == set(itertools.product(OUT_DTYPES, A_LAYOUTS, B_LAYOUTS))
+    a, b, _, _ = next(case for case in cases if case.a_layout == "column_major" and case.b_layout == "transposed_weight").build()
     assert not a.is_contiguous() and not b.is_contiguous() and b.t().is_contiguous()
     for pid in ("MOE-006", "MOE-007"):
         specs = [kwargs["spec"] for kwargs in _explicit(tests[pid])]

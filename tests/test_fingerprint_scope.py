@@ -162,8 +162,8 @@ def test_makefx_refuses_a_config_that_is_none_of_the_named_recipes():
 
 def test_a_refused_inexpressible_change_is_not_supported_never_a_failure(tmp_path):
     statuses, out = run_suite("mutants.contract:RefusesCustomConfigs", ["FPR-001", "FPR-005"], tmp_path)
-    # FPR-001 also enumerates every field, and every recipe change and emulate flip.
-    for property_id, passed, refused in (("FPR-001", 8, 3), ("FPR-005", 7, 2)):
+    # FPR-001 also enumerates every field, every recipe change and emulate flip, every version change.
+    for property_id, passed, refused in (("FPR-001", 9, 3), ("FPR-005", 7, 2)):
         row = statuses[property_id]
         assert row["status"] == "pass", out[-3000:]
         assert row["outcomes"] == {"pass": passed, "not_supported": refused}, row
@@ -176,5 +176,5 @@ def test_a_refused_undeclared_field_leaves_the_declared_ones_checked(tmp_path):
     statuses, out = run_suite("mutants.contract:ExpressesPadInnerDimOnly", ["FPR-001"], tmp_path)
     row = statuses["FPR-001"]
     assert row["status"] == "pass", out[-3000:]
-    assert row["outcomes"] == {"pass": 11}, row  # nine drawn kinds and the enumerations of every field and every recipe
+    assert row["outcomes"] == {"pass": 12}, row  # nine drawn kinds and the enumerations of every field, every recipe and every version
     assert any("expressible_config_fields ['pad_inner_dim']" in note for note in row.get("notes", ())), row

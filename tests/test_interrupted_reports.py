@@ -112,11 +112,12 @@ def _with_default_sigint() -> None:
 
 def interrupted(
     pytester: pytest.Pytester, *args: str, command: tuple[str, ...] = ("-m", "pytest"),
-    only_the_worker: bool = False, env: dict[str, str] | None = None,
+    only_the_worker: bool = False, env: dict[str, str] | None = None, terminate: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run ``python <command> <args>`` in ``pytester``'s directory and send it SIGINT once a
     ``started-<pid>`` file appears: to its process group, or with ``only_the_worker`` to the
-    process that wrote the file."""
+    process that wrote the file; with ``terminate``, SIGTERM to the command's process alone (as
+    a CI runner or ``kill`` stops a job)."""
     if command == ("-m", "pytest"):
         args = ("-p", "no:cacheprovider", "-p", "no:randomly", *args)
     proc = subprocess.Popen(
@@ -133,6 +134,8 @@ def interrupted(
             time.sleep(0.05)
         if only_the_worker:
             os.kill(int(started[0].name.removeprefix("started-")), signal.SIGINT)
+        elif terminate:
+            os.kill(proc.pid, signal.SIGTERM)
         else:
             os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
@@ -140,7 +143,9 @@ def interrupted(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    done.pid = proc.pid  # also its process group: a session of its own
+    return done
 
 
 def read_report(pytester: pytest.Pytester) -> dict:
@@ -203,6 +208,27 @@ def test_fp8conf_check_exits_6_for_an_interrupted_run(suite, workers):
     )
     assert done.returncode == EXIT_INCOMPLETE == 6, done.stdout + done.stderr
     assert_cut_off_and_unscored(read_report(suite), "KeyboardInterrupt")
+
+
+def test_fp8conf_check_terminated_ends_as_interrupted_and_leaves_no_worker_behind(suite):
+    # SIGTERM to fp8conf check alone: before, the process died at once, wrote no report and its
+    # two xdist workers ran on without a parent.
+    done = interrupted(
+        suite, "check", "--backend", "fakebackends:Fake", "--report", "out/r.json", "-n", "2",
+        "--", "test_props.py", command=("-m", "fp8conf.tools.cli"), terminate=True,
+    )
+    assert done.returncode == EXIT_INCOMPLETE == 6, done.stdout + done.stderr
+    assert_cut_off_and_unscored(read_report(suite), "SIGTERM")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(done.pid, 0)  # anything left of its session: the workers
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.killpg(done.pid, signal.SIGKILL)
+        pytest.fail("processes of fp8conf check's session still ran 30 s after it ended (killed now)")
 
 
 def test_a_run_stopped_by_x_is_incomplete(suite):

@@ -94,7 +94,8 @@ class RunTracker:
         if isinstance(value, pytest.exit.Exception):
             self._interruption = f"pytest.exit: {value.msg}"
         elif type(value) is KeyboardInterrupt:
-            self._interruption = "KeyboardInterrupt: Ctrl-C or SIGINT"
+            # ``fp8conf check`` raises it with the signal's name for a SIGTERM (its workers go too).
+            self._interruption = f"KeyboardInterrupt: {value}" if str(value) else "KeyboardInterrupt: Ctrl-C or SIGINT"
         else:
             # A subclass: pytest's or xdist's Interrupted, a stop of theirs (collection errors,
             # -x under xdist, an interrupted worker, which node_down has named), not a person's.

@@ -18,7 +18,7 @@ from conformance.judge.dead_compute import needed_fp8_compute
 from conformance.observe.graphs import fp8_compute_nodes
 from conformance.run.harness import (
     attributed, built_with, call_backend, check, device, eager_step, fail, fp8_ops, grad_outputs, high_precision_twin,
-    names_module, strict_error, traced, traced_graph,
+    moe_settings, names_module, strict_error, traced, traced_graph,
 )
 from conformance.report.notes import note
 from conformance.draw.strategies import (
@@ -361,7 +361,7 @@ def _grouped_computed(spec) -> frozenset:
 
 #: MoE models per session: building one costs little, the eager step with the suite's grouped
 #: GEMMs about a tenth of a second; as few as the MOE properties take.
-_moe_budget = settings(max_examples=max(2, settings.default.max_examples // 6))
+_moe_budget = moe_settings()
 
 
 @pytest.mark.fp8_property("EMU-006")

@@ -31,7 +31,7 @@ from conformance.observe.graphs import (
     fp8_compute_nodes, grouped_offsets, incompleteness, is_fp8_cast, is_fp8_dtype, tagged_groups, trace_with_oracle,
 )
 from conformance.run.harness import (
-    built_with, call_backend, check, device, fail, fp8_compute_truth, fp8_ops, fresh_copy, names_module, names_pass, strict_error,
+    built_with, call_backend, check, device, fail, fp8_compute_truth, fp8_ops, fresh_copy, moe_settings, names_module, names_pass, strict_error,
 )
 from conformance.draw.moe import (
     GROUPED_KIND, ExpertsSpec, build_experts_model, build_moe_model, experts_family, experts_inputs, has_v2_grouped_meta_kernel,
@@ -39,12 +39,11 @@ from conformance.draw.moe import (
 )
 from conformance.run.gating import NOT_SUPPORTED
 from conformance.report.notes import note
-from conformance.draw.strategies import MOE_CORPUS_SIZE, experts_specs, grouped_fp8_runs, grouped_v2_runs, moe_specs
+from conformance.draw.strategies import experts_specs, grouped_fp8_runs, grouped_v2_runs, moe_specs
 
 # Tracing an MoE stack takes about a second on CPU: a few models per property, shared by all of
-# them under a derandomized profile (traces are cached per model). Never fewer than the shared
-# corpus holds: it is a finite space (each feature and both grouped APIs), taken whole.
-_budget = settings(max_examples=max(MOE_CORPUS_SIZE, settings.default.max_examples // 6))
+# them under a derandomized profile (traces are cached per model), and every model of that corpus.
+_budget = moe_settings()
 _TOLERANCE = 1e-2
 
 

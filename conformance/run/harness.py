@@ -39,7 +39,7 @@ from conformance.draw.models import ModelSpec, build_model
 __all__ = [
     "compile_settings", "TracedCase", "fail", "check", "call_backend", "strict_error", "traced", "traced_graph", "fresh_copy",
     "fresh_args", "grad_outputs", "fp8_ops", "serving", "supported_kinds", "device", "names_module", "names_pass",
-    "note_kinds_left_out", "require_subject", "fp8_compute_truth", "declared_ops", "traced_before_rewrite", "traced_after_cse", "owns_float8", "float8_converter", "float8_config_settable", "built_with",
+    "moe_settings", "note_kinds_left_out", "require_subject", "fp8_compute_truth", "declared_ops", "traced_before_rewrite", "traced_after_cse", "owns_float8", "float8_converter", "float8_config_settable", "built_with",
     "attributed",
 ]
 
@@ -267,6 +267,16 @@ def compile_settings():
     from hypothesis import settings
 
     return settings(max_examples=max(2, settings.default.max_examples // 12))
+
+
+def moe_settings():
+    """Hypothesis settings for a property drawing MoE models (``strategies.moe_specs``): a sixth of
+    the profile's examples, and never fewer than the shared MoE corpus holds under a
+    derandomized profile: that corpus is a finite space (each feature, and both grouped APIs
+    where the backend claims the second), taken whole whatever the profile's count."""
+    from hypothesis import settings
+
+    return settings(max_examples=max(strategies.MOE_CORPUS_SIZE, settings.default.max_examples // 6))
 
 
 @dataclasses.dataclass

@@ -12,6 +12,7 @@ precompiled artifacts and their quantization fingerprints (see :mod:`fp8conf.too
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -220,7 +221,8 @@ def _run(args) -> int:
     pytest_args += [a for a in args.pytest_args if a != "--"]
     started = time.time()
     try:
-        status = int(pytest.main(pytest_args))
+        with _terminate_as_interrupt():
+            status = int(pytest.main(pytest_args))
     except KeyboardInterrupt:
         # In pytest's start-up, before its session, which then says nothing of it.
         print("fp8conf check: interrupted in start-up, before any test ran; no report written", file=sys.stderr)
@@ -229,6 +231,28 @@ def _run(args) -> int:
     if status == pytest.ExitCode.INTERRUPTED or ended in ("interrupted", "incomplete"):
         return EXIT_INCOMPLETE
     return status
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """Within: SIGTERM ends the run as Ctrl-C does (a KeyboardInterrupt naming the signal), so
+    pytest writes an interrupted report and pytest-xdist stops its workers; left to the default
+    action, the process died at once and its workers ran on without a parent."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise KeyboardInterrupt("SIGTERM: fp8conf check was terminated")
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _report_path(pytest_args: list[str]) -> Path | None:
