@@ -38,9 +38,9 @@ WAITING = "test_props.py::test_PROV_002_waits"
 # PROV-001 passes; PROV-002 writes started-<pid> in its first example and waits for the signal;
 # PROV-003 passes, and in a serial run never starts.
 PROPERTY_TESTS = """
+    import gc
     import os
     import time
-    from pathlib import Path
 
     import pytest
     from hypothesis import given, strategies as st
@@ -52,7 +52,10 @@ PROPERTY_TESTS = """
     @pytest.mark.fp8_property("PROV-002")
     @given(x=st.integers(0, 100))
     def test_PROV_002_waits(fp8_backend, x):
-        Path(f"started-{os.getpid()}").write_text("")
+        # Nothing between the file and the sleep may run a finalizer: a KeyboardInterrupt raised
+        # inside one is printed and dropped, and the run would sleep on.
+        gc.disable()
+        os.close(os.open(f"started-{os.getpid()}", os.O_CREAT | os.O_WRONLY))
         time.sleep(300)
 
     @pytest.mark.fp8_property("PROV-003")
@@ -77,10 +80,9 @@ FAILING_FIRST = """
 WAITING_CONFTEST = """
     import os
     import time
-    from pathlib import Path
 
     if os.environ.get("WAIT_IN_START_UP"):
-        Path(f"started-{os.getpid()}").write_text("")
+        os.close(os.open(f"started-{os.getpid()}", os.O_CREAT | os.O_WRONLY))
         time.sleep(300)
 """
 
@@ -88,9 +90,8 @@ WAITING_CONFTEST = """
 WAITING_MODULE = """
     import os
     import time
-    from pathlib import Path
 
-    Path(f"started-{os.getpid()}").write_text("")
+    os.close(os.open(f"started-{os.getpid()}", os.O_CREAT | os.O_WRONLY))
     time.sleep(300)
 """
 
@@ -123,7 +124,7 @@ def interrupted(
     proc = subprocess.Popen(
         [sys.executable, *command, *args], cwd=pytester.path, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=_with_default_sigint, env={**os.environ, **(env or {})},
+        preexec_fn=_with_default_sigint, env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
     )
     deadline = time.monotonic() + 120
     try:
@@ -132,13 +133,20 @@ def interrupted(
                 out, err = proc.communicate()
                 pytest.fail(f"nothing started (exit status {proc.returncode}):\n{out}\n{err}")
             time.sleep(0.05)
+        time.sleep(0.2)  # past the file's writing, into the sleep
         if only_the_worker:
             os.kill(int(started[0].name.removeprefix("started-")), signal.SIGINT)
         elif terminate:
             os.kill(proc.pid, signal.SIGTERM)
         else:
             os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            # Where it waits: faulthandler (on through the environment) prints every thread's stack.
+            os.killpg(proc.pid, signal.SIGABRT)
+            out, err = proc.communicate()
+            pytest.fail(f"still running 120 s after the signal (stacks on SIGABRT follow):\n{out}\n{err}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
