@@ -49,6 +49,25 @@ def test_a_llama_is_repeated_with_no_flag_and_is_its_whole_trace(repeat_from_six
     assert said() == []
 
 
+def test_a_rowwise_llama_is_repeated_with_the_transposes_after_its_backward(repeat_from_six, said):
+    """AOT appends, after the whole backward, two transposes per rowwise weight gradient that
+    give it the parameter's layout: untagged nodes computed from one block's backward. Each is
+    copied with its block; before, the plan took them for the model's own nodes reading block 1
+    and the model was traced whole. (In float32 AOT needs no transposes: the model is bf16.)"""
+    model, args, _ = llama(6, "rowwise")
+    model.to(torch.bfloat16)
+    found = fp8conf.trace_joint(model, args)
+    assert trace_info(found).repeated == "layers" and trace_info(found).fallbacks == ()
+    from fp8conf.graph.repeat import untagged_backward
+
+    tails = untagged_backward(found.graph)
+    assert tails and {str(n.target) for n in tails} == {"aten.t.default"}
+    whole = fp8conf.trace_joint(model, args, repeat=False)
+    assert len(untagged_backward(whole.graph)) == len(tails)
+    assert_same_joint(model, args, whole, found, "the rowwise trace with no flag")
+    assert said() == []
+
+
 @pytest.mark.parametrize("blocks", [auto_repeat.AUTO_REPEAT_MIN_BLOCKS - 1, auto_repeat.AUTO_REPEAT_MIN_BLOCKS])
 def test_blocks_are_repeated_unasked_from_where_it_pays(blocks, said):
     """Below :data:`AUTO_REPEAT_MIN_BLOCKS` the proof's two traces cost more than the whole one:

@@ -36,6 +36,7 @@ import torch.utils._pytree as pytree
 
 from fp8conf.graph.equal_blocks import TRACED_BLOCKS, blocks_difference, tensor_layout
 from fp8conf.graph.provenance import BLOCK_META_KEY, OWNER_META_KEY, PROVENANCE_META_KEY
+from fp8conf.graph.repeat import untagged_backward
 from fp8conf.log import logger
 from fp8conf.parallel.layout import layout_of
 from fp8conf.quantized.protocol import find_quantized_modules
@@ -117,7 +118,8 @@ class _NodeKey:
         self.position = {n: i for i, n in enumerate(gm.graph.nodes)}
         ops = [n for n in gm.graph.nodes if n.op == "call_function" and "seq_nr" in n.meta]
         self.base = min((n.meta["seq_nr"] for n in ops), default=0)
-        self.forward = {n.meta["seq_nr"] for n in ops if n.meta.get("partitioner_tag") != "is_backward"}
+        after = untagged_backward(gm.graph)
+        self.forward = {n.meta["seq_nr"] for n in ops if n.meta.get("partitioner_tag") != "is_backward" and n not in after}
 
     def _arg(self, a):
         return ("node", self.position[a]) if isinstance(a, torch.fx.Node) else a

@@ -44,7 +44,7 @@ from fp8conf.graph.equal_blocks import TRACED_BLOCKS, equal_values
 from fp8conf.graph.lazy_code import graph_module
 from fp8conf.graph.provenance import BLOCK_META_KEY, OWNER_META_KEY, PROVENANCE_META_KEY, CallRecord
 
-__all__ = ["RepeatRefused", "repeat_blocks", "repeat_calls"]
+__all__ = ["RepeatRefused", "repeat_blocks", "repeat_calls", "untagged_backward"]
 
 _MODULE_STACK_KEYS = ("nn_module_stack", "fwd_nn_module_stack")
 #: A node name's base and number, as torch.fx splits them (``mm_3`` -> ``mm``, ``3``).
@@ -60,9 +60,13 @@ class _Block:
     forward: list = dataclasses.field(default_factory=list)
     backward: list = dataclasses.field(default_factory=list)
     placeholders: dict = dataclasses.field(default_factory=dict)
+    #: Nodes after every block's backward computed from this block's gradients alone: the
+    #: transposes AOT adds to give a rowwise weight gradient its parameter's layout.
+    tail: list = dataclasses.field(default_factory=list)
 
     def index(self):
-        return {n: i for i, n in enumerate(self.forward)}, {n: i for i, n in enumerate(self.backward)}
+        return ({n: i for i, n in enumerate(self.forward)}, {n: i for i, n in enumerate(self.backward)},
+                {n: i for i, n in enumerate(self.tail)})
 
 
 def repeat_blocks(gm: torch.fx.GraphModule, blocks: list[str]) -> torch.fx.GraphModule:
@@ -121,24 +125,49 @@ def _retarget(desc, old: str, new: str):
     return dataclasses.replace(desc, **changes)
 
 
+def untagged_backward(graph: torch.fx.Graph) -> set:
+    """The ops AOT leaves without a pass tag that are computed from the backward: the transposes it
+    appends after the whole backward to give a rowwise weight gradient its parameter's layout.
+    Being untagged, they would pass for forward ops; their sequence number is a gradient
+    accumulation's, which no forward op has."""
+    found = set()
+    for node in graph.nodes:
+        if node.op == "call_function" and node.meta.get("partitioner_tag") is None and any(
+            a.meta.get("partitioner_tag") == "is_backward" or a in found for a in node.all_input_nodes
+        ):
+            found.add(node)
+    return found
+
+
 def _segments(gm, fqns: list[str]) -> list[_Block]:
-    """Each traced block's forward nodes, backward span and placeholders. A backward span runs from
-    the block's first backward node to the next node of another block or of the model outside
-    every block; gradient accumulation inside it (no block of its own) belongs to it."""
+    """Each traced block's forward nodes, backward span, tail and placeholders. A backward span
+    runs from the block's first backward node to the next node of another block or of the model
+    outside every block; gradient accumulation inside it (no block of its own) belongs to it. An
+    untagged node computed from one block's backward alone is that block's tail; one computed from
+    several blocks' is the model's, outside every block."""
     blocks = {fqn: _Block(fqn) for fqn in fqns}
     forward, backward = _Runs(blocks, "forward"), _Runs(blocks, "backward")
+    after = untagged_backward(gm.graph)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             target = _desc_target(node.meta.get("desc"))
             owner = next((b for b in fqns if target and _inside(target, b)), None)
             if owner:
                 blocks[owner].placeholders[node] = target[len(owner) + 1:]
-        elif node.op == "call_function":
+        elif node.op == "call_function" and node not in after:
             label = node.meta.get(BLOCK_META_KEY)
             if node.meta.get("partitioner_tag") == "is_backward":
                 backward.add(node, label)
             else:
                 forward.add(node, label)
+    owner_of = {n: fqn for fqn, b in blocks.items() for n in b.backward}
+    for node in gm.graph.nodes:
+        if node in after:
+            owners = {owner_of.get(a) for a in node.all_input_nodes}
+            if len(owners) == 1 and None not in owners:
+                owner = owners.pop()
+                blocks[owner].tail.append(node)
+                owner_of[node] = owner
     for block in blocks.values():
         if not block.forward or not block.backward:
             raise _unsupported(f"block {block.fqn} issued no {'forward' if not block.forward else 'backward'} node")
@@ -193,24 +222,29 @@ class _Plan:
         self.blocks = blocks
         self.first, self.template, self.reference, self.last = traced
         self.middle = len(blocks) - 2  # copies of the template: blocks[1] .. blocks[-2]
-        self.t_forward, self.t_backward = self.template.index()
-        self.r_forward, self.r_backward = self.reference.index()
-        self.t_nodes = set(self.template.forward) | set(self.template.backward)
-        self.r_nodes = set(self.reference.forward) | set(self.reference.backward)
+        self.t_forward, self.t_backward, self.t_tail = self.template.index()
+        self.r_forward, self.r_backward, self.r_tail = self.reference.index()
+        self.t_nodes = set(self.template.forward) | set(self.template.backward) | set(self.template.tail)
+        self.r_nodes = set(self.reference.forward) | set(self.reference.backward) | set(self.reference.tail)
         self.first_forward, self.last_backward = set(self.first.forward), {n: i for i, n in enumerate(self.last.backward)}
         self.prev_rule, self.next_rule = {}, {}
         self._pair(self.template.forward, self.reference.forward, "forward")
         self._pair(self.template.backward, self.reference.backward, "backward")
+        self._pair(self.template.tail, self.reference.tail, "tail")
         self._check_outside_users()
 
     # -- what a middle block reads from its neighbours, learnt from blocks 1 and 2 -----------------
 
     def _category(self, arg, block: _Block, prev: _Block, nxt_backward: dict):
-        own_forward, own_backward = (self.t_forward, self.t_backward) if block is self.template else (self.r_forward, self.r_backward)
+        own_forward, own_backward, own_tail = (
+            (self.t_forward, self.t_backward, self.t_tail) if block is self.template else (self.r_forward, self.r_backward, self.r_tail)
+        )
         if arg in own_forward:
             return ("forward", own_forward[arg])
         if arg in own_backward:
             return ("backward", own_backward[arg])
+        if arg in own_tail:
+            return ("tail", own_tail[arg])
         if arg in block.placeholders:
             return ("param", block.placeholders[arg])
         if arg in (self.first_forward if prev is self.first else self.t_forward):
@@ -218,7 +252,7 @@ class _Plan:
         if arg in nxt_backward:
             return ("next", arg)
         for other in (self.first, self.template, self.reference, self.last):
-            if other is not block and (arg in other.forward or arg in other.backward or arg in other.placeholders):
+            if other is not block and (arg in other.forward or arg in other.backward or arg in other.tail or arg in other.placeholders):
                 raise _unsupported(f"{block.fqn} reads {arg.name} of {other.fqn}, not its neighbour's value a repeated block may read")
         return ("global", arg)
 
@@ -239,7 +273,7 @@ class _Plan:
                     continue
                 ca = self._category(a, self.template, self.first, self.r_backward)
                 cb = self._category(b, self.reference, self.template, self.last_backward)
-                if ca[0] != cb[0] or (ca[0] in ("forward", "backward", "param", "global") and ca[1] != cb[1]):
+                if ca[0] != cb[0] or (ca[0] in ("forward", "backward", "tail", "param", "global") and ca[1] != cb[1]):
                     raise _unsupported(f"{what} node {t.name} of {self.template.fqn} reads {a.name}, {r.name} of {self.reference.fqn} reads {b.name}")
                 if ca[0] == "prev":
                     self._learn(self.prev_rule, a, self.t_forward[b], t)
@@ -256,7 +290,7 @@ class _Plan:
         # reads block 2 (its output): the copies nearest to them take those roles.
         for block, neighbour in ((self.template, self.first), (self.reference, self.last)):
             allowed = self.t_nodes | self.r_nodes | set(neighbour.forward) | set(neighbour.backward)
-            for node in block.forward + block.backward:
+            for node in block.forward + block.backward + block.tail:
                 for user in node.users:
                     if user not in allowed and user.op != "output":
                         raise _unsupported(f"{user.name}, outside the blocks, reads {node.name} of {block.fqn}")
@@ -270,7 +304,9 @@ class _SeqNumbers:
     def __init__(self, gm, plan: _Plan):
         nodes = gm.graph.nodes
         self.middle = plan.middle
-        forward = {n.meta["seq_nr"] for n in nodes if n.op == "call_function" and n.meta.get("partitioner_tag") != "is_backward" and "seq_nr" in n.meta}
+        after = untagged_backward(gm.graph)
+        forward = {n.meta["seq_nr"] for n in nodes
+                   if n.op == "call_function" and n.meta.get("partitioner_tag") != "is_backward" and n not in after and "seq_nr" in n.meta}
         t = [n.meta["seq_nr"] for n in plan.template.forward if "seq_nr" in n.meta]
         r = [n.meta["seq_nr"] for n in plan.reference.forward if "seq_nr" in n.meta]
         if not t or not r or max(t) >= min(r):
@@ -328,6 +364,7 @@ class _Emit:
             else:
                 self.env[node] = self._placeholder(node, None, None)
         t_first_forward, t_first_backward = self.plan.template.forward[0], self.plan.template.backward[0]
+        t_first_tail = self.plan.template.tail[0] if self.plan.template.tail else None
         for node in self.gm.graph.nodes:
             if node.op in ("placeholder", "output") or node in self.plan.r_nodes:
                 continue
@@ -338,6 +375,10 @@ class _Emit:
             elif node is t_first_backward:
                 for k in range(self.plan.middle, 0, -1):
                     for t in self.plan.template.backward:
+                        self._copy(t, k)
+            elif node is t_first_tail:  # after the whole backward, in block order as AOT appends them
+                for k in range(1, self.plan.middle + 1):
+                    for t in self.plan.template.tail:
                         self._copy(t, k)
             elif node not in self.plan.t_nodes:
                 self._emit_outside(node)
@@ -401,6 +442,8 @@ class _Emit:
             return self.copies[self.plan.middle][self.plan.template.forward[self.plan.r_forward[a]]]
         if a in self.plan.r_backward:
             return self.copies[self.plan.middle][self.plan.template.backward[self.plan.r_backward[a]]]
+        if a in self.plan.r_tail:
+            return self.copies[self.plan.middle][self.plan.template.tail[self.plan.r_tail[a]]]
         return self.env[a]
 
     def _emit_outside(self, node):
