@@ -13,7 +13,10 @@ blocks 0 to 3 are traced; the graph of the whole model is then built from that o
 * block 2 is traced only to learn how a middle block is wired to its neighbours: node for node it
   must equal block 1, and where block 1 reads a value of block 0 (or of block 2's backward), block
   2 reads the same node of block 1 (of block 3's backward). That is the rule each copy follows.
-  Block 2's nodes are then dropped.
+  Block 2's nodes are then dropped;
+* a block's *tail*, the untagged ops AOT appends after the whole backward that read only that
+  block's gradients (two transposes per rowwise weight gradient), is copied with its block, in
+  block order where the template's tail was.
 
 Every copy gets its block's parameters as placeholders (descriptors, provenance, ``fp8conf_block``
 and module stacks renamed), and autograd sequence numbers of its own, consistent between its
