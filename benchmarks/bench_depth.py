@@ -1,8 +1,9 @@
 """First step against depth: fp8conf's two compile modes beside torch's own answers for deep models.
 
 For the Llama-shaped FP8 model of ``benchmarks/llama.py`` at each ``--blocks`` depth and each
-``--recipes`` recipe, five paths, each row in a fresh process with an empty Inductor cache of its
-own (a new ``TORCHINDUCTOR_CACHE_DIR``), killed after ``--row-timeout`` seconds:
+``--recipes`` recipe, dense or with grouped experts (``--ffn``), five paths, each row in a fresh
+process with an empty Inductor cache of its own (a new ``TORCHINDUCTOR_CACHE_DIR``), killed after
+``--row-timeout`` seconds:
 
 - ``fp8conf regional``: ``trace_joint(model, args)`` with no flag (from 12 equal blocks on it traces
   four and repeats them) and ``compile_joint(gm, mode="regional")``;
@@ -24,13 +25,28 @@ of ``--iters`` steps after two warm ones), and the peak memory (CUDA: the most a
 child's maximum resident set, compile workers not counted). A path that fails says how, with the
 first line of its error; a row that runs out of time says so and carries no number.
 
-Rows are appended to ``--jsonl`` (``benchmarks/bench_depth.jsonl`` by default) as each finishes;
-the table is printed and a plot of first-step seconds against depth per path, with each path's
-exponent fitted by least squares on log-log axes, is written next to the JSONL (``.svg``).
+``--ffn experts`` gives every block a mixture-of-experts feed-forward instead of the dense SwiGLU:
+a bf16 top-``--top-k`` router over ``--experts`` experts whose grouped GEMMs, forward and
+backward, are fp8conf's rowwise FP8 grouped experts (``Float8GroupedExperts``), token groups
+padded to multiples of 16. Grouped experts have recipe ``rowwise`` only: a ``tensorwise`` experts
+row fails saying so. Where torch has no FP8 grouped-GEMM kernel (any device but CUDA) the experts
+are emulated (quantized as FP8 is, multiplied in bf16), and the row says ``experts_emulated``.
+Each row records its ``ffn`` (a row without one, written before the option, is dense); the table
+has an ``ffn`` column, the plot's series name it, and ``--from-jsonl`` draws the rows of one
+``--ffn`` as it does those of one ``--device``.
+
+Rows are appended to ``--jsonl`` as each finishes (by default ``benchmarks/bench_depth.jsonl``,
+and for ``--ffn experts`` ``benchmarks/bench_depth-experts.jsonl``, apart from the dense rows the
+performance page's depth goals read); the table is printed and a plot of first-step seconds
+against depth per path, with each path's exponent fitted by least squares on log-log axes, is
+written next to the JSONL (``.svg``; another device's ``-DEVICE.svg``, experts rows'
+``-experts.svg``).
 
     python benchmarks/bench_depth.py --device cpu --dim 64 --heads 4 --vocab 256 --tokens 256 --blocks 2 8 32
     python benchmarks/bench_depth.py --blocks 2 8 32 64 --recipes tensorwise rowwise       # on a GPU (sm89+)
+    python benchmarks/bench_depth.py --device cpu --ffn experts --recipes rowwise --dim 64 --heads 4 --vocab 256 --tokens 256 --blocks 2 8
     python benchmarks/bench_depth.py --from-jsonl benchmarks/bench_depth.jsonl --write      # the table and plot again
+    python benchmarks/bench_depth.py --from-jsonl benchmarks/bench_depth.jsonl --device cpu --ffn experts   # the experts rows
 """
 
 from __future__ import annotations
@@ -51,9 +67,36 @@ import results  # benchmarks/results.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 JSONL = Path(__file__).with_name("bench_depth.jsonl")
+#: Where ``--ffn experts`` rows go by default: apart from the dense rows, which
+#: ``benchmarks/results_table.py`` reads for the depth goals.
+EXPERTS_JSONL = Path(__file__).with_name("bench_depth-experts.jsonl")
 PATHS = ("fp8conf regional", "fp8conf full", "torch.compile", "torch.compile + nested_compile_region", "regional_inductor")
 #: Phase columns, in the order a path meets them; a path has those it records.
 PHASES = ("trace_s", "partition_s", "compile_s", "first_call_s", "inductor_s")
+#: The block feed-forwards ``--ffn`` picks (``benchmarks/llama.py``'s ``FFN_KINDS``).
+FFNS = ("dense", "experts")
+
+
+def row_ffn(row: dict) -> str:
+    """The feed-forward of ``row``'s model; rows written before ``--ffn`` existed are dense."""
+    return row.get("ffn", "dense")
+
+
+def ffn_label(row: dict) -> str:
+    """``row``'s feed-forward as the table and plot name it: ``dense``, or ``experts`` with the
+    number of experts, the router's top-k and whether the experts were emulated."""
+    if row_ffn(row) == "dense":
+        return "dense"
+    details = [f"{row['experts']} experts" if "experts" in row else "", f"top-{row['top_k']}" if "top_k" in row else "",
+               "emulated" if row.get("experts_emulated") else ""]
+    details = [d for d in details if d]
+    return f"experts ({', '.join(details)})" if details else "experts"
+
+
+def select_rows(rows, device: str, ffn: str) -> list[dict]:
+    """The rows of one device and one feed-forward: a CPU row and a GPU row of one path, or a
+    dense row and an experts row, are other models."""
+    return [row for row in rows if row.get("device", "cpu") == device and row_ffn(row) == ffn]
 
 
 class InductorCounter:
@@ -179,7 +222,12 @@ def child(args) -> dict:
 
     import_compile_stack(args.device)  # module loading is no part of a first step
     sync = torch.cuda.synchronize if args.device == "cuda" else lambda: None
-    model = build_llama(args.dim, args.blocks, args.recipe, device=args.device, heads=args.heads, vocab=args.vocab)
+    if args.ffn == "dense":
+        model = build_llama(args.dim, args.blocks, args.recipe, device=args.device, heads=args.heads, vocab=args.vocab)
+    else:
+        model = build_llama(args.dim, args.blocks, args.recipe, device=args.device, heads=args.heads, vocab=args.vocab,
+                            ffn=args.ffn, tokens=args.tokens, experts=args.experts, top_k=args.top_k,
+                            emulate_experts=experts_emulated(args.device))
     x = torch.randint(0, args.vocab, (1, args.tokens), device=args.device)
     grad = torch.randn(1, args.tokens, args.vocab, device=args.device, dtype=torch.bfloat16)
     counter, phases = InductorCounter(), {}
@@ -207,13 +255,20 @@ def child(args) -> dict:
     return row
 
 
+def experts_emulated(device: str) -> bool:
+    """Whether experts on ``device`` are emulated: torch has FP8 grouped-GEMM kernels on CUDA only."""
+    return device != "cuda"
+
+
 def measure(args, path: str, recipe: str, blocks: int) -> dict:
     """One row in a fresh process with an Inductor cache of its own, killed after ``--row-timeout``."""
-    row = {"path": path, "recipe": recipe, "blocks": blocks, "device": args.device, "dim": args.dim, "heads": args.heads,
-           "vocab": args.vocab, "tokens": args.tokens}
+    row = {"path": path, "recipe": recipe, "blocks": blocks, "device": args.device, "ffn": args.ffn, "dim": args.dim,
+           "heads": args.heads, "vocab": args.vocab, "tokens": args.tokens}
+    if args.ffn == "experts":
+        row.update(experts=args.experts, top_k=args.top_k, experts_emulated=experts_emulated(args.device))
     command = [sys.executable, __file__, "--child", path, "--recipes", recipe, "--blocks", str(blocks), "--device", args.device,
                "--dim", str(args.dim), "--heads", str(args.heads), "--vocab", str(args.vocab), "--tokens", str(args.tokens),
-               "--iters", str(args.iters)]
+               "--iters", str(args.iters), "--ffn", args.ffn, "--experts", str(args.experts), "--top-k", str(args.top_k)]
     cache = tempfile.mkdtemp(prefix="bench-depth-")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     try:
@@ -263,10 +318,10 @@ def fitted_exponent(points) -> float | None:
 
 
 def _series(rows) -> dict:
-    """``(recipe, path) -> [(blocks, first step s)]`` of the rows that measured one."""
+    """``(recipe, path, feed-forward label) -> [(blocks, first step s)]`` of the rows that measured one."""
     series = {}
     for row in rows:
-        key = (row["recipe"], row["path"])
+        key = (row["recipe"], row["path"], ffn_label(row))
         series.setdefault(key, [])
         if "first_step_s" in row:
             series[key].append((row["blocks"], row["first_step_s"]))
@@ -278,21 +333,21 @@ def _cell(row, key, scale=1.0, digits=1) -> str:
 
 
 def table(rows) -> str:
-    lines = ["| recipe | path | blocks | first step s | trace s | partition s | compile s | first call s | of which Inductor s "
+    lines = ["| recipe | ffn | path | blocks | first step s | trace s | partition s | compile s | first call s | of which Inductor s "
              "| Inductor compiles (generated) | steady step ms | peak GiB | failed or timed out |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     order = {path: i for i, path in enumerate(PATHS)}
-    for row in sorted(rows, key=lambda r: (r["recipe"], order.get(r["path"], 99), r["blocks"])):
+    for row in sorted(rows, key=lambda r: (r["recipe"], ffn_label(r), order.get(r["path"], 99), r["blocks"])):
         compiles = f"{row['inductor_compiles']} ({row['inductor_generated']})" if "inductor_compiles" in row else ""
         compiles += f", {row['steady_inductor_compiles']} more in steady steps" if row.get("steady_inductor_compiles") else ""
-        lines.append(f"| {row['recipe']} | {row['path']} | {row['blocks']} | {_cell(row, 'first_step_s')} | {_cell(row, 'trace_s')} "
+        lines.append(f"| {row['recipe']} | {ffn_label(row)} | {row['path']} | {row['blocks']} | {_cell(row, 'first_step_s')} | {_cell(row, 'trace_s')} "
                      f"| {_cell(row, 'partition_s')} | {_cell(row, 'compile_s')} | {_cell(row, 'first_call_s')} | {_cell(row, 'inductor_s')} "
                      f"| {compiles} | {_cell(row, 'step_s', 1e3)} | {_cell(row, 'peak_gib', digits=2)} | {row.get('error', '')} |")
     exponents = []
-    for (recipe, path), points in _series(rows).items():
+    for (recipe, path, ffn), points in _series(rows).items():
         k = fitted_exponent(points)
         if k is not None:
-            exponents.append(f"{path} ({recipe}) {k:.2f}")
+            exponents.append(f"{path} ({recipe}, {ffn}) {k:.2f}")
     return "\n".join(lines) + ("\n\nFitted exponent of first step against blocks: " + "; ".join(exponents) if exponents else "")
 
 
@@ -300,11 +355,23 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 
 
 def plot_svg(rows, title: str) -> str:
-    """First-step seconds against blocks, both axes logarithmic, a line per (recipe, path) with its
-    fitted exponent in the legend; rows without a first step (failed, timed out) are left out, and
-    the legend names their depths."""
+    """First-step seconds against blocks, both axes logarithmic, a line per (recipe, path,
+    feed-forward) with its fitted exponent in the legend; rows without a first step (failed, timed
+    out) are left out, and the legend names their depths. The legend is as wide as its longest
+    label needs (an experts series names its experts)."""
     series = {key: sorted(points) for key, points in _series(rows).items() if points}
-    width, height, left, right, top, bottom = 980, 460, 70, 500, 40, 50
+    labels = {}
+    for recipe, path, ffn in series:
+        k = fitted_exponent(series[(recipe, path, ffn)])
+        label = f"{path} ({recipe}, {ffn})" + (f": exponent {k:.2f}" if k is not None else "")
+        for outcome, lost in (("timed out", True), ("failed", False)):
+            depths = sorted(r["blocks"] for r in rows if (r["recipe"], r["path"], ffn_label(r)) == (recipe, path, ffn)
+                            and "first_step_s" not in r and bool(r.get("timed_out")) == lost)
+            label += f"; {outcome} at {', '.join(map(str, depths))}" if depths else ""
+        labels[(recipe, path, ffn)] = label
+    # About 7 px a character at 12 px sans-serif, after the legend's line and gap.
+    right = max([500] + [50 + 7 * len(label) for label in labels.values()])
+    width, height, left, top, bottom = 480 + right, 460, 70, 40, 50
     if not series:
         return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"><text x="20" y="30">no first step measured</text></svg>\n'
     blocks = [b for points in series.values() for b, _ in points]
@@ -331,17 +398,12 @@ def plot_svg(rows, title: str) -> str:
     for e in range(y0, y1 + 1):
         out.append(f'<line x1="{left}" y1="{py(10 ** e):.1f}" x2="{width - right}" y2="{py(10 ** e):.1f}" stroke="#ddd"/>'
                    f'<text x="{left - 6}" y="{py(10 ** e) + 4:.1f}" text-anchor="end">{10 ** e:g}</text>')
-    for i, ((recipe, path), points) in enumerate(sorted(series.items())):
+    for i, (key, points) in enumerate(sorted(series.items())):
         colour = COLOURS[i % len(COLOURS)]
         coords = " ".join(f"{px(b):.1f},{py(s):.1f}" for b, s in points)
         out.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2"/>')
         out += [f'<circle cx="{px(b):.1f}" cy="{py(s):.1f}" r="3.5" fill="{colour}"/>' for b, s in points]
-        k = fitted_exponent(points)
-        label = f"{path} ({recipe})" + (f": exponent {k:.2f}" if k is not None else "")
-        for outcome, lost in (("timed out", True), ("failed", False)):
-            depths = sorted(r["blocks"] for r in rows if (r["recipe"], r["path"]) == (recipe, path)
-                            and "first_step_s" not in r and bool(r.get("timed_out")) == lost)
-            label += f"; {outcome} at {', '.join(map(str, depths))}" if depths else ""
+        label = labels[key]
         y = top + 10 + 20 * i
         out.append(f'<line x1="{width - right + 12}" y1="{y}" x2="{width - right + 32}" y2="{y}" stroke="{colour}" stroke-width="2"/>'
                    f'<text x="{width - right + 38}" y="{y + 4}">{label}</text>')
@@ -359,6 +421,11 @@ def main():
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--ffn", choices=FFNS, default="dense", help="the blocks' feed-forward: dense SwiGLU, or a mixture of "
+                        "experts on fp8conf's FP8 grouped experts (recipe rowwise only); with --from-jsonl, the rows drawn "
+                        "(a row without ffn is dense)")
+    parser.add_argument("--experts", type=int, default=4, help="with --ffn experts: experts per block")
+    parser.add_argument("--top-k", type=int, default=2, help="with --ffn experts: experts each token is routed to")
     parser.add_argument("--iters", type=int, default=10, help="steps timed after the first (the steady step is their median)")
     parser.add_argument("--row-timeout", type=int, default=600, help="seconds a row may take, its own process")
     results.jsonl_arguments(parser)
@@ -372,10 +439,11 @@ def main():
     if args.child:
         args.path, args.recipe, args.blocks = args.child, args.recipes[0], args.blocks[0]
         return _child_main(args)
-    jsonl = Path(args.jsonl or (args.from_jsonl[0] if args.from_jsonl else JSONL))
+    jsonl = Path(args.jsonl or (args.from_jsonl[0] if args.from_jsonl else JSONL if args.ffn == "dense" else EXPERTS_JSONL))
     if args.from_jsonl:
-        # One device's rows: a CPU row and a GPU row of one path are other models on other machines.
-        rows = [row for row in results.read_jsonl(args.from_jsonl) if row.get("device", "cpu") == args.device]
+        # One device's rows of one feed-forward: a CPU row and a GPU row of one path are other models on
+        # other machines, and a dense row and an experts row other models.
+        rows = select_rows(results.read_jsonl(args.from_jsonl), args.device, args.ffn)
     else:
         import torch
         import torchao
@@ -389,17 +457,25 @@ def main():
                     row = dict(measure(args, path, recipe, blocks), environment=environment, date=time.strftime("%Y-%m-%d"))
                     rows.append(row)
                     results.append_jsonl(str(jsonl), row)
-                    print(f"{recipe} {blocks:3d} blocks {path:40s} {row.get('first_step_s', float('nan')):7.1f} s {row.get('error', '')}", flush=True)
+                    print(f"{recipe} {args.ffn} {blocks:3d} blocks {path:40s} {row.get('first_step_s', float('nan')):7.1f} s {row.get('error', '')}", flush=True)
     first = rows[0] if rows else {}
+    feed_forward = f", feed-forward {ffn_label(first)}" if first and row_ffn(first) != "dense" else ""
     conditions = (f"{first.get('environment', '')}; Llama dim {first.get('dim')}, {first.get('heads')} heads, vocab {first.get('vocab')}, "
-                  f"{first.get('tokens')} tokens; each row a fresh process with an empty Inductor cache; {first.get('date', '')}")
+                  f"{first.get('tokens')} tokens{feed_forward}; each row a fresh process with an empty Inductor cache; {first.get('date', '')}")
     text = table(rows)
     print(conditions + "\n\n" + text)
-    svg = jsonl.with_suffix(".svg") if args.device == "cpu" else jsonl.with_name(f"{jsonl.stem}-{args.device}.svg")
+    if not rows:
+        print(f"no rows of device {args.device} and feed-forward {args.ffn}: no plot written")
+        return
+    # Each device's plot, and each feed-forward's, apart: bench_depth.svg, bench_depth-cuda.svg,
+    # bench_depth-experts.svg and bench_depth-experts-cuda.svg, whichever JSONL the rows came from.
+    stem = jsonl.stem.removesuffix("-experts") + ("" if args.ffn == "dense" else f"-{args.ffn}")
+    svg = jsonl.with_name(f"{stem}.svg" if args.device == "cpu" else f"{stem}-{args.device}.svg")
     svg.write_text(plot_svg(rows, f"First step against depth: {first.get('environment', '')}"))
     print(f"plot: {svg}")
     if args.write:
-        results.append("bench_depth: first step against depth, fp8conf beside torch's paths", conditions, text)
+        heading = "bench_depth: first step against depth, fp8conf beside torch's paths"
+        results.append(heading if args.ffn == "dense" else f"{heading}, grouped experts", conditions, text)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,32 @@ q/k/v/o projections, a SwiGLU feed-forward with FP8 projections, and a bf16 outp
 The shapes follow the Llama-3 debug model (dim 256, 6 layers, 16 heads, vocab 2048) and a
 matmul-bound variant (dim 2048); the feed-forward width is Llama's ``2/3 * 4 * dim`` rounded up
 to a multiple of 256.
+
+With ``ffn="experts"`` each block's feed-forward is instead a mixture of experts: the MoE layer
+the conformance suite draws (``conformance.draw.moe.MoELayer``: a bf16 top-k router, experts up
+and down with a ReLU between them, token groups sorted by expert and padded with zero rows to
+multiples of 16, all with static shapes), each expert as wide as the dense feed-forward. Its
+experts are converted to fp8conf's rowwise FP8 grouped experts
+(``fp8conf.convert_to_float8_grouped_experts``), the only recipe they have; the router stays in
+bf16 and the attention projections are TorchAO ``Float8Linear`` s as in the dense model. Routing
+with static shapes fixes the token count: an experts model is built for ``tokens`` tokens per
+step (batch times sequence).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Llama", "build_llama"]
+if TYPE_CHECKING:
+    from conformance.draw.moe import MoESpec
+
+__all__ = ["FFN_KINDS", "Llama", "build_llama"]
+
+#: The feed-forward kinds of :func:`build_llama`.
+FFN_KINDS = ("dense", "experts")
 
 
 class RMSNorm(torch.nn.Module):
@@ -50,24 +68,51 @@ class FeedForward(torch.nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class ExpertsFeedForward(torch.nn.Module):
+    """A mixture-of-experts feed-forward: ``conformance.draw.moe.MoELayer`` of ``spec`` on the
+    ``(batch, seq, dim)`` activations flattened to ``spec.tokens`` rows, its output shaped back."""
+
+    def __init__(self, spec: MoESpec):
+        super().__init__()
+        from conformance.draw.moe import MoELayer
+
+        self.moe = MoELayer(spec)
+
+    def forward(self, x):
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] != self.moe.spec.tokens:
+            raise ValueError(f"this experts feed-forward routes {self.moe.spec.tokens} tokens per step (its padded token "
+                             f"groups have static shapes), got {rows.shape[0]}; build the model with tokens={rows.shape[0]}")
+        return self.moe(rows).view_as(x)
+
+
 class Block(torch.nn.Module):
-    def __init__(self, dim: int, heads: int, hidden: int):
+    def __init__(self, dim: int, heads: int, hidden: int, experts: MoESpec | None = None):
         super().__init__()
         self.attention_norm, self.ffn_norm = RMSNorm(dim), RMSNorm(dim)
         self.attention = Attention(dim, heads)
-        self.feed_forward = FeedForward(dim, hidden)
+        self.feed_forward = FeedForward(dim, hidden) if experts is None else ExpertsFeedForward(experts)
 
     def forward(self, x):
         x = x + self.attention(self.attention_norm(x))
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+def feed_forward_width(dim: int) -> int:
+    """Llama's feed-forward width for ``dim``: ``2/3 * 4 * dim`` rounded up to a multiple of 256."""
+    return -(-int(2 * 4 * dim / 3) // 256) * 256
+
+
 class Llama(torch.nn.Module):
-    def __init__(self, dim: int, layers: int, heads: int = 16, vocab: int = 2048):
+    """``layers`` blocks between a token embedding and a bf16 output head. ``experts``: a
+    ``conformance.draw.moe.MoESpec`` for a mixture-of-experts feed-forward in every block (its
+    ``dim`` is the model's); ``None``, the dense SwiGLU feed-forward."""
+
+    def __init__(self, dim: int, layers: int, heads: int = 16, vocab: int = 2048, experts: MoESpec | None = None):
         super().__init__()
-        hidden = -(-int(2 * 4 * dim / 3) // 256) * 256
+        hidden = feed_forward_width(dim)
         self.tok_embeddings = torch.nn.Embedding(vocab, dim)
-        self.layers = torch.nn.ModuleList(Block(dim, heads, hidden) for _ in range(layers))
+        self.layers = torch.nn.ModuleList(Block(dim, heads, hidden, experts) for _ in range(layers))
         self.norm = RMSNorm(dim)
         self.output = torch.nn.Linear(dim, vocab, bias=False)
 
@@ -78,15 +123,51 @@ class Llama(torch.nn.Module):
         return self.output(self.norm(x))
 
 
-def build_llama(dim: int, layers: int, recipe: str | None, *, device, heads: int = 16, vocab: int = 2048, seed: int = 0) -> Llama:
+def experts_spec(dim: int, *, tokens: int, experts: int = 4, top_k: int = 2, emulate: bool = False) -> MoESpec:
+    """The ``conformance.draw.moe.MoESpec`` of one block's experts feed-forward: ``experts``
+    experts, each as wide as the dense feed-forward, ``top_k`` of them per token, on ``tokens``
+    tokens per step; ``emulate``: the experts quantize as FP8 does but multiply in bf16."""
+    from conformance.draw.moe import MoESpec
+
+    return MoESpec(dim=dim, hidden=feed_forward_width(dim), experts=experts, top_k=top_k, tokens=tokens, emulate=emulate)
+
+
+def build_llama(dim: int, layers: int, recipe: str | None, *, device, heads: int = 16, vocab: int = 2048, seed: int = 0,
+                ffn: str = "dense", tokens: int | None = None, experts: int = 4, top_k: int = 2,
+                emulate_experts: bool | None = None) -> Llama:
     """A bf16 :class:`Llama`; with ``recipe``, every block projection is a torchao
-    ``Float8Linear`` (the output head stays bf16)."""
+    ``Float8Linear`` (the output head stays bf16).
+
+    With ``ffn="experts"`` every block's feed-forward is a mixture of ``experts`` experts, ``top_k``
+    per token, routed over ``tokens`` tokens per step (required); with ``recipe`` its experts are
+    fp8conf's ``Float8GroupedExperts`` of that recipe and its router stays bf16. Only recipe
+    ``rowwise`` exists for grouped experts: another raises ``fp8conf.errors.GroupedExpertsError``
+    (a ``ValueError``) rather than build a model that is not what it says.
+    ``emulate_experts``: the experts quantize identically but multiply in bf16, as they must where
+    torch has no FP8 grouped-GEMM kernel; ``None`` emulates them on any device but CUDA."""
+    if ffn not in FFN_KINDS:
+        raise ValueError(f"ffn must be one of {FFN_KINDS}, got {ffn!r}")
+    spec = None
+    if ffn == "experts":
+        if tokens is None:
+            raise ValueError("an experts Llama routes a fixed number of tokens per step: pass tokens=")
+        emulate = str(device).split(":")[0] != "cuda" if emulate_experts is None else emulate_experts
+        spec = experts_spec(dim, tokens=tokens, experts=experts, top_k=top_k, emulate=emulate)
     torch.manual_seed(seed)
-    model = Llama(dim, layers, heads, vocab).to(device=device, dtype=torch.bfloat16)
+    model = Llama(dim, layers, heads, vocab, spec).to(device=device, dtype=torch.bfloat16)
     if recipe is not None:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=lambda m, fqn: fqn != "output")
+        if spec is None:
+            convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=lambda m, fqn: fqn != "output")
+        else:
+            import fp8conf
+
+            # The experts first: a recipe grouped experts do not have is refused before any change.
+            fp8conf.convert_to_float8_grouped_experts(model, recipe=recipe, emulate=spec.emulate,
+                                                      module_filter_fn=lambda m, fqn: fqn.endswith((".experts_up", ".experts_down")))
+            convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                                       module_filter_fn=lambda m, fqn: fqn != "output" and not fqn.endswith(".router"))
     return model
 
 
