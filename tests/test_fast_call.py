@@ -47,6 +47,25 @@ def test_ordinary_regions_take_the_fast_path_with_equal_results():
     assert len(expected) == len(got) and all(torch.equal(a, b) for a, b in zip(expected, got))
 
 
+def test_the_units_of_repeated_blocks_take_the_fast_path():
+    # In a graph of repeated blocks the copies of a node share its traced value, so a block's
+    # input (the block before's output) and the block's own output look like one storage; the
+    # engine's own units have no wrappers that aliasing could concern, and all take the fast path.
+    model = build_stack(DIM, 6, seed=0)
+    x = torch.randn(TOKENS, DIM, requires_grad=True)
+    grad = torch.randn(TOKENS, DIM)
+    gm = fp8conf.trace_joint(model, (x,), repeat="blocks")
+    compiled = fp8conf.compile_joint(gm, mode="regional")
+    sites = _call_sites(compiled)
+    assert sites and all(isinstance(n.target.__wrapped__, CompiledUnit) for n in sites)
+    slow = [n.name for n in sites if n.target.fast is None]
+    assert not slow, f"units of the repeated blocks called through torch's wrappers at every step: {slow}"
+    through_wrappers = fp8conf.compile_joint(gm, fp8conf.CompileConfig(mode="regional", fast_calls=False))
+    expected, got = _steps(through_wrappers, gm, model, x, grad), _steps(compiled, gm, model, x, grad)
+    assert all(n.target.current() is n.target.fast for n in sites)
+    assert len(expected) == len(got) and all(torch.equal(a, b) for a, b in zip(expected, got))
+
+
 def _aliasing(x):
     return x * 2, x.t()  # the second output is a view of the input: AOTAutograd regenerates it
 

@@ -147,7 +147,14 @@ class CutUnits:
         """Wait for the units' compiled code and replace each submodule call by a call of it;
         returns a flat callable of the graph. With ``fast_calls``
         (:attr:`~fp8conf.CompileConfig.fast_calls`) a unit is called through
-        :func:`fp8conf.compile.fast_call.fast_entry` where that is safe. A unit whose compile
+        :func:`fp8conf.compile.fast_call.fast_entry` where that is safe: always for the engine's
+        own units (:class:`~fp8conf.compile.compiled_unit.CompiledUnit`, which have no AOTAutograd
+        wrappers whose work could be skipped: the fast entry calls what the unit itself calls), else
+        where :func:`~fp8conf.compile.fast_call.graph_allows_fast_call` finds nothing for those
+        wrappers to do. The graph is not asked about the engine's own units since it cannot answer
+        for them: in a graph of repeated blocks (:mod:`fp8conf.graph.repeat`) the copies of a node
+        share its traced value, so a block's input and its own output can seem to share storage,
+        and every such unit would be called through the slow path at every step. A unit whose compile
         fails is settled by :func:`fp8conf.compile.unit_failures.settle`: compiled again where
         its C++ code did not compile, else refused (``strict``: its ``error``) or left a call
         of its submodule, which runs eagerly, its nodes taken out of :attr:`names`."""
@@ -168,7 +175,7 @@ class CutUnits:
             if isinstance(compiled, CompiledUnit) and compiled.fallback:
                 self.fallbacks.append(compiled.fallback)
             fast = None
-            if fast_calls and graph_allows_fast_call(submodule, fake_inputs):
+            if fast_calls and (isinstance(compiled, CompiledUnit) or graph_allows_fast_call(submodule, fake_inputs)):
                 fast, reason = fast_entry_or_reason(compiled)
                 if fast is None:
                     # Nothing in the unit needs torch's wrappers, yet they cannot be skipped.
