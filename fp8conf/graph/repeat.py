@@ -180,13 +180,25 @@ def _segments(gm, fqns: list[str]) -> list[_Block]:
 class _Runs:
     """Hands the nodes of one pass to the block whose run they are in, checking that each block's
     run is one (the model outside the blocks, ``""``, may have several): a node without a block
-    (``None``) continues the current run."""
+    (``None``) continues the current run, and so do nodes of the model outside the blocks amid one
+    block's run, where that block's run goes on after them. (The first gradient accumulations of
+    the backward take the sequence number of the forward's last op, the head's, and with it the
+    head's label, amid the last block's backward.)"""
 
     def __init__(self, blocks: dict, what: str):
         self.blocks, self.what, self.current, self.done = blocks, what, None, set()
+        self.interrupted, self.pending = None, []  # the block whose run nodes of the model outside interrupt, and those nodes
 
     def add(self, node, label):
         if label is not None and label != self.current:
+            if label == "" and self.current in self.blocks:
+                self.interrupted = self.current
+            if label == self.interrupted and self.pending:
+                getattr(self.blocks[label], self.what).extend(self.pending)
+                self.done.discard(label)
+            elif label != "":
+                self.interrupted = None
+            self.pending = []
             if self.current in self.blocks:
                 self.done.add(self.current)
             if label in self.done:
@@ -194,6 +206,8 @@ class _Runs:
             self.current = label
         if self.current in self.blocks:
             getattr(self.blocks[self.current], self.what).append(node)
+        elif self.interrupted is not None:
+            self.pending.append(node)
 
 
 class RepeatRefused(FP8TraceError):
@@ -487,8 +501,14 @@ class _Emit:
                     new_descs.append(_retarget(desc, self.plan.template.fqn, self.plan.blocks[k]))
             t_run.clear()
 
-        for value, desc in zip(flat, descs):
+        # The outputs end with one gradient per primal input, in the inputs' order; a gradient
+        # that is None (a buffer's) may come without a descriptor: its input's says whose it is.
+        primals = [n for n in self.gm.graph.find_nodes(op="placeholder") if not n.name.startswith("tangents")]
+        first_gradient = len(flat) - len(primals)
+        for position, (value, desc) in enumerate(zip(flat, descs)):
             target = _desc_target(desc)
+            if target is None and value is None and 0 <= first_gradient <= position:
+                target = _desc_target(primals[position - first_gradient].meta.get("desc"))
             if target and _inside(target, self.plan.template.fqn):
                 t_run.append((value, desc))
                 continue
