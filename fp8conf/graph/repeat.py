@@ -21,7 +21,10 @@ blocks 0 to 3 are traced; the graph of the whole model is then built from that o
 Every copy gets its block's parameters as placeholders (descriptors, provenance, ``fp8conf_block``
 and module stacks renamed), and autograd sequence numbers of its own, consistent between its
 forward ops and the backward nodes paired with them. The result is the graph tracing all N blocks
-would give, up to node names.
+would give, up to node names and one thing: a copied node carries its template node's traced
+value (``meta["val"]``), right in shape, dtype and layout, but the same fake tensor in every
+copy, so that storage identity says nothing across blocks (a block's input and its own output
+seem to share storage). Whoever reads aliasing from the traced values must not trust it here.
 
 The blocks must compute the same function of their parameters, at any depth: they must be of one
 class with equal attributes (checked module by module, :mod:`fp8conf.graph.equal_blocks`;
