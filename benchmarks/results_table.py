@@ -12,8 +12,9 @@ same file, and ``tests/test_docs.py`` checks that the committed table is what it
 
 Sources:
 
-* ``bench_depth.jsonl`` (``bench_depth.py``): first step against depth, fp8conf regional beside
-  ``torch.compile`` + ``nested_compile_region`` and ``regional_inductor``;
+* ``bench_depth.jsonl`` and ``bench_depth-experts.jsonl`` (``bench_depth.py``, ``--ffn dense`` and
+  ``--ffn experts``): first step against depth, fp8conf regional beside ``torch.compile`` +
+  ``nested_compile_region`` and ``regional_inductor``;
 * ``test_times.jsonl`` (``test_times.py --run``): the wall time of the full verdict, ``./dev test``;
 * ``goal_rows.jsonl``: goals whose benchmarks print a table rather than keep rows (the compile
   goals of ``goals.py`` measured on an H200 by ``bench_compile.py`` and ``bench_precompile.py``,
@@ -103,18 +104,20 @@ def depth_goals(path: Path) -> list[dict]:
     if not path.exists():
         return []
     blame = added_by(path)
-    groups: dict[tuple[str, str], dict[tuple[str, int], tuple[int, dict]]] = {}
+    groups: dict[tuple[str, str, str], dict[tuple[str, int], tuple[int, dict]]] = {}
     for number, row in read_rows(path):
-        key = (row.get("device", "?"), row.get("recipe", "tensorwise"))
+        key = (row.get("device", "?"), row.get("recipe", "tensorwise"), row.get("ffn", "dense"))
         groups.setdefault(key, {})[(row["path"], row["blocks"])] = (number, row)
     goals = []
-    for (device, recipe), latest in sorted(groups.items()):
-        goals += _depth_goals_of(latest, blame, device, recipe)
+    for (device, recipe, ffn), latest in sorted(groups.items()):
+        goals += _depth_goals_of(latest, blame, device, recipe, ffn)
     return goals
 
 
-def _depth_goals_of(latest: dict[tuple[str, int], tuple[int, dict]], blame: dict[int, str], device_name: str, recipe: str) -> list[dict]:
-    """The depth goals from ``latest`` (path, blocks) -> (line, row), all of one device and recipe."""
+def _depth_goals_of(latest: dict[tuple[str, int], tuple[int, dict]], blame: dict[int, str], device_name: str, recipe: str,
+                    ffn: str = "dense") -> list[dict]:
+    """The depth goals from ``latest`` (path, blocks) -> (line, row), all of one device, recipe and
+    feed-forward."""
     regional = {b: r for (p, b), (_, r) in latest.items() if p == REGIONAL and "first_step_s" in r}
     if not regional:
         return []
@@ -130,9 +133,10 @@ def _depth_goals_of(latest: dict[tuple[str, int], tuple[int, dict]], blame: dict
     shape = used[0][1]
     command = (f"python benchmarks/bench_depth.py --device {device_name} --dim {shape['dim']} --heads {shape['heads']} "
                f"--vocab {shape['vocab']} --tokens {shape['tokens']} --blocks {' '.join(str(b) for b in sorted(regional))} "
-               f"--recipes {recipe}")
+               f"--recipes {recipe}"
+               + (f" --ffn {ffn} --experts {shape.get('experts', 4)} --top-k {shape.get('top_k', 2)}" if ffn != "dense" else ""))
     common = {"date": date, "commit": ", ".join(commits), "device": device, "torch": torch, "command": command}
-    where = f" ({recipe}, {device_name})"
+    where = f" ({recipe}, {device_name})" if ffn == "dense" else f" ({recipe}, {ffn}, {device_name})"
     goals = []
 
     def versus(other: str, bound: float, what: str, field: str = "first_step_s", timeout_ok: bool = True):
@@ -209,7 +213,7 @@ def recorded_goals(path: Path) -> list[dict]:
 
 def goals(benchmarks: Path = BENCHMARKS) -> list[dict]:
     return (verdict_goal(benchmarks / "test_times.jsonl") + depth_goals(benchmarks / "bench_depth.jsonl")
-            + recorded_goals(benchmarks / "goal_rows.jsonl"))
+            + depth_goals(benchmarks / "bench_depth-experts.jsonl") + recorded_goals(benchmarks / "goal_rows.jsonl"))
 
 
 def _cell(text: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import re
 import unicodedata
 from pathlib import Path
@@ -209,3 +210,21 @@ def test_the_results_table_regenerates_idempotently():
     text = results_table.PERFORMANCE.read_text(encoding="utf-8")
     once = results_table.render(text, results_table.goals())
     assert results_table.render(once, results_table.goals()) == once
+
+
+def test_depth_goals_keep_dense_and_experts_models_apart(tmp_path):
+    """A dense and an experts model of one recipe on one device are different models: each gets
+    its own goals, the experts' named so and with the command that measures them."""
+    results_table = _results_table()
+    common = {"path": "fp8conf regional", "recipe": "rowwise", "device": "cpu", "dim": 64, "heads": 4, "vocab": 256,
+              "tokens": 256, "environment": "2-core CPU, torch 2.13.0+cpu", "date": "2026-12-07", "commit": "abc1234"}
+    rows = [dict(common, blocks=2, first_step_s=10.0), dict(common, blocks=32, first_step_s=20.0),
+            dict(common, blocks=2, first_step_s=30.0, ffn="experts", experts=4, top_k=2),
+            dict(common, blocks=32, first_step_s=120.0, ffn="experts", experts=4, top_k=2)]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    found = {g["goal"]: g for g in results_table.depth_goals(path)}
+    dense = found["fp8conf regional first step against depth: fitted exponent (rowwise, cpu)"]
+    experts = found["fp8conf regional first step against depth: fitted exponent (rowwise, experts, cpu)"]
+    assert dense["figure"].startswith("0.25") and experts["figure"].startswith("0.50")
+    assert "--ffn" not in dense["command"] and experts["command"].endswith("--ffn experts --experts 4 --top-k 2")
