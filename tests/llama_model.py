@@ -53,18 +53,17 @@ class Llama(torch.nn.Module):
         return self.output(self.norm(x))
 
 
-def fp8(model, recipe: str = "tensorwise"):
+def fp8(model):
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=lambda m, fqn: fqn != "output")
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"), module_filter_fn=lambda m, fqn: fqn != "output")
     return model
 
 
-def llama(blocks, recipe: str = "tensorwise"):
-    """``(model, args, container)``: a ``blocks``-block FP8 Llama (TorchAO's ``recipe``), its token
-    input, its blocks' container."""
+def llama(blocks):
+    """``(model, args, container)``: a ``blocks``-block FP8 Llama, its token input, its blocks' container."""
     torch.manual_seed(0)
-    return fp8(Llama(blocks), recipe), (torch.randint(0, 64, (1, TOKENS)),), "layers"
+    return fp8(Llama(blocks)), (torch.randint(0, 64, (1, TOKENS)),), "layers"
 
 
 @functools.lru_cache(maxsize=None)

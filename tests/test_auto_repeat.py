@@ -17,6 +17,7 @@ import fp8conf
 from fp8conf import log
 from fp8conf.errors import FP8TraceError
 from fp8conf.graph import auto_repeat
+from fp8conf.graph.repeat import untagged_backward
 from fp8conf.graph.trace import trace_info
 from fp8conf.tools.example_models import BlockStack, MLPBlock, build_stack
 from joint_shapes import assert_same_joint, joint_shape
@@ -51,30 +52,16 @@ def test_a_llama_is_repeated_with_no_flag_and_is_its_whole_trace(repeat_from_six
     assert said() == []
 
 
-def test_a_rowwise_llama_is_repeated_with_the_transposes_after_its_backward(repeat_from_six, said):
-    """AOT appends, after the whole backward, two transposes per rowwise weight gradient that
-    give it the parameter's layout: untagged nodes computed from one block's backward. Each is
-    copied with its block; before, the plan took them for the model's own nodes reading block 1
-    and the model was traced whole. (In float32 AOT needs no transposes: the model is bf16.)"""
-    model, args, _ = llama(6, "rowwise")
-    model.to(torch.bfloat16)
-    found = fp8conf.trace_joint(model, args)
-    assert trace_info(found).repeated == "layers" and trace_info(found).fallbacks == ()
-    from fp8conf.graph.repeat import untagged_backward
-
-    tails = untagged_backward(found.graph)
-    assert tails and {str(n.target) for n in tails} == {"aten.t.default"}
-    whole = fp8conf.trace_joint(model, args, repeat=False)
-    assert len(untagged_backward(whole.graph)) == len(tails)
-    assert_same_joint(model, args, whole, found, "the rowwise trace with no flag")
-    assert said() == []
-
-
-def test_a_llama_with_grouped_experts_is_repeated_and_is_its_whole_trace(repeat_from_six, said):
-    """Each block's mixture of experts holds a buffer (its expert mask), whose gradient is a None
-    output without a descriptor, and the first gradient accumulations of the backward take the
-    head's sequence number and label amid the last block's backward: before, the proof found one
-    None too few and the plan the last block's backward cut in seven runs."""
+def test_a_rowwise_llama_with_grouped_experts_is_repeated_and_is_its_whole_trace(repeat_from_six, said):
+    """Three things of real models that a plain tensorwise Llama lacks. Its projections are TorchAO
+    rowwise ``Float8Linear`` s in bf16: AOT appends, after the whole backward, two transposes per
+    rowwise weight gradient that give it the parameter's layout (untagged nodes computed from one
+    block's backward: before, the plan took them for the model's own nodes reading block 1). Each
+    block's mixture of experts holds a buffer (its expert mask), whose gradient is a None output
+    without a descriptor (before, the proof found one None too few), and the first gradient
+    accumulations of the backward take the head's sequence number and label amid the last block's
+    backward (before, the plan found that backward cut in seven runs). Each made the model traced
+    whole."""
     sys.path.append(str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from llama import build_llama
 
@@ -82,7 +69,10 @@ def test_a_llama_with_grouped_experts_is_repeated_and_is_its_whole_trace(repeat_
     args = (torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0)),)
     found = fp8conf.trace_joint(model, args)
     assert trace_info(found).repeated == "layers" and trace_info(found).fallbacks == ()
+    tails = untagged_backward(found.graph)
+    assert tails and {str(n.target) for n in tails} == {"aten.t.default"}
     whole = fp8conf.trace_joint(model, args, repeat=False)
+    assert len(untagged_backward(whole.graph)) == len(tails)
     assert_same_joint(model, args, whole, found, "the experts trace with no flag")
     assert said() == []
 
