@@ -222,12 +222,9 @@ def child(args) -> dict:
 
     import_compile_stack(args.device)  # module loading is no part of a first step
     sync = torch.cuda.synchronize if args.device == "cuda" else lambda: None
-    if args.ffn == "dense":
-        model = build_llama(args.dim, args.blocks, args.recipe, device=args.device, heads=args.heads, vocab=args.vocab)
-    else:
-        model = build_llama(args.dim, args.blocks, args.recipe, device=args.device, heads=args.heads, vocab=args.vocab,
-                            ffn=args.ffn, tokens=args.tokens, experts=args.experts, top_k=args.top_k,
-                            emulate_experts=experts_emulated(args.device))
+    model = build_llama(args.dim, args.blocks, args.recipe, device=args.device, heads=args.heads, vocab=args.vocab,
+                        ffn=args.ffn, tokens=args.tokens, experts=args.experts, top_k=args.top_k,
+                        emulate_experts=experts_emulated(args.device))
     x = torch.randint(0, args.vocab, (1, args.tokens), device=args.device)
     grad = torch.randn(1, args.tokens, args.vocab, device=args.device, dtype=torch.bfloat16)
     counter, phases = InductorCounter(), {}
@@ -257,7 +254,7 @@ def child(args) -> dict:
 
 def experts_emulated(device: str) -> bool:
     """Whether experts on ``device`` are emulated: torch has FP8 grouped-GEMM kernels on CUDA only."""
-    return device != "cuda"
+    return device.split(":")[0] != "cuda"
 
 
 def measure(args, path: str, recipe: str, blocks: int) -> dict:
