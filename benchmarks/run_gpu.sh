@@ -140,9 +140,16 @@ depth() {
     # table and the plot ($OUT/bench_depth.svg) of every row kept so far. All depths and both recipes
     # take more than one 10-minute call: pick them, e.g.
     #   DEPTH_BLOCKS="2 8" benchmarks/run_gpu.sh depth; DEPTH_BLOCKS=32 DEPTH_RECIPES=tensorwise benchmarks/run_gpu.sh depth
+    # DEPTH_PATHS picks paths (comma-separated names, e.g. "fp8conf regional,torch.compile"), DEPTH_FFN=experts
+    # the grouped-experts model (rowwise only; its rows go to $OUT/bench_depth-experts.jsonl).
+    local paths=() ffn="${DEPTH_FFN:-dense}" jsonl="$OUT/bench_depth.jsonl"
+    [ -z "${DEPTH_PATHS:-}" ] || { IFS=, read -r -a paths <<<"$DEPTH_PATHS"; paths=(--paths "${paths[@]}"); }
+    [ "$ffn" = dense ] || jsonl="$OUT/bench_depth-$ffn.jsonl"
     python3 benchmarks/bench_depth.py --blocks ${DEPTH_BLOCKS:-2 8 32 64} --recipes ${DEPTH_RECIPES:-tensorwise rowwise} \
-        --row-timeout "${DEPTH_ROW_TIMEOUT:-300}" --jsonl "$OUT/bench_depth.jsonl" 2>&1 | tee -a "$OUT/bench-depth.log" | grep -E "blocks "
-    python3 benchmarks/bench_depth.py --from-jsonl "$OUT/bench_depth.jsonl" 2>&1 | tee "$OUT/bench-depth-table.log" | grep -E "^\||^Fitted|^plot"
+        --ffn "$ffn" "${paths[@]}" --row-timeout "${DEPTH_ROW_TIMEOUT:-300}" --jsonl "$jsonl" 2>&1 \
+        | tee -a "$OUT/bench-depth.log" | grep -E "blocks "
+    python3 benchmarks/bench_depth.py --from-jsonl "$jsonl" --ffn "$ffn" 2>&1 | tee -a "$OUT/bench-depth-table.log" \
+        | grep -E "^\||^Fitted|^plot"
 }
 
 # Parts to run: the arguments (any of doctor fresh pipeline gpu_tests conformance moe sharded
