@@ -42,7 +42,7 @@ PASSES = (
     ("aot export", "torch._functorch.aot_autograd", "aot_export_joint_with_descriptors", "torch"),
     ("provenance", "fp8conf.graph.trace", "propagate_provenance", "fp8conf"),
     ("joint signature", "fp8conf.graph.trace.JointSignature", "of_traced", "fp8conf"),
-    ("flat copy", "fp8conf.compile.joint", "flat_graph_module", "fp8conf"),
+    ("flat copy", "fp8conf.compile.plan", "flat_graph_module", "fp8conf"),
     ("min-cut partition", "torch._functorch.partitioners", "min_cut_rematerialization_partition", "torch"),
     ("regions", "fp8conf.graph.regions", "identify_fp8_regions", "fp8conf"),
     ("fuse_by_partitions", "torch.fx.passes.utils.fuser_utils", "fuse_by_partitions", "torch"),

@@ -60,7 +60,7 @@ def _boxed(compiled) -> str:
         # The regional backward graph takes its inputs as one list and hands each compiled call one.
         boxed = type(compiled.artifact[1].graph._codegen).__name__ == "_BoxedCodeGen"
         return "yes (per compiled call)" if boxed else "no: this torch has no boxed FX code generator"
-    from fp8conf.compile.joint import _boxed_entry
+    from fp8conf.compile.units import _boxed_entry
 
     return "yes" if _boxed_entry(compiled.artifact[1]) is not None else "NO: not found in this torch"
 

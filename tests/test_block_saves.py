@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fp8conf
-from fp8conf.compile.joint import _with_convention
+from fp8conf.compile.assemble import _with_convention
 from fp8conf.compile.partition import partition_joint, run_partitioned
 from fp8conf.graph.provenance import get_block
 from fp8conf.graph.roles import is_fp8_compute

@@ -14,7 +14,7 @@ import torch
 import torch._inductor.compile_fx
 
 import fp8conf
-import fp8conf.compile.joint as graph_compile
+import fp8conf.compile.assemble as assemble_stage
 from conformance.draw.strategies import runnable_recipes
 from fp8conf.compile.partition import partition_joint
 from fp8conf.graph.trace import flat_graph_module
@@ -139,7 +139,7 @@ def test_full_backward_frees_saved_values_as_it_consumes_them(monkeypatch):
     """Each saved value handed to the compiled backward dies inside it, after its last use, not
     when the whole backward returns: the list the backward gets is its only holder."""
     events = []
-    real = graph_compile.run_partitioned
+    real = assemble_stage.run_partitioned
 
     def observed(parts, forward_fn, backward_fn, **options):
         def forward(*primals):
@@ -157,7 +157,7 @@ def test_full_backward_frees_saved_values_as_it_consumes_them(monkeypatch):
 
         return real(parts, forward, backward, **options)
 
-    monkeypatch.setattr(graph_compile, "run_partitioned", observed)
+    monkeypatch.setattr(assemble_stage, "run_partitioned", observed)
     model, x = _model_and_inputs("tensorwise")
     gm = fp8conf.trace_joint(model, (x,))
     compiled = fp8conf.compile_joint(gm, mode="full")

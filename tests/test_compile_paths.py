@@ -122,7 +122,7 @@ def test_tracing_and_compiling_pause_the_collector_and_restore_it(monkeypatch):
     a failed trace or compile included."""
     import gc
 
-    import fp8conf.compile.joint as graph_compile
+    import fp8conf.compile.plan as plan_stage
     from fp8conf.errors import FP8TraceError
 
     assert gc.isenabled()
@@ -135,7 +135,7 @@ def test_tracing_and_compiling_pause_the_collector_and_restore_it(monkeypatch):
         seen.append(gc.isenabled())
         raise RuntimeError("stopped here")
 
-    monkeypatch.setattr(graph_compile, "flat_graph_module", first_step_of_compiling)
+    monkeypatch.setattr(plan_stage, "flat_graph_module", first_step_of_compiling)
     with pytest.raises(RuntimeError, match="stopped here"):
         fp8conf.compile_joint(gm)
     assert seen == [False] and gc.isenabled()

@@ -44,9 +44,9 @@ def test_a_unit_whose_wrappers_cannot_be_seen_through_falls_back_once_and_says_s
 
 
 def test_a_backward_that_cannot_be_called_boxed_says_the_memory_saving_is_lost(monkeypatch, fresh_log):
-    from fp8conf.compile import joint as compile_module
+    from fp8conf.compile import assemble as assemble_stage
 
-    monkeypatch.setattr(compile_module, "_boxed_graph", lambda gm: None)
+    monkeypatch.setattr(assemble_stage, "_boxed_graph", lambda gm: None)
     model, x, gm = traced(2)
     compiled = fp8conf.compile_joint(gm, mode="regional")
     assert any(f.startswith("boxed backward:") for f in compiled.fallbacks), compiled.fallbacks

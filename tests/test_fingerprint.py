@@ -19,7 +19,7 @@ from conformance.draw.fingerprints import reordered
 from conformance.draw.models import LayerSpec, ModelSpec, build_model
 from fp8conf import ArtifactError, ArtifactIntegrityError, FingerprintMismatchError, QuantizationSignature
 from fp8conf.artifacts import store
-from fp8conf.compile import joint as graph_compile
+from fp8conf.compile import units as units_stage
 from fp8conf.artifacts.signature import ABSENT
 from fingerprint_models import SPEC_A, SPEC_B
 
@@ -356,14 +356,14 @@ def test_graph_pickler_mechanism_and_auto_fallback(saved, tmp_path, monkeypatch)
     def broken(*a, **k):
         raise RuntimeError("inductor cannot compile this graph")
 
-    real_compile = graph_compile._standalone_compile
-    monkeypatch.setattr(graph_compile, "_standalone_compile", broken)
+    real_compile = units_stage._standalone_compile
+    monkeypatch.setattr(units_stage, "_standalone_compile", broken)
     with pytest.warns(UserWarning, match="standalone_compile failed"):
         header = fp8conf.save_artifact(tmp_path / "p.fp8", gm, signature)
     assert header.mechanism == "graph_pickler" and "inductor cannot compile" in header.note
     with pytest.raises(ArtifactError, match="standalone_compile"):
         fp8conf.save_artifact(tmp_path / "q.fp8", gm, signature, mechanism="standalone_compile")
-    monkeypatch.setattr(graph_compile, "_standalone_compile", real_compile)
+    monkeypatch.setattr(units_stage, "_standalone_compile", real_compile)
     loaded = fp8conf.load_artifact(tmp_path / "p.fp8", signature)
     assert loaded.mechanism == "graph_pickler"
     out, got = loaded.run(model, args, grad_outputs)

@@ -23,6 +23,11 @@ partitioner with common-subexpression elimination, counting parameters and buffe
 keep. Merged subexpressions let the backward reuse the forward's FP8 scales and the three
 projections of one input share one cast, so this cut saves fewer bytes and launches fewer
 kernels; the graphs it makes have new node names, and their regions are not kept whole.
+
+In a compile this is the second stage: :func:`partition_plan` takes the
+:class:`~fp8conf.compile.plan.JointPlan` and hands on a :class:`JointPartition`, the plan's flat
+graph cut (or whole, where it cannot be cut), to the compiling of its graphs
+(:mod:`fp8conf.compile.units`).
 """
 
 from __future__ import annotations
@@ -36,13 +41,14 @@ import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 
 from fp8conf.compile.block_saves import align_block_saves
+from fp8conf.compile.plan import JointPlan
 from fp8conf.graph.lazy_code import graph_module
 from fp8conf.compile.share_scales import share_forward_scales
 from fp8conf.graph.regions import Region, identify_fp8_regions
 from fp8conf.graph.trace import JointSignature, joint_signature
 from fp8conf.log import warn_once
 
-__all__ = ["PartitionedJoint", "partition_joint", "regions_in", "run_partitioned", "inductor_decomposed"]
+__all__ = ["JointPartition", "PartitionedJoint", "partition_plan", "partition_joint", "regions_in", "run_partitioned", "inductor_decomposed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +71,32 @@ class PartitionedJoint:
     num_forward_outputs: int
     backward_sources: tuple[tuple[str, int], ...]
     merged: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class JointPartition:
+    """The second stage (:func:`partition_plan`): the plan's flat graph whole (``parts`` is ``None``),
+    or cut into forward and backward by the min-cut partitioner."""
+
+    plan: JointPlan
+    parts: PartitionedJoint | None
+
+    @property
+    def graphs(self) -> list[torch.fx.GraphModule]:
+        """The graphs compiled, in the order the compiled step runs them."""
+        return [self.plan.flat] if self.parts is None else [self.parts.forward, self.parts.backward]
+
+
+def partition_plan(plan: JointPlan) -> JointPartition:
+    """The second stage: with ``config.partition``, a joint graph cut into forward and backward
+    (:func:`~fp8conf.compile.partition.partition_joint`): the very cut ``torch.compile`` makes for
+    ``full``, one that keeps every FP8 region whole for ``regional``; a graph the partitioner
+    cannot cut stays whole."""
+    if not plan.config.partition:
+        return JointPartition(plan, None)
+    if plan.config.mode == "full":
+        return JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=False, signature=plan.signature))
+    return JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=True, signature=plan.signature, regions=plan.regions))
 
 
 def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True, signature: JointSignature | None = None,
