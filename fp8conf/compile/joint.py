@@ -119,15 +119,12 @@ def compile_joint(gm: torch.fx.GraphModule, config: CompileConfig | None = None,
     if not plan.takes_inputs:
         # Nothing flows in (an empty part of a split): there is nothing for Inductor to specialize on.
         return CompiledJoint(gm, mode, (), frozenset(), plan.names, inductor_compiles=0)
-    if mode == "full":
+    # A regional compile's workers start before the cut, so that their start overlaps it.
+    compiler = None if mode == "full" else unit_compiler(config.workers, saveable=config.saveable_units)
+    try:
         cut = partition_plan(plan)
-        units = compile_full(cut)
-    else:
-        # Workers start before the cut, so that their start overlaps it.
-        compiler = unit_compiler(config.workers, saveable=config.saveable_units)
-        try:
-            cut = partition_plan(plan)
-            units = compile_units(cut, compiler)
-        finally:
+        units = compile_full(cut) if compiler is None else compile_units(cut, compiler)
+    finally:
+        if compiler is not None:
             compiler.close()
     return assemble(units)

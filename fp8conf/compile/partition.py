@@ -76,10 +76,14 @@ class PartitionedJoint:
 @dataclasses.dataclass(frozen=True)
 class JointPartition:
     """The second stage (:func:`partition_plan`): the plan's flat graph whole (``parts`` is ``None``),
-    or cut into forward and backward by the min-cut partitioner."""
+    or cut into forward and backward by the min-cut partitioner.
+
+    ``regions``: for each of :attr:`graphs`, its share of the plan's FP8 regions
+    (:func:`regions_in`), which the compile of that graph tags."""
 
     plan: JointPlan
     parts: PartitionedJoint | None
+    regions: tuple[list[Region], ...] = ()
 
     @property
     def graphs(self) -> list[torch.fx.GraphModule]:
@@ -91,12 +95,15 @@ def partition_plan(plan: JointPlan) -> JointPartition:
     """The second stage: with ``config.partition``, a joint graph cut into forward and backward
     (:func:`~fp8conf.compile.partition.partition_joint`): the very cut ``torch.compile`` makes for
     ``full``, one that keeps every FP8 region whole for ``regional``; a graph the partitioner
-    cannot cut stays whole."""
+    cannot cut stays whole. Each graph's share of the plan's regions is found by name (the cut
+    keeps the nodes' names)."""
     if not plan.config.partition:
-        return JointPartition(plan, None)
-    if plan.config.mode == "full":
-        return JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=False, signature=plan.signature))
-    return JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=True, signature=plan.signature, regions=plan.regions))
+        partition = JointPartition(plan, None)
+    elif plan.config.mode == "full":
+        partition = JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=False, signature=plan.signature))
+    else:
+        partition = JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=True, signature=plan.signature, regions=plan.regions))
+    return dataclasses.replace(partition, regions=tuple(regions_in(graph, plan.regions) for graph in partition.graphs))
 
 
 def partition_joint(flat: torch.fx.GraphModule, *, keep_fp8_regions: bool = True, signature: JointSignature | None = None,

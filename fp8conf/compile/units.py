@@ -26,7 +26,7 @@ import torch
 import torch.fx
 
 from fp8conf import errors
-from fp8conf.compile.partition import JointPartition, regions_in
+from fp8conf.compile.partition import JointPartition
 from fp8conf.compile.region_compile import cut_pieces, cut_regions, tracing_fake_mode
 from fp8conf.compile.remainder import blocks_from_regions, remainder_pieces
 from fp8conf.graph.provenance import BLOCK_META_KEY, get_block, get_provenance, repeated_block
@@ -209,19 +209,19 @@ def _examples(flat, example_inputs) -> list:
 
 def compile_units(partition: JointPartition, compiler) -> CompiledUnits:
     """The third stage of a ``regional`` compile: the complete FP8 regions of each graph of
-    ``partition`` tagged (the plan's regions, each graph's share found by name) and compiled as
-    ``remainder`` says, each structurally distinct unit once, with ``compiler`` (here, or in
-    worker processes side by side: :mod:`fp8conf.compile.workers`). Every graph's units are cut
-    and submitted before any is bound, so that a pool compiles the forward's and the backward's
-    together."""
+    ``partition`` tagged (each graph's share of the plan's regions, as the partition hands it
+    on) and compiled as ``remainder`` says, each structurally distinct unit once, with
+    ``compiler`` (here, or in worker processes side by side: :mod:`fp8conf.compile.workers`).
+    Every graph's units are cut and submitted before any is bound, so that a pool compiles the
+    forward's and the backward's together."""
     plan, graphs = partition.plan, partition.graphs
     config = plan.config
     strict, remainder, fast_calls = config.strict, config.remainder, config.fast_calls
     regions, cuts, compiled_names, cache = [], [], set(), {}
     bound = []  # cuts bound on the way (remainder="pieces": the regions, before the pieces around them)
-    for graph in graphs:
+    for graph, share in zip(graphs, partition.regions, strict=True):
         # Attribution was checked on the joint graph, before the cut.
-        found = tag_fp8_regions(graph, regions_in(graph, plan.regions), strict=strict)
+        found = tag_fp8_regions(graph, share, strict=strict)
         regions += found
         complete = [r for r in found if r.complete]
         # Those left uncompiled (incomplete, strict=False) stay eager whole.
