@@ -165,7 +165,8 @@ def _regional_inductor(model, x, grad, sync, phases):
     from torch.fx.passes.regional_inductor import regional_inductor
 
     import fp8conf
-    from fp8conf.compile.partition import partition_joint, run_partitioned
+    from fp8conf.compile.assemble import run_partitioned
+    from fp8conf.compile.partition import partition_joint
     from fp8conf.compile.region_compile import tracing_fake_mode
     from fp8conf.graph.regions import tag_fp8_regions
     from fp8conf.graph.trace import flat_graph_module

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import fp8conf
-from fp8conf.compile.assemble import _with_convention
-from fp8conf.compile.partition import partition_joint, run_partitioned
+from fp8conf.compile.assemble import _with_convention, run_partitioned
+from fp8conf.compile.partition import partition_joint
 from fp8conf.graph.provenance import get_block
 from fp8conf.graph.roles import is_fp8_compute
 from fp8conf.graph.trace import flat_graph_module

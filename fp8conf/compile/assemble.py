@@ -3,12 +3,11 @@ were compiled from.
 
 :func:`assemble` takes the :class:`~fp8conf.compile.units.CompiledUnits` and hands back the
 :class:`CompiledJoint` that :func:`~fp8conf.compile.joint.compile_joint` returns: a partitioned
-graph's forward and backward run one after the other
-(:func:`~fp8conf.compile.partition.run_partitioned`), a regional backward regenerated to take its
-inputs boxed, so that each saved value is freed once the last compiled call using it returns; on
-CUDA, with ``cudagraph=True``, the step captured in a CUDA graph and replayed, parameters and
-buffers being static inputs; its inputs checked, and the whole called with the graph's own
-calling convention.
+graph's forward and backward run one after the other (:func:`run_partitioned`, with the joint
+graph's own flat convention), a regional backward regenerated to take its inputs boxed, so that
+each saved value is freed once the last compiled call using it returns; on CUDA, with
+``cudagraph=True``, the step captured in a CUDA graph and replayed, parameters and buffers being
+static inputs; its inputs checked, and the whole called with the graph's own calling convention.
 """
 
 from __future__ import annotations
@@ -22,14 +21,14 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fp8conf import errors
-from fp8conf.compile.partition import run_partitioned
+from fp8conf.compile.partition import PartitionedJoint
 from fp8conf.compile.region_compile import pack_inputs
 from fp8conf.compile.units import CompiledUnits, unboxed_fallback
 from fp8conf.graph.call_inputs import input_check
 from fp8conf.graph.regions import Region
 from fp8conf.graph.trace import joint_signature, trace_info
 
-__all__ = ["CompiledJoint", "assemble"]
+__all__ = ["CompiledJoint", "assemble", "run_partitioned"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +97,29 @@ def assemble(units: CompiledUnits) -> CompiledJoint:
     traced = info.fallbacks if info is not None else ()
     return CompiledJoint(_with_convention(gm, fn, check), config.mode, units.regions, compiled, plan.names - compiled,
                          units.artifact, units.inductor_compiles, (*traced, *fallbacks))
+
+
+def run_partitioned(partitioned: PartitionedJoint, forward_fn: Callable, backward_fn: Callable, *, boxed_backward: bool = False) -> Callable:
+    """A flat callable (primals then tangents in, the joint graph's flat outputs out) that runs
+    ``forward_fn`` and ``backward_fn``, the two graphs of ``partitioned`` compiled or not.
+
+    With ``boxed_backward``, ``backward_fn`` takes its inputs as one list and empties it, as
+    Inductor's compiled graphs do (the boxed calling convention ``torch.compile``'s backward
+    uses): each saved value is then freed as soon as the backward has used it for the last
+    time, instead of living until the whole backward returns."""
+    num_primals, num_out, sources = partitioned.num_primals, partitioned.num_forward_outputs, partitioned.backward_sources
+
+    def run(*flat):
+        primals, tangents = flat[:num_primals], flat[num_primals:]
+        forward_out = list(forward_fn(*primals))
+        backward_in = [forward_out[i] if kind == "saved" else tangents[i] for kind, i in sources]
+        outputs = forward_out[:num_out]
+        del forward_out  # the saved values live on in backward_in only
+        if boxed_backward:
+            return outputs + list(backward_fn(backward_in))
+        return outputs + list(backward_fn(*backward_in))
+
+    return run
 
 
 def _boxed_graph(gm: torch.fx.GraphModule) -> Callable | None:

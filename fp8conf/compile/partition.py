@@ -5,9 +5,10 @@ rematerialisation partitioner, which decides which forward values the backward k
 recomputes (cheap pointwise chains, views), so that fewer activations stay alive between the
 passes. :func:`partition_joint` calls that same partitioner
 (``torch._functorch.partitioners.min_cut_rematerialization_partition``) on fp8conf's flat joint
-graph, and :func:`run_partitioned` calls the two compiled halves with the joint graph's own flat
-convention (primals then tangents in, forward outputs then gradients out), so every caller of
-:func:`fp8conf.compile_joint` sees no difference but the memory.
+graph, and the compiled step calls the two compiled halves with the joint graph's own flat
+convention (:func:`~fp8conf.compile.assemble.run_partitioned`: primals then tangents in, forward
+outputs then gradients out), so every caller of :func:`fp8conf.compile_joint` sees no difference
+but the memory.
 
 Two ways to cut, one per compile mode. For ``regional`` (the default), nodes keep their names
 and meta (provenance, ``partitioner_tag``, annotations) in both graphs, a forward node the
@@ -33,7 +34,7 @@ graph cut (or whole, where it cannot be cut), to the compiling of its graphs
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.fx
@@ -48,7 +49,7 @@ from fp8conf.graph.regions import Region, identify_fp8_regions
 from fp8conf.graph.trace import JointSignature, joint_signature
 from fp8conf.log import warn_once
 
-__all__ = ["JointPartition", "PartitionedJoint", "partition_plan", "partition_joint", "regions_in", "run_partitioned", "inductor_decomposed"]
+__all__ = ["JointPartition", "PartitionedJoint", "partition_plan", "partition_joint", "regions_in", "inductor_decomposed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,26 +292,3 @@ def regions_in(graph: torch.fx.GraphModule, regions: list[Region]) -> list[Regio
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list:
     return list(pytree.tree_leaves(gm.graph.find_nodes(op="output")[0].args[0], is_leaf=lambda x: x is None))
-
-
-def run_partitioned(partitioned: PartitionedJoint, forward_fn: Callable, backward_fn: Callable, *, boxed_backward: bool = False) -> Callable:
-    """A flat callable (primals then tangents in, the joint graph's flat outputs out) that runs
-    ``forward_fn`` and ``backward_fn``, the two graphs of ``partitioned`` compiled or not.
-
-    With ``boxed_backward``, ``backward_fn`` takes its inputs as one list and empties it, as
-    Inductor's compiled graphs do (the boxed calling convention ``torch.compile``'s backward
-    uses): each saved value is then freed as soon as the backward has used it for the last
-    time, instead of living until the whole backward returns."""
-    num_primals, num_out, sources = partitioned.num_primals, partitioned.num_forward_outputs, partitioned.backward_sources
-
-    def run(*flat):
-        primals, tangents = flat[:num_primals], flat[num_primals:]
-        forward_out = list(forward_fn(*primals))
-        backward_in = [forward_out[i] if kind == "saved" else tangents[i] for kind, i in sources]
-        outputs = forward_out[:num_out]
-        del forward_out  # the saved values live on in backward_in only
-        if boxed_backward:
-            return outputs + list(backward_fn(backward_in))
-        return outputs + list(backward_fn(*backward_in))
-
-    return run
