@@ -182,3 +182,37 @@ def test_one_regional_compile_finds_the_regions_and_reads_the_joint_signature_on
     parts = partition_joint(flat_graph_module(gm))
     afresh = {r.id: {n.name for n in r.nodes} for g in (parts.forward, parts.backward) for r in identify_fp8_regions(g)}
     assert {r.id: {n.name for n in r.nodes} for r in compiled.regions} == afresh
+
+
+def test_a_cpu_graphs_compile_finds_the_vector_instruction_set_in_a_thread_of_its_own(monkeypatch):
+    # Inductor's first C++ kernel would build the instruction-set probes itself (seconds of g++);
+    # compile_joint starts that search beside the cut, once per process, for a graph on the CPU only.
+    import threading
+
+    from torch._inductor import cpu_vec_isa
+
+    from fp8conf.compile import plan
+
+    asked, pick = [], cpu_vec_isa.pick_vec_isa
+
+    def recorded():
+        asked.append(threading.current_thread().name)
+        return pick()
+
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", recorded)
+    plan._warm_cpu_codegen.cache_clear()
+    try:
+        _, _, gm = traced(1)
+        on_meta = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+        on_meta.graph.placeholder("x").meta["val"] = torch.empty(2, device="meta")
+        on_meta.graph.output(None)
+        plan._warm_compile_pool(on_meta)
+        assert asked == [] and plan._warm_cpu_codegen.cache_info().currsize == 0, "a graph not on the CPU warmed C++ codegen"
+        for _ in range(2):
+            fp8conf.compile_joint(gm, mode="regional", remainder="eager")
+        for thread in threading.enumerate():
+            if thread.name == "fp8conf-cpu-vec-isa":
+                thread.join(timeout=60)
+        assert asked.count("fp8conf-cpu-vec-isa") == 1, f"the search started more than once per process: {asked}"
+    finally:
+        plan._warm_cpu_codegen.cache_clear()

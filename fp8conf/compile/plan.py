@@ -12,6 +12,8 @@ start overlaps the next stage, the cut (:func:`~fp8conf.compile.partition.partit
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
 from typing import Any
 
 import torch
@@ -64,7 +66,7 @@ def plan_compile(gm: torch.fx.GraphModule, config: CompileConfig, example_inputs
     checked for attribution and its regions identified; for ``full``, a sharded step refused."""
     if config.strict:
         _validate_first(gm)
-    _warm_compile_pool()
+    _warm_compile_pool(gm)
     signature = joint_signature(gm)
     names = frozenset(n.name for n in gm.graph.nodes if n.op == "call_function")
     plan = JointPlan(gm, config, example_inputs, signature, names, flat_graph_module(gm))
@@ -92,17 +94,43 @@ def _validate_first(gm: torch.fx.GraphModule) -> None:
                     "validation skipped; only the attribution of its FP8 compute is checked")
 
 
-def _warm_compile_pool() -> None:
+def _warm_compile_pool(gm: torch.fx.GraphModule) -> None:
     """Start Inductor's pool of kernel-compiling processes now, as ``torch.compile`` does when it
     first hands a graph to Inductor. Left alone, the pool starts at the first Triton kernel, and
     until its processes have imported torch, Inductor compiles the kernels one by one in this
     process (7 s of a regional first step on an H200). The processes start while the joint graph
-    is cut and its regions tagged. Without Triton (on CPU) there is no pool and this does nothing."""
+    is cut and its regions tagged. Without Triton (on CPU) there is no pool; for a graph on the
+    CPU, :func:`_warm_cpu_codegen` does the same for C++ kernels."""
     from torch._inductor.async_compile import maybe_warm_pool
 
     maybe_warm_pool()
     with library_notices_quieted():  # Inductor's first import meets torch.jit's deprecation
         import torch._inductor.compile_fx  # noqa: F401
+    if any(isinstance(v := n.meta.get("val"), torch.Tensor) and v.device.type == "cpu"
+           for n in gm.graph.find_nodes(op="placeholder")):
+        _warm_cpu_codegen()
+
+
+@functools.cache  # once per process
+def _warm_cpu_codegen() -> None:
+    """Find the CPU's vector instruction set now, in a thread, while this one cuts the graph.
+
+    Inductor asks for it at its first C++ kernel (``cpu_vec_isa.pick_vec_isa``) and answers by
+    building and loading a test library per instruction set with the C++ compiler: about 7 s of a
+    fresh process's first regional step on a 2-core machine, the cut meanwhile (10 s at 32
+    blocks) being Python's work alone. The answer is cached by Inductor. What
+    fails here fails again, and is reported, where Inductor asks."""
+    def find() -> None:
+        from fp8conf.log import logger
+
+        try:
+            from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+            pick_vec_isa()
+        except Exception as exc:  # Inductor's own call meets it again and says it
+            logger.debug("fp8conf: finding the CPU's vector instruction set ahead of Inductor failed: %r", exc)
+
+    threading.Thread(target=find, name="fp8conf-cpu-vec-isa", daemon=True).start()
 
 
 def _refuse_collectives(gm: torch.fx.GraphModule) -> None:

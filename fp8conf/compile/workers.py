@@ -227,7 +227,7 @@ def _apply_settings(inductor_settings: dict, functorch_settings: dict, threads: 
     from torch._inductor.async_compile import maybe_warm_pool
 
     # This worker's own Triton compile processes, started before its first unit arrives (see
-    # fp8conf.compile.joint._warm_compile_pool); nothing without Triton.
+    # fp8conf.compile.plan._warm_compile_pool); nothing without Triton.
     maybe_warm_pool()
     # What Inductor would import on the first compile, imported while the parent still traces
     # and cuts: the unit arrives to a worker that only has to compile it.
