@@ -72,6 +72,8 @@ INTERNALS: tuple[str, ...] = (
     "torch._inductor.config.load_config",
     "torch._inductor.config.patch",
     "torch._inductor.config.save_config_portable",
+    "torch._inductor.cpu_vec_isa",
+    "torch._inductor.cpu_vec_isa.pick_vec_isa",
     "torch._inductor.decomposition",
     "torch._inductor.decomposition.select_decomp_table",
     "torch._inductor.fx_passes.joint_graph",
@@ -192,6 +194,8 @@ FAST_PATHS: tuple[FastPath, ...] = (
              "units compile one after another in this process"),
     FastPath("boxed backward", ("torch._inductor.utils.BoxedBool", "torch.fx.graph._PyTreeCodeGen"),
              "the compiled backward keeps every saved value alive until it returns"),
+    FastPath("CPU instruction set found beside the cut", ("torch._inductor.cpu_vec_isa.pick_vec_isa",),
+             "on the CPU, Inductor's first C++ kernel waits for its instruction-set probe builds"),
 )
 
 

@@ -120,15 +120,21 @@ def _warm_cpu_codegen() -> None:
     fresh process's first regional step on a 2-core machine, the cut meanwhile (10 s at 32
     blocks) being Python's work alone. The answer is cached by Inductor. What
     fails here fails again, and is reported, where Inductor asks."""
-    def find() -> None:
-        from fp8conf.log import logger
+    from fp8conf.log import logger
+    from fp8conf.torch_internals import probe
 
+    found = probe("torch._inductor.cpu_vec_isa.pick_vec_isa")
+    if not found.found:  # `fp8conf doctor` lists this fast path as off, with the reason
+        logger.info("fp8conf: the CPU's instruction set is found at Inductor's first C++ kernel: %s", found.reason)
+        return
+
+    def find() -> None:
         try:
             from torch._inductor.cpu_vec_isa import pick_vec_isa
 
             pick_vec_isa()
         except Exception as exc:  # Inductor's own call meets it again and says it
-            logger.debug("fp8conf: finding the CPU's vector instruction set ahead of Inductor failed: %r", exc)
+            logger.info("fp8conf: finding the CPU's vector instruction set ahead of Inductor failed: %r", exc)
 
     threading.Thread(target=find, name="fp8conf-cpu-vec-isa", daemon=True).start()
 
