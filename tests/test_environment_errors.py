@@ -23,6 +23,9 @@ start.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch  # imported before any in-process pytester run, which would otherwise unload it
@@ -147,6 +150,46 @@ def test_fp8conf_check_passes_the_device_through_to_the_probe(suite, capsys):
     assert status == pytest.ExitCode.USAGE_ERROR
     assert "--fp8-device=cuda: torch" in capsys.readouterr().err
     assert ran(suite) == [] and not (suite.path / "r.json").exists()
+
+
+@pytest.mark.parametrize("workers, cpus, chosen, threads", [
+    ("2", 2, None, "1"), ("2", 8, None, "4"), ("3", 2, None, "1"), ("auto", 16, None, "1"),
+    ("logical", 16, None, "1"), ("0", 2, None, None), ("2", 8, "3", None),
+])
+def test_fp8conf_check_gives_each_worker_its_share_of_the_cores(workers, cpus, chosen, threads):
+    from fp8conf.tools.cli import threads_per_worker
+
+    environ = {} if chosen is None else {"OMP_NUM_THREADS": chosen}
+    assert threads_per_worker(workers, environ, cpus) == threads
+
+
+def test_fp8conf_check_workers_run_with_their_share_of_the_cores(suite):
+    # Two workers: each left to OpenMP runs its kernels on every core and the two spin against
+    # each other; each gets half the cores (at least one), which the workers themselves see.
+    # fp8conf check runs as a user starts it, in a process of its own: xdist's workers take the
+    # sys.path their controller started with.
+    suite.makepyfile(test_threads="""
+        import os
+        from pathlib import Path
+
+        import pytest
+
+        @pytest.mark.fp8_property("PROV-001")
+        @pytest.mark.parametrize("n", range(4))
+        def test_PROV_001_threads(fp8_backend, n):
+            Path(f"threads-{os.environ.get('PYTEST_XDIST_WORKER')}-{n}").write_text(os.environ.get("OMP_NUM_THREADS", "unset"))
+    """)
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(suite.path), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "fp8conf.tools.cli", "check", "--backend", "fakebackends:Fake", "--report", "r.json",
+         "-n", "2", "--", "test_threads.py", "-p", "no:randomly"],
+        cwd=suite.path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = {path.name: path.read_text() for path in suite.path.glob("threads-*")}
+    assert len(seen) == 4 and all("-gw" in name for name in seen), seen  # run by the xdist workers
+    assert set(seen.values()) == {str(max(1, (os.cpu_count() or 1) // 2))}, seen
 
 
 def test_a_cuda_torch_without_a_visible_device_names_the_variable(monkeypatch):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -157,6 +158,25 @@ def _explain(args) -> int:
     return 0
 
 
+def threads_per_worker(workers: str | int, environ, cpus: int) -> str | None:
+    """The OMP_NUM_THREADS each of ``workers`` pytest-xdist workers gets on ``cpus`` cores: its
+    share of them, at least one; None where the environment sets OMP_NUM_THREADS already (the
+    user's choice is kept) or ``workers`` is not a count (``0``: no workers). Left to OpenMP,
+    every worker runs its kernels (Inductor's C++ code, torch's CPU ops) on all the cores and
+    the workers spin against each other; "auto" and "logical" start about one worker per core."""
+    if "OMP_NUM_THREADS" in environ:
+        return None
+    if str(workers) in ("auto", "logical"):
+        return "1"
+    try:
+        count = int(workers)
+    except ValueError:
+        return None
+    if count < 1:
+        return None
+    return str(max(1, cpus // count))
+
+
 def _absent(module: str) -> bool:
     import importlib.util
 
@@ -212,6 +232,12 @@ def _run(args) -> int:
     ]
     if args.workers:
         pytest_args += ["-n", str(args.workers)]
+        threads = threads_per_worker(args.workers, os.environ, os.cpu_count() or 1)
+        if threads is not None:
+            # The workers inherit it: each runs its OpenMP kernels on its share of the cores.
+            os.environ["OMP_NUM_THREADS"] = threads
+            logger.info("fp8conf check: %s workers on %d cores: OMP_NUM_THREADS=%s in each (set OMP_NUM_THREADS "
+                        "to choose)", args.workers, os.cpu_count() or 1, threads)
     if args.expectations:
         pytest_args.append(f"--fp8-expectations={args.expectations}")
     if args.spec_version:
