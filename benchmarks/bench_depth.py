@@ -56,6 +56,7 @@ import json
 import math
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -452,7 +453,10 @@ def main():
         for recipe in args.recipes:
             for blocks in args.blocks:
                 for path in args.paths:
-                    row = dict(measure(args, path, recipe, blocks), environment=environment, date=time.strftime("%Y-%m-%d"))
+                    # host: which machine, so that only rows of one machine are compared (two hosts of one
+                    # GPU model differ by 1.4x in first step).
+                    row = dict(measure(args, path, recipe, blocks), environment=environment, host=socket.gethostname(),
+                               date=time.strftime("%Y-%m-%d"))
                     rows.append(row)
                     results.append_jsonl(str(jsonl), row)
                     print(f"{recipe} {args.ffn} {blocks:3d} blocks {path:40s} {row.get('first_step_s', float('nan')):7.1f} s {row.get('error', '')}", flush=True)

@@ -100,24 +100,29 @@ def _environment(row: dict) -> tuple[str, str]:
 def depth_goals(path: Path) -> list[dict]:
     """The first-step-against-depth goals of ``path``, for each device and recipe measured apart
     (a CPU row and a GPU row of one path are different models on different machines), from the
-    latest row of each (path, blocks) there."""
+    latest row of each (path, blocks) there. Rows of one GPU model on two hosts are not compared
+    with each other (they differ by 1.4x): each row's ``host`` (rows without one: one host of
+    their own) has its own goals, the latest host's first."""
     if not path.exists():
         return []
     blame = added_by(path)
-    groups: dict[tuple[str, str, str], dict[tuple[str, int], tuple[int, dict]]] = {}
+    groups: dict[tuple[str, str, str, str], dict[tuple[str, int], tuple[int, dict]]] = {}
+    last_line: dict[tuple[str, str, str, str], int] = {}
     for number, row in read_rows(path):
-        key = (row.get("device", "?"), row.get("recipe", "tensorwise"), row.get("ffn", "dense"))
+        key = (row.get("device", "?"), row.get("recipe", "tensorwise"), row.get("ffn", "dense"), row.get("host", ""))
         groups.setdefault(key, {})[(row["path"], row["blocks"])] = (number, row)
+        last_line[key] = number
     goals = []
-    for (device, recipe, ffn), latest in sorted(groups.items()):
-        goals += _depth_goals_of(latest, blame, device, recipe, ffn)
+    for key in sorted(groups, key=lambda k: (k[:3], -last_line[k])):
+        device, recipe, ffn, host = key
+        goals += _depth_goals_of(groups[key], blame, device, recipe, ffn, host)
     return goals
 
 
 def _depth_goals_of(latest: dict[tuple[str, int], tuple[int, dict]], blame: dict[int, str], device_name: str, recipe: str,
-                    ffn: str = "dense") -> list[dict]:
-    """The depth goals from ``latest`` (path, blocks) -> (line, row), all of one device, recipe and
-    feed-forward."""
+                    ffn: str = "dense", host: str = "") -> list[dict]:
+    """The depth goals from ``latest`` (path, blocks) -> (line, row), all of one device, recipe,
+    feed-forward and host."""
     regional = {b: r for (p, b), (_, r) in latest.items() if p == REGIONAL and "first_step_s" in r}
     if not regional:
         return []
@@ -130,6 +135,8 @@ def _depth_goals_of(latest: dict[tuple[str, int], tuple[int, dict]], blame: dict
     date = max(r["date"] for _, r in used)
     commits = sorted({_commit(r, n, blame) for n, r in used})
     device, torch = _environment(used[0][1])
+    if host:
+        device = f"{device} ({host})"
     shape = used[0][1]
     command = (f"python benchmarks/bench_depth.py --device {device_name} --dim {shape['dim']} --heads {shape['heads']} "
                f"--vocab {shape['vocab']} --tokens {shape['tokens']} --blocks {' '.join(str(b) for b in sorted(regional))} "

@@ -228,3 +228,24 @@ def test_depth_goals_keep_dense_and_experts_models_apart(tmp_path):
     experts = found["fp8conf regional first step against depth: fitted exponent (rowwise, experts, cpu)"]
     assert dense["figure"].startswith("0.25") and experts["figure"].startswith("0.50")
     assert "--ffn" not in dense["command"] and experts["command"].endswith("--ffn experts --experts 4 --top-k 2")
+
+
+def test_depth_goals_compare_rows_of_one_host_only(tmp_path):
+    """Two hosts of one GPU model differ by 1.4x: a row of one is never divided by a row of the
+    other, and the latest host's goals come first."""
+    results_table = _results_table()
+    common = {"recipe": "tensorwise", "device": "cuda", "dim": 256, "heads": 16, "vocab": 2048, "tokens": 2048,
+              "environment": "NVIDIA H100 80GB HBM3, torch 2.11.0+cu130", "date": "2026-12-07", "commit": "abc1234"}
+    nested = "torch.compile + nested_compile_region"
+    rows = [dict(common, path="fp8conf regional", blocks=32, first_step_s=20.0, step_s=0.05, host="a"),
+            dict(common, path=nested, blocks=32, first_step_s=100.0, step_s=0.05, host="a"),
+            dict(common, path="fp8conf regional", blocks=32, first_step_s=30.0, step_s=0.11, host="b"),
+            dict(common, path="torch.compile", blocks=32, first_step_s=160.0, step_s=0.08, host="b")]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    goals = results_table.depth_goals(path)
+    versus_nested = [g for g in goals if g["goal"].startswith("fp8conf regional first step vs torch.compile + nested")]
+    assert [(g["figure"], g["device"]) for g in versus_nested] == [("0.20 at 32 blocks", "NVIDIA H100 80GB HBM3 (a)")]
+    steady = [g for g in goals if "steady step time vs torch.compile (" in g["goal"]]
+    assert [(g["figure"], g["device"]) for g in steady] == [("1.38 at 32 blocks", "NVIDIA H100 80GB HBM3 (b)")]
+    assert goals[0]["device"].endswith("(b)")  # the latest host first
