@@ -43,7 +43,7 @@ import torch.utils._pytree as pytree
 
 from fp8conf.compile.block_saves import align_block_saves
 from fp8conf.compile.plan import JointPlan
-from fp8conf.graph.lazy_code import codegen_deferred, graph_module
+from fp8conf.graph.lazy_code import graph_module
 from fp8conf.compile.share_scales import share_forward_scales
 from fp8conf.graph.regions import Region, identify_fp8_regions
 from fp8conf.graph.trace import JointSignature, joint_signature
@@ -97,20 +97,13 @@ def partition_plan(plan: JointPlan) -> JointPartition:
     (:func:`~fp8conf.compile.partition.partition_joint`): the very cut ``torch.compile`` makes for
     ``full``, one that keeps every FP8 region whole for ``regional``; a graph the partitioner
     cannot cut stays whole. Each graph's share of the plan's regions is found by name (the cut
-    keeps the nodes' names).
-
-    The graphs cut write their Python code when first called (:mod:`fp8conf.graph.lazy_code`):
-    the later stages compile them without calling them, and the partitioner otherwise writes and
-    compiles the code of each graph it makes (a 64-block Llama's: 7 times, about 5 s)."""
+    keeps the nodes' names)."""
     if not plan.config.partition:
         partition = JointPartition(plan, None)
     elif plan.config.mode == "full":
-        with codegen_deferred():
-            partition = JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=False, signature=plan.signature))
+        partition = JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=False, signature=plan.signature))
     else:
-        with codegen_deferred():
-            partition = JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=True, signature=plan.signature,
-                                                             regions=plan.regions))
+        partition = JointPartition(plan, partition_joint(plan.flat, keep_fp8_regions=True, signature=plan.signature, regions=plan.regions))
     return dataclasses.replace(partition, regions=tuple(regions_in(graph, plan.regions) for graph in partition.graphs))
 
 

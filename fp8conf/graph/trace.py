@@ -471,17 +471,12 @@ def flat_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of ``gm`` called with its placeholders positionally and returning one flat list,
     whatever calling convention ``gm`` has (the form Inductor's compile entry points take).
 
-    Like :func:`copy_graph_module`, node meta dicts are copied, their values shared. The copy
-    writes its Python code when first called (:mod:`fp8conf.graph.lazy_code`): the compile cuts
-    and compiles it without calling it, and writing and compiling the code of a deep joint graph
-    at once cost more than copying it (a 64-block Llama's 47,792 nodes: seconds, and hundreds of
-    MB for the parse of one function that long)."""
+    Like :func:`copy_graph_module`, node meta dicts are copied, their values shared."""
     graph = torch.fx.Graph()
     value, old_output = graph.graph_copy(gm.graph, {}, return_output_node=True)
     flat, _ = pytree.tree_flatten(value, is_leaf=lambda x: x is None)
     new_output = graph.output(list(flat))
     new_output.meta = dict(old_output.meta)
-    with codegen_deferred():
-        new = graph_module(gm, graph, class_name="FP8ConfFlatGraph")
+    new = graph_module(gm, graph, class_name="FP8ConfFlatGraph")
     new.meta.update(gm.meta)
     return new
