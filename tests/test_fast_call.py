@@ -66,6 +66,44 @@ def test_the_units_of_repeated_blocks_take_the_fast_path():
     assert len(expected) == len(got) and all(torch.equal(a, b) for a, b in zip(expected, got))
 
 
+def test_saveable_units_of_repeated_blocks_take_the_fast_path():
+    # The same graph with every unit compiled by standalone_compile (saveable_units, as compile
+    # workers compile them too): the graph is asked whether AOTAutograd's wrappers have work, and
+    # must not take the shared traced values of the copies for a block's output aliasing its input
+    # (each such unit was called through the wrappers at every step, from the depth at which
+    # trace_joint repeats blocks, and nothing said so).
+    model = build_stack(DIM, 6, seed=0)
+    x = torch.randn(TOKENS, DIM, requires_grad=True)
+    grad = torch.randn(TOKENS, DIM)
+    gm = fp8conf.trace_joint(model, (x,), repeat="blocks")
+    compiled = fp8conf.compile_joint(gm, fp8conf.CompileConfig(mode="regional", saveable_units=True))
+    sites = _call_sites(compiled)
+    assert sites and not any(isinstance(n.target.__wrapped__, CompiledUnit) for n in sites)
+    slow = [n.name for n in sites if n.target.fast is None]
+    assert not slow, f"saveable units of the repeated blocks called through torch's wrappers at every step: {slow}"
+    through_wrappers = fp8conf.compile_joint(gm, fp8conf.CompileConfig(mode="regional", saveable_units=True, fast_calls=False))
+    expected, got = _steps(through_wrappers, gm, model, x, grad), _steps(compiled, gm, model, x, grad)
+    assert all(n.target.current() is n.target.fast for n in sites)
+    assert len(expected) == len(got) and all(torch.equal(a, b) for a, b in zip(expected, got))
+
+
+def _view_chain(x):
+    y = x * 2
+    return y, y.t().detach()  # the second output is a view of the first, through two views
+
+
+def _unmarked_alias(x):
+    y = x * 2
+    return y, torch.ops.aten._unsafe_view.default(y, (32,))  # shares y's storage; its schema marks no alias
+
+
+@pytest.mark.parametrize("fn", [_view_chain, _unmarked_alias], ids=["views of an output", "unmarked alias"])
+def test_outputs_that_share_storage_keep_calling_the_artifact(fn):
+    x = torch.randn(4, 8)
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    assert not graph_allows_fast_call(gm, [x])
+
+
 def _aliasing(x):
     return x * 2, x.t()  # the second output is a view of the input: AOTAutograd regenerates it
 

@@ -18,6 +18,7 @@ artifact saves, is not changed.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import torch
@@ -163,21 +164,68 @@ def _plain_runtime_wrapper(generated) -> bool:
 def graph_allows_fast_call(gm: torch.fx.GraphModule, example_inputs) -> bool:
     """Whether ``gm`` (a region or piece, before compilation) has nothing for AOTAutograd's
     wrappers to do, judged on the graph itself: no input that requires grad, no op that mutates,
-    no output that is an input or shares storage with one or with another output."""
+    no output that is an input or shares storage with one or with another output.
+
+    Sharing is judged twice, and either finding refuses: by the graph's structure
+    (:func:`_storage_roots`: a pass-through, or a chain of ops whose schema says they return a view
+    of an argument), and by the traced values' storages, which also see ops that alias without
+    saying so. Two nodes holding the very same traced value are left to the structural test: in a
+    graph of repeated blocks (:mod:`fp8conf.graph.repeat`) the copies of a node share its traced
+    value, so a block's input (the block before's output) and the block's own output hold one
+    value object and look like one storage although the block computes a new tensor; judged by
+    storage alone, every such unit compiled by ``standalone_compile`` (``saveable_units``, compile
+    workers) was called through torch's wrappers at every step, and only from the depth at which
+    blocks are repeated."""
     if any(isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs):
         return False
     for node in gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
             return False
-    storages = [_storage(n) for n in gm.graph.find_nodes(op="placeholder")]
+    roots = _storage_roots(gm)
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    seen = [(_storage(n), n.meta.get("val")) for n in placeholders]
+    claimed = set().union(*(roots[n] for n in placeholders)) if placeholders else set()
     (output,) = gm.graph.find_nodes(op="output")
     values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
     for value in values:
         storage = _storage(value) if isinstance(value, torch.fx.Node) else None
-        if storage is None or storage in storages:
-            return False  # not a tensor we can see, or a pass-through or alias: the wrapper may matter
-        storages.append(storage)
+        if storage is None or roots[value] & claimed:
+            return False  # not a tensor we can see, or a pass-through or view: the wrapper may matter
+        traced = value.meta.get("val")
+        if any(storage == other and traced is not other_traced for other, other_traced in seen):
+            return False  # shares a storage with an input or another output through an op that does not say so
+        seen.append((storage, traced))
+        claimed |= roots[value]
     return True
+
+
+#: ATen ops whose result may share its argument's storage though their schema marks no alias.
+_UNMARKED_ALIASES = frozenset({"aten::_unsafe_view"})
+
+
+def _storage_roots(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, frozenset]:
+    """Per node, the nodes whose fresh storage its value may share, as the graph computes it: a
+    placeholder, an attribute or an op that allocates is its own root; a view (an ATen op whose
+    schema returns an alias of an argument, or one of :data:`_UNMARKED_ALIASES`) and any call
+    this cannot read (not an ATen op) share every root of their arguments, the latter its own too;
+    an item of a fresh multi-output op is a root of its own, an item of anything else shares its
+    container's roots (and is one itself)."""
+    roots: dict[torch.fx.Node, frozenset] = {}
+    for node in gm.graph.nodes:
+        inherited = frozenset().union(*(roots[a] for a in node.all_input_nodes)) if node.all_input_nodes else frozenset()
+        if node.op in ("placeholder", "get_attr", "output"):
+            roots[node] = frozenset({node})
+        elif node.op == "call_function" and node.target is operator.getitem:
+            sources = node.all_input_nodes
+            fresh = len(sources) == 1 and roots[sources[0]] == {sources[0]}
+            roots[node] = frozenset({node}) if fresh else inherited | {node}
+        elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            schema = node.target._schema
+            aliases = schema.name in _UNMARKED_ALIASES or any(r.alias_info is not None for r in schema.returns)
+            roots[node] = inherited if aliases and inherited else frozenset({node})
+        else:
+            roots[node] = inherited | {node}
+    return roots
 
 
 def _storage(node: torch.fx.Node):
