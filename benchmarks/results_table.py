@@ -100,21 +100,23 @@ def _environment(row: dict) -> tuple[str, str]:
 def depth_goals(path: Path) -> list[dict]:
     """The first-step-against-depth goals of ``path``, for each device and recipe measured apart
     (a CPU row and a GPU row of one path are different models on different machines), from the
-    latest row of each (path, blocks) there. Rows of one GPU model on two hosts are not compared
-    with each other (they differ by 1.4x): each row's ``host`` (rows without one: one host of
-    their own) has its own goals, the latest host's first."""
+    latest row of each (path, blocks) there. Only rows of one machine on one day are compared
+    (two hosts of one GPU model differed by 1.4x, this 2-core machine by 1.25x within a day):
+    each ``host`` and ``date`` (rows without a host: a host of their own; a host name such as
+    ``vm`` may name other machines on other days) has its own goals, the latest first."""
     if not path.exists():
         return []
     blame = added_by(path)
-    groups: dict[tuple[str, str, str, str], dict[tuple[str, int], tuple[int, dict]]] = {}
-    last_line: dict[tuple[str, str, str, str], int] = {}
+    groups: dict[tuple[str, ...], dict[tuple[str, int], tuple[int, dict]]] = {}
+    last_line: dict[tuple[str, ...], int] = {}
     for number, row in read_rows(path):
-        key = (row.get("device", "?"), row.get("recipe", "tensorwise"), row.get("ffn", "dense"), row.get("host", ""))
+        key = (row.get("device", "?"), row.get("recipe", "tensorwise"), row.get("ffn", "dense"), row.get("host", ""),
+               row.get("date", ""))
         groups.setdefault(key, {})[(row["path"], row["blocks"])] = (number, row)
         last_line[key] = number
     goals = []
     for key in sorted(groups, key=lambda k: (k[:3], -last_line[k])):
-        device, recipe, ffn, host = key
+        device, recipe, ffn, host, _ = key
         goals += _depth_goals_of(groups[key], blame, device, recipe, ffn, host)
     return goals
 

@@ -249,3 +249,7 @@ def test_depth_goals_compare_rows_of_one_host_only(tmp_path):
     steady = [g for g in goals if "steady step time vs torch.compile (" in g["goal"]]
     assert [(g["figure"], g["device"]) for g in steady] == [("1.38 at 32 blocks", "NVIDIA H100 80GB HBM3 (b)")]
     assert goals[0]["device"].endswith("(b)")  # the latest host first
+    # One host name on another day may be another machine: its rows are not compared either.
+    rows[1]["date"] = "2026-12-08"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert not [g for g in results_table.depth_goals(path) if "nested_compile_region" in g["goal"] and "(a)" in g["device"]]
