@@ -154,7 +154,7 @@ def test_fp8conf_check_passes_the_device_through_to_the_probe(suite, capsys):
 
 @pytest.mark.parametrize("workers, cpus, chosen, threads", [
     ("2", 2, None, "1"), ("2", 8, None, "4"), ("3", 2, None, "1"), ("auto", 16, None, "1"),
-    ("logical", 16, None, "1"), ("0", 2, None, None), ("2", 8, "3", None),
+    ("logical", 16, None, "1"), ("0", 2, None, None), ("two", 2, None, None), ("2", 8, "3", None),
 ])
 def test_fp8conf_check_gives_each_worker_its_share_of_the_cores(workers, cpus, chosen, threads):
     from fp8conf.tools.cli import threads_per_worker
