@@ -37,6 +37,24 @@ def test_a_copy_owns_its_meta_dicts_and_the_dicts_inside_them():
     assert all(n.meta["custom"] == {"trainer": {"stage": 0}, "compile_with_inductor": {"inductor_region": 0}} for n in gm.graph.nodes)
 
 
+def test_a_copy_is_torchs_graph_copy_node_for_node():
+    # The copy sets each call's arguments after making the node (skipping create_node's walk of
+    # them for raw SymInts); the graph must be the one torch's own graph_copy makes: names, ops,
+    # targets, arguments, types, and each node's users in the same order.
+    gm = traced("REG-007", REFERENCE, SPEC).gm
+    node = next(n for n in gm.graph.nodes if n.op == "call_function" and n.args)
+    node.kwargs = {**node.kwargs, "_probe": node.args[0]}  # a node input held in kwargs too
+    torchs = torch.fx.Graph()
+    torchs.output(torchs.graph_copy(gm.graph, {}))
+    ours = copy_graph_module(gm).graph
+
+    def described(graph):
+        return [(n.op, n.name, str(n.target), str(n.args), str(n.kwargs), n.type, [u.name for u in n.users])
+                for n in graph.nodes]
+
+    assert described(ours) == described(torchs)
+
+
 def test_a_copy_writes_its_code_only_when_asked_for_it():
     # Most properties only read a copy's nodes: writing every copy's code was a third of a run.
     from torch.fx._lazy_graph_module import _LazyGraphModule
