@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fp8conf
 from fp8conf.compile import CompiledUnit, region_compile
-from fp8conf.compile.fast_call import fast_entry, graph_allows_fast_call
+from fp8conf.compile.fast_call import fast_entry, graph_allows_fast_call, wrapper_work
 from fp8conf.tools.example_models import build_stack
 
 DIM, TOKENS = 32, 16
@@ -97,11 +97,14 @@ def _unmarked_alias(x):
     return y, torch.ops.aten._unsafe_view.default(y, (32,))  # shares y's storage; its schema marks no alias
 
 
-@pytest.mark.parametrize("fn", [_view_chain, _unmarked_alias], ids=["views of an output", "unmarked alias"])
-def test_outputs_that_share_storage_keep_calling_the_artifact(fn):
+@pytest.mark.parametrize(("fn", "why"), [(_view_chain, "a view of an input or of another output"),
+                                         (_unmarked_alias, "a view of an input or of another output")],
+                         ids=["views of an output", "unmarked alias"])
+def test_outputs_that_share_storage_keep_calling_the_artifact(fn, why):
     x = torch.randn(4, 8)
     gm = make_fx(fn, tracing_mode="fake")(x)
     assert not graph_allows_fast_call(gm, [x])
+    assert why in wrapper_work(gm, [x])  # what the debug log says of the unit
 
 
 def _aliasing(x):
@@ -114,11 +117,13 @@ def _mutating(x):
     return (y,)
 
 
-@pytest.mark.parametrize("fn", [_aliasing, _mutating], ids=["aliased output", "input mutation"])
-def test_a_graph_whose_wrappers_matter_keeps_calling_the_artifact(fn):
+@pytest.mark.parametrize(("fn", "why"), [(_aliasing, "a view of an input"), (_mutating, "mutates")],
+                         ids=["aliased output", "input mutation"])
+def test_a_graph_whose_wrappers_matter_keeps_calling_the_artifact(fn, why):
     x = torch.randn(4, 8)
     gm = make_fx(fn, tracing_mode="fake")(x)
     assert not graph_allows_fast_call(gm, [x])
+    assert why in wrapper_work(gm, [x])
     artifact = torch._inductor.standalone_compile(gm, [x], dynamic_shapes="from_example_inputs", aot=True)
     assert fast_entry(artifact) is None  # the runtime wrapper has work to do: no fast entry either
     region = region_compile.region_call(artifact, None)

@@ -26,7 +26,7 @@ import torch.fx
 
 from fp8conf.compile.compiled_unit import CompiledUnit
 
-__all__ = ["fast_entry", "fast_entry_or_reason", "graph_allows_fast_call"]
+__all__ = ["fast_entry", "fast_entry_or_reason", "graph_allows_fast_call", "wrapper_work"]
 
 #: Names the runtime wrapper's generated code binds only when it has work of its own to do:
 #: write back mutated inputs, bump their versions, regenerate aliased outputs, mark dynamic
@@ -163,8 +163,14 @@ def _plain_runtime_wrapper(generated) -> bool:
 
 def graph_allows_fast_call(gm: torch.fx.GraphModule, example_inputs) -> bool:
     """Whether ``gm`` (a region or piece, before compilation) has nothing for AOTAutograd's
-    wrappers to do, judged on the graph itself: no input that requires grad, no op that mutates,
-    no output that is an input or shares storage with one or with another output.
+    wrappers to do (:func:`wrapper_work` finds none)."""
+    return wrapper_work(gm, example_inputs) is None
+
+
+def wrapper_work(gm: torch.fx.GraphModule, example_inputs) -> str | None:
+    """What AOTAutograd's wrappers have to do for ``gm`` (a region or piece, before
+    compilation), judged on the graph itself, or ``None``: an input that requires grad, an op that
+    mutates, an output that is an input or shares storage with one or with another output.
 
     Sharing is judged twice, and either finding refuses: by the graph's structure
     (:func:`_storage_roots`: a pass-through, or a chain of ops whose schema says they return a view
@@ -177,10 +183,10 @@ def graph_allows_fast_call(gm: torch.fx.GraphModule, example_inputs) -> bool:
     workers) was called through torch's wrappers at every step, and only from the depth at which
     blocks are repeated."""
     if any(isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs):
-        return False
+        return "an input requires grad"
     for node in gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
-            return False
+            return f"{node.name} ({node.target}) mutates"
     roots = _storage_roots(gm)
     placeholders = gm.graph.find_nodes(op="placeholder")
     seen = [(_storage(n), n.meta.get("val")) for n in placeholders]
@@ -189,14 +195,16 @@ def graph_allows_fast_call(gm: torch.fx.GraphModule, example_inputs) -> bool:
     values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
     for value in values:
         storage = _storage(value) if isinstance(value, torch.fx.Node) else None
-        if storage is None or roots[value] & claimed:
-            return False  # not a tensor we can see, or a pass-through or view: the wrapper may matter
+        if storage is None:
+            return f"output {value} is no tensor the graph shows"
+        if roots[value] & claimed:
+            return f"output {value.name} is an input, or a view of an input or of another output"
         traced = value.meta.get("val")
         if any(storage == other and traced is not other_traced for other, other_traced in seen):
-            return False  # shares a storage with an input or another output through an op that does not say so
+            return f"output {value.name} shares a storage with an input or another output through an op that does not say so"
         seen.append((storage, traced))
         claimed |= roots[value]
-    return True
+    return None
 
 
 #: ATen ops whose result may share its argument's storage though their schema marks no alias.

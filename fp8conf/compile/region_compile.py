@@ -36,9 +36,9 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fp8conf.compile.compiled_unit import CompiledUnit
-from fp8conf.compile.fast_call import fast_entry, fast_entry_or_reason, graph_allows_fast_call
+from fp8conf.compile.fast_call import fast_entry, fast_entry_or_reason, wrapper_work
 from fp8conf.compile.unit_failures import RETRY_PATCHES, settle, unit_name
-from fp8conf.log import fell_back
+from fp8conf.log import fell_back, logger
 from fp8conf.graph.lazy_code import graph_module
 from fp8conf.graph.regions import Region
 
@@ -150,9 +150,9 @@ class CutUnits:
         :func:`fp8conf.compile.fast_call.fast_entry` where that is safe: always for the engine's
         own units (:class:`~fp8conf.compile.compiled_unit.CompiledUnit`, which have no AOTAutograd
         wrappers whose work could be skipped: the fast entry calls what the unit itself calls), else
-        where :func:`~fp8conf.compile.fast_call.graph_allows_fast_call` finds nothing for those
-        wrappers to do. The graph is not asked about the engine's own units since it cannot answer
-        for them: in a graph of repeated blocks (:mod:`fp8conf.graph.repeat`) the copies of a node
+        where :func:`~fp8conf.compile.fast_call.wrapper_work` finds nothing for those
+        wrappers to do (what it finds instead is logged at debug level). The graph is not asked
+        about the engine's own units since it cannot answer for them: in a graph of repeated blocks (:mod:`fp8conf.graph.repeat`) the copies of a node
         share its traced value, so a block's input and its own output can seem to share storage,
         and every such unit would be called through the slow path at every step. A unit whose compile
         fails is settled by :func:`fp8conf.compile.unit_failures.settle`: compiled again where
@@ -175,7 +175,11 @@ class CutUnits:
             if isinstance(compiled, CompiledUnit) and compiled.fallback:
                 self.fallbacks.append(compiled.fallback)
             fast = None
-            if fast_calls and (isinstance(compiled, CompiledUnit) or graph_allows_fast_call(submodule, fake_inputs)):
+            work = None if not fast_calls or isinstance(compiled, CompiledUnit) else wrapper_work(submodule, fake_inputs)
+            if work is not None:
+                # Not a fallback: torch's wrappers have work to do for this unit at every call.
+                logger.debug("fp8conf: unit %s is called through torch's wrappers: %s", node.target, work)
+            elif fast_calls:
                 fast, reason = fast_entry_or_reason(compiled)
                 if fast is None:
                     # Nothing in the unit needs torch's wrappers, yet they cannot be skipped.
