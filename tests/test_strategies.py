@@ -230,3 +230,18 @@ def test_mx_layers_are_drawn_of_the_declared_recipes_and_a_property_asking_for_o
 def test_a_backend_declaring_mx_recipes_the_contract_lacks_is_refused_at_class_creation(mx_recipes):
     with pytest.raises(TypeError, match="mx_recipes must be a non-empty set"):
         _backend(mx_recipes=mx_recipes)
+
+
+def test_a_drawn_model_is_initialised_as_after_torch_manual_seed():
+    # build_model seeds the CPU generator alone where torch has no lazily seeded device: the
+    # parameters must be those torch.manual_seed(seed) gives.
+    import torch
+
+    from conformance.draw.models import build_model
+
+    spec = ModelSpec(in_features=16, layers=(LayerSpec(width=32, recipe=None), LayerSpec(width=16, recipe=None)), seed=7)
+    torch.manual_seed(123)  # another state before the build
+    model = build_model(spec)[0]
+    torch.manual_seed(spec.seed)
+    expected, built = type(model)(spec).state_dict(), model.state_dict()
+    assert built.keys() == expected.keys() and all(torch.equal(built[k], expected[k]) for k in built)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from conformance.draw.models import _float8_config, recipe_compute_counts, reproducer, spec_code
+from conformance.draw.models import _float8_config, recipe_compute_counts, reproducer, seed_for_init, spec_code
 
 __all__ = [
     "FAMILIES", "LLAMA_ATTENTION", "FamilySpec", "build_family", "user_annotations", "variants",
@@ -322,7 +322,7 @@ def build_family(spec: FamilySpec, device: str = "cpu", *, float8=None, plain: b
     import torch
     from torchao.float8 import convert_to_float8_training
 
-    torch.manual_seed(spec.seed)
+    seed_for_init(spec.seed)
     model = _classes()["FamilyLlama" if spec.llama else "Siblings"](spec)
     for fqn, (_kind, recipe, emulate) in ({} if plain else spec.quantized_modules()).items():
         def accept(m, name, fqn=fqn):

@@ -50,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from conformance.draw.models import reproducer
+from conformance.draw.models import reproducer, seed_for_init
 
 __all__ = [
     "GROUPED_KIND", "ALIGNMENT", "MoESpec", "ExpertsSpec", "GroupedExperts", "build_moe_model", "build_experts_model",
@@ -315,7 +315,7 @@ def build_moe_model(spec: MoESpec, device: str = "cpu", *, convert):
     ``emulate``); return ``(model, args)``."""
     import torch
 
-    torch.manual_seed(spec.seed)
+    seed_for_init(spec.seed)
     model = _classes()["DrawnMoE"](spec)
     experts = set(spec.quantized_modules())
     _convert(convert, model, spec, lambda m, fqn: fqn in experts)
@@ -345,7 +345,7 @@ def build_experts_model(spec: ExpertsSpec, device: str = "cpu", *, convert):
     return ``(model, (x, offs))``."""
     import torch
 
-    torch.manual_seed(spec.seed)
+    seed_for_init(spec.seed)
     model = _classes()["ExpertsOnly"](spec)
     _convert(convert, model, spec, lambda m, fqn: fqn == "experts")
     model.to(device)
