@@ -4,9 +4,10 @@
 # suite on CUDA (NUM-004 included), its structural areas (PROV, VAL, EMU, REG, BND) with the
 # models themselves on CUDA (--fp8-device=cuda) for both in-tree backends, where 2 GPUs exist the
 # GraphPP pipeline over NCCL and its benchmark (bench_pipeline.py), and the goal table's rows
-# (bench_compile.py, bench_precompile.py), and first step against depth beside torch's own paths
-# (bench_depth.py). Runs from the repository root on a machine with CUDA,
-# torch and torchao installed (fp8conf itself need not be installed):
+# (bench_compile.py, bench_precompile.py), first step against depth beside torch's own paths
+# (bench_depth.py), and where a deep model's steady step goes (profile_steady.py). Runs from the
+# repository root on a machine with CUDA, torch and torchao installed (fp8conf itself need not be
+# installed):
 #
 #   benchmarks/run_gpu.sh                      every part, in order
 #   benchmarks/run_gpu.sh goals_start moe      only the parts named (listed at the end)
@@ -152,10 +153,20 @@ depth() {
         | grep -E "^\||^Fitted|^plot"
 }
 
+steady() {
+    # Where a deep model's steady step goes (issue 61): fp8conf regional, with its blocks repeated and
+    # traced whole, beside torch.compile at 32 blocks, then regional, full and torch.compile at 8
+    # (benchmarks/profile_steady.py: step time, kernel time, launches, allocations, kernels by kind).
+    python3 benchmarks/profile_steady.py --blocks 32 --recipe tensorwise \
+        --paths "fp8conf regional" "fp8conf regional, whole trace" "torch.compile" 2>&1 | tee "$OUT/steady-32.log" | grep -E "^\||^ "
+    python3 benchmarks/profile_steady.py --blocks 8 --recipe tensorwise \
+        --paths "fp8conf regional" "fp8conf full" "torch.compile" 2>&1 | tee "$OUT/steady-8.log" | grep -E "^\||^ "
+}
+
 # Parts to run: the arguments (any of doctor fresh pipeline gpu_tests conformance moe sharded
-# goals_start goals_steady depth), all of them by default. One device command may run for at most 10 minutes: the
+# goals_start goals_steady depth steady), all of them by default. One device command may run for at most 10 minutes: the
 # goal rows take about that each, so run them as calls of their own.
-ALL="doctor fresh pipeline gpu_tests conformance moe sharded goals_start goals_steady depth"
+ALL="doctor fresh pipeline gpu_tests conformance moe sharded goals_start goals_steady depth steady"
 [ $# -gt 0 ] || set -- $ALL
 for part in "$@"; do
     case " $ALL " in
