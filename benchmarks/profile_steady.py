@@ -4,7 +4,8 @@ For a Llama-shaped FP8 model (benchmarks/llama.py) each path is built, compiled,
 timed (median of ``--steps`` steps, the device synchronised after each) and profiled over three
 steps with ``torch.profiler``. The table gives, per step: wall time; when the host returned
 (before the synchronisation: a host-bound step returns late); the kernels' summed device time
-and the share of the wall it fills; kernel launches; the caching allocator's allocations; and the
+and the share of the wall it fills; kernel launches; the caching allocator's allocations and its cudaMalloc calls; the runtime calls
+that make the host wait (synchronisations, blocking copies, cudaMalloc/cudaFree); and the
 device time by kernel kind (generated Triton, matmuls, attention, copies, other); the spread of
 the timed steps, the median again with Python's collector off, and collections per step. Then each
 path's ten costliest kernels. One process, one card: the rows compare with each other only.
@@ -33,6 +34,8 @@ from llama import build_llama  # noqa: E402
 import fp8conf  # noqa: E402
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+#: Runtime calls that make the host wait for the device (or, for cudaMalloc/cudaFree, may).
+SYNCS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMalloc", "cudaFree")
 KINDS = (
     ("triton", ("triton",)),
     ("matmul", ("gemm", "sm90", "cutlass", "scaled_mm", "cublas", "nvjet", "xmma")),
@@ -54,8 +57,12 @@ def sync(args) -> None:
         torch.cuda.synchronize()
 
 
-def allocated(args) -> int:
-    return torch.cuda.memory_stats()["allocation.all.allocated"] if args.device == "cuda" else 0
+def allocated(args) -> tuple[int, int]:
+    """The caching allocator's allocations so far, and its calls of cudaMalloc (``num_device_alloc``)."""
+    if args.device != "cuda":
+        return 0, 0
+    stats = torch.cuda.memory_stats()
+    return stats["allocation.all.allocated"], stats.get("num_device_alloc", stats["segment.all.allocated"])
 
 
 def build(path: str, args):
@@ -90,7 +97,7 @@ def measure(path: str, args) -> dict:
         hosts.append(time.perf_counter() - t)
         sync(args)
         walls.append(time.perf_counter() - t)
-    allocations = (allocated(args) - stats) / args.steps
+    allocations, device_allocations = ((now - before) / args.steps for now, before in zip(allocated(args), stats))
     collections = (sum(g["collections"] for g in gc.get_stats()) - collections) / args.steps
     # The same steps with Python's collector off: a step slowed by collections of a large heap shows here.
     gc.disable()
@@ -123,7 +130,8 @@ def measure(path: str, args) -> dict:
         "no_gc_ms": statistics.median(quiet) * 1e3, "collections": collections, "spread": (min(walls) * 1e3, max(walls) * 1e3),
         "device_ms": device_ms, "busy": device_ms / wall_ms, "by_kind": by_kind,
         "launches": sum(e.count for e in averages if e.key in LAUNCHES) / 3,
-        "kernels": sum(e.count for e in kernels) / 3, "allocations": allocations,
+        "kernels": sum(e.count for e in kernels) / 3, "allocations": allocations, "device_allocations": device_allocations,
+        "syncs": sum(e.count for e in averages if e.key in SYNCS) / 3,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan"),
         "top": [(e.key[:90], e.count / 3, e.self_device_time_total / 3 / 1e3) for e in top],
     }
@@ -155,13 +163,13 @@ def main() -> None:
         print(f"{path}: first step {rows[-1]['first_s']:.1f} s {rows[-1]['note']}", flush=True)
     kinds = [k for k, _ in KINDS] + ["other"]
     print(f"\n{args.blocks} blocks, {args.recipe}, dim {args.dim}, {args.tokens} tokens, {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, torch {torch.__version__}")
-    print("| path | step ms | min-max ms | gc off ms | collections | host returns ms | kernel ms | busy | kernels | launches | allocations | peak GiB | "
+    print("| path | step ms | min-max ms | gc off ms | collections | host returns ms | kernel ms | busy | kernels | launches | allocations | cudaMalloc | waits | peak GiB | "
           + " | ".join(f"{k} ms" for k in kinds) + " |")
-    print("|" + "---|" * (12 + len(kinds)))
+    print("|" + "---|" * (14 + len(kinds)))
     for r in rows:
         print(f"| {r['path']} | {r['wall_ms']:.1f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} | {r['no_gc_ms']:.1f} | {r['collections']:.2f} | "
               f"{r['host_ms']:.1f} | {r['device_ms']:.1f} | {r['busy']:.0%} | {r['kernels']:.0f} | "
-              f"{r['launches']:.0f} | {r['allocations']:.0f} | {r['peak_gib']:.2f} | "
+              f"{r['launches']:.0f} | {r['allocations']:.0f} | {r['device_allocations']:.1f} | {r['syncs']:.1f} | {r['peak_gib']:.2f} | "
               + " | ".join(f"{r['by_kind'].get(k, 0.0):.1f}" for k in kinds) + " |")
     for r in rows:
         print(f"\n{r['path']}: costliest kernels (calls per step, ms per step)")
