@@ -2,13 +2,14 @@
 
 For a Llama-shaped FP8 model (benchmarks/llama.py) each path is built, compiled, warmed, then
 timed (median of ``--steps`` steps, the device synchronised after each) and profiled over three
-steps with ``torch.profiler``. The table gives, per step: wall time; when the host returned
-(before the synchronisation: a host-bound step returns late); the kernels' summed device time
-and the share of the wall it fills; kernel launches; the caching allocator's allocations and its cudaMalloc calls; the runtime calls
-that make the host wait (synchronisations, blocking copies, cudaMalloc/cudaFree); and the
-device time by kernel kind (generated Triton, matmuls, attention, copies, other); the spread of
-the timed steps, the median again with Python's collector off, and collections per step. Then each
-path's ten costliest kernels. One process, one card: the rows compare with each other only.
+steps with ``torch.profiler``. The table gives, per step: wall time, its spread, the median
+again with Python's collector off and the collections per step; when the host returned (before
+the synchronisation: a host-bound step returns late); the kernels' summed device time and the
+share of the wall it fills; kernel launches; the caching allocator's allocations and its
+cudaMalloc calls; the runtime calls that make the host wait (synchronisations, blocking copies,
+cudaMalloc/cudaFree); and the device time by kernel kind (generated Triton, matmuls, attention,
+copies, other). Then each path's ten costliest kernels. One process, one card: the rows compare
+with each other only.
 
     python3 benchmarks/profile_steady.py --blocks 32 --recipe tensorwise
 """
