@@ -334,17 +334,16 @@ _CACHE: dict[str, object] = {}
 
 
 def seed_for_init(seed: int) -> None:
-    """``torch.manual_seed(seed)`` before a model is built on the CPU. Where torch sees none of
-    the devices it seeds lazily (CUDA, XPU, MTIA, MPS, a custom backend), the CPU generator is
-    seeded alone, which is all that call seeds there: it also queues a seeding per absent
-    device with the caller's formatted stack (half a millisecond a model under pytest,
+    """``torch.manual_seed(seed)`` before a model is built on the CPU. Where torch sees no
+    accelerator (``torch.accelerator``: CUDA, XPU, MTIA, MPS or a custom backend), the CPU
+    generator is seeded alone, which is all that call seeds there: it also queues a seeding per
+    absent device with the caller's formatted stack (half a millisecond a model under pytest,
     thousands of models a run)."""
     import torch
 
-    if "lazy devices" not in _CACHE:
-        _CACHE["lazy devices"] = (torch.cuda.is_available() or torch.xpu.is_available() or torch.mtia.is_available()
-                                  or torch.backends.mps.is_available() or torch._C._get_privateuse1_backend_name() != "privateuseone")
-    if _CACHE["lazy devices"]:
+    if "accelerator" not in _CACHE:
+        _CACHE["accelerator"] = torch.accelerator.is_available()
+    if _CACHE["accelerator"]:
         torch.manual_seed(seed)
     else:
         torch.random.default_generator.manual_seed(seed)
