@@ -275,10 +275,11 @@ def _own_containers(value):
     if isinstance(value, dict):
         own = copy.copy(value)  # keeps the class of a dict subclass
         for key, item in value.items():
-            own[key] = _own_containers(item)
+            if isinstance(item, (dict, list)):  # most items are not: no call for those
+                own[key] = _own_containers(item)
         return own
     if isinstance(value, list):
-        return [_own_containers(item) for item in value]
+        return [_own_containers(item) if isinstance(item, (dict, list)) else item for item in value]
     return value
 
 
