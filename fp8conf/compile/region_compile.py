@@ -152,12 +152,13 @@ class CutUnits:
         wrappers whose work could be skipped: the fast entry calls what the unit itself calls), else
         where :func:`~fp8conf.compile.fast_call.wrapper_work` finds nothing for those
         wrappers to do (what it finds instead is logged at debug level). The graph is not asked
-        about the engine's own units since it cannot answer for them: in a graph of repeated blocks (:mod:`fp8conf.graph.repeat`) the copies of a node
-        share its traced value, so a block's input and its own output can seem to share storage,
-        and every such unit would be called through the slow path at every step. A unit whose compile
-        fails is settled by :func:`fp8conf.compile.unit_failures.settle`: compiled again where
-        its C++ code did not compile, else refused (``strict``: its ``error``) or left a call
-        of its submodule, which runs eagerly, its nodes taken out of :attr:`names`."""
+        about the engine's own units since it cannot answer for them: in a graph of repeated
+        blocks (:mod:`fp8conf.graph.repeat`) the copies of a node share its traced value, so a
+        block's input and its own output can seem to share storage, and every such unit would be
+        called through the slow path at every step. A unit whose compile fails is settled by
+        :func:`fp8conf.compile.unit_failures.settle`: compiled again where its C++ code did not
+        compile, else refused (``strict``: its ``error``) or left a call of its submodule, which
+        runs eagerly, its nodes taken out of :attr:`names`."""
         gm = self._gm
         if not self._calls:
             return _flat_callable(gm)
