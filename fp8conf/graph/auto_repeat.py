@@ -20,7 +20,9 @@ proof on the model that copying a block gives what tracing it does.
   backward, sequence-number pairing, block, owner, provenance, annotations, descriptors) and in
   the calls of the quantized modules. A forward that reads the depth (``len(self.layers)``, a
   scale by it), calls a block twice, in another order or past its neighbours, or reaches a block
-  by an index the cut container lacks, fails it.
+  by an index the cut container lacks, fails it. Two depths, not one: the copies of a single
+  trace's block equal its other blocks even where the forward reads the depth (each of five
+  blocks scaled by 1/5 alike), so one trace cannot show that the copies are right at another.
 
 Whatever fails, the model is traced whole and the reason is logged once through the ``fp8conf``
 logger and kept in :class:`~fp8conf.graph.trace.TraceInfo` ``.fallbacks`` (hence in the compiled
