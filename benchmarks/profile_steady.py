@@ -8,8 +8,8 @@ the synchronisation: a host-bound step returns late); the kernels' summed device
 share of the wall it fills; kernel launches; the caching allocator's allocations and its
 cudaMalloc calls; the runtime calls that make the host wait (synchronisations, blocking copies,
 cudaMalloc/cudaFree); and the device time by kernel kind (generated Triton, matmuls, attention,
-copies, other). Then each path's ten costliest kernels. One process, one card: the rows compare
-with each other only.
+copies, other), with each path's ten costliest kernels; each path's row is printed as soon as it is
+measured, the table of all at the end. One process, one card: the rows compare with each other only.
 
     python3 benchmarks/profile_steady.py --blocks 32 --recipe tensorwise
 """
@@ -75,9 +75,12 @@ def build(path: str, args):
         step = eager_step(torch.compile(model), x, grad)
         note = ""
     else:
-        # ", whole trace": every block traced (trace_joint(repeat=False)), not four repeated.
+        # ", whole trace": every block traced (trace_joint(repeat=False)), not four repeated;
+        # ", CUDA graphs": the compiled step captured once and replayed (compile_joint(cudagraph=True)),
+        # so that the host's share of the step shows as the difference.
         gm = fp8conf.trace_joint(model, (x,), **({"repeat": False} if path.endswith(", whole trace") else {}))
-        compiled = fp8conf.compile_joint(gm, fp8conf.CompileConfig(mode=path.split(",")[0].split()[-1]))
+        compiled = fp8conf.compile_joint(gm, fp8conf.CompileConfig(mode=path.split(",")[0].split()[-1],
+                                                                   cudagraph=path.endswith(", CUDA graphs")))
         step = joint_step(gm, model, x, grad, compiled)
         note = f"{compiled.inductor_compiles} Inductor compiles, fallbacks {list(compiled.fallbacks) or 'none'}"
     step()
@@ -149,10 +152,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script (no device times)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--paths", nargs="+", default=["fp8conf regional", "torch.compile"],
-                        choices=["fp8conf regional", "fp8conf regional, whole trace", "fp8conf full", "torch.compile"])
+                        choices=["fp8conf regional", "fp8conf regional, whole trace", "fp8conf regional, CUDA graphs", "fp8conf full",
+                                 "torch.compile"])
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     import_compile_stack(args.device)
+    kinds = [k for k, _ in KINDS] + ["other"]
+    print(f"{args.blocks} blocks, {args.recipe}, dim {args.dim}, {args.tokens} tokens, "
+          f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, torch {torch.__version__}", flush=True)
+    header = ("| path | step ms | min-max ms | gc off ms | collections | host returns ms | kernel ms | busy | kernels | launches | "
+              "allocations | cudaMalloc | waits | peak GiB | " + " | ".join(f"{k} ms" for k in kinds) + " |\n|" + "---|" * (14 + len(kinds)))
     rows = []
     for path in args.paths:
         if args.device == "cuda":
@@ -161,21 +170,21 @@ def main() -> None:
         torch._dynamo.reset()
         if args.device == "cuda":
             torch.cuda.empty_cache()
-        print(f"{path}: first step {rows[-1]['first_s']:.1f} s {rows[-1]['note']}", flush=True)
-    kinds = [k for k, _ in KINDS] + ["other"]
-    print(f"\n{args.blocks} blocks, {args.recipe}, dim {args.dim}, {args.tokens} tokens, {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, torch {torch.__version__}")
-    print("| path | step ms | min-max ms | gc off ms | collections | host returns ms | kernel ms | busy | kernels | launches | allocations | cudaMalloc | waits | peak GiB | "
-          + " | ".join(f"{k} ms" for k in kinds) + " |")
-    print("|" + "---|" * (14 + len(kinds)))
-    for r in rows:
-        print(f"| {r['path']} | {r['wall_ms']:.1f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} | {r['no_gc_ms']:.1f} | {r['collections']:.2f} | "
-              f"{r['host_ms']:.1f} | {r['device_ms']:.1f} | {r['busy']:.0%} | {r['kernels']:.0f} | "
-              f"{r['launches']:.0f} | {r['allocations']:.0f} | {r['device_allocations']:.1f} | {r['syncs']:.1f} | {r['peak_gib']:.2f} | "
-              + " | ".join(f"{r['by_kind'].get(k, 0.0):.1f}" for k in kinds) + " |")
-    for r in rows:
-        print(f"\n{r['path']}: costliest kernels (calls per step, ms per step)")
+        # Each row as soon as it is measured, so that a run cut short keeps the rows it made.
+        r = rows[-1]
+        print(f"{path}: first step {r['first_s']:.1f} s {r['note']}\n{_row(r, kinds)}\ncostliest kernels (calls per step, ms per step):", flush=True)
         for name, count, ms in r["top"]:
-            print(f"  {ms:7.2f} ms  {count:5.0f}x  {name}")
+            print(f"  {ms:7.2f} ms  {count:5.0f}x  {name}", flush=True)
+    print(f"\n{header}")
+    for r in rows:
+        print(_row(r, kinds))
+
+
+def _row(r: dict, kinds: list[str]) -> str:
+    return (f"| {r['path']} | {r['wall_ms']:.1f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} | {r['no_gc_ms']:.1f} | "
+            f"{r['collections']:.2f} | {r['host_ms']:.1f} | {r['device_ms']:.1f} | {r['busy']:.0%} | {r['kernels']:.0f} | "
+            f"{r['launches']:.0f} | {r['allocations']:.0f} | {r['device_allocations']:.1f} | {r['syncs']:.1f} | {r['peak_gib']:.2f} | "
+            + " | ".join(f"{r['by_kind'].get(k, 0.0):.1f}" for k in kinds) + " |")
 
 
 if __name__ == "__main__":

@@ -154,11 +154,13 @@ depth() {
 }
 
 steady() {
-    # Where a deep model's steady step goes (issue 61): fp8conf regional, with its blocks repeated and
-    # traced whole, beside torch.compile at 32 blocks, then regional, full and torch.compile at 8
-    # (benchmarks/profile_steady.py: step time, kernel time, launches, allocations, kernels by kind).
-    python3 benchmarks/profile_steady.py --blocks 32 --recipe tensorwise \
-        --paths "fp8conf regional" "fp8conf regional, whole trace" "torch.compile" 2>&1 | tee "$OUT/steady-32.log" | grep -E "^\||^ "
+    # Where a deep model's steady step goes (issue 61): fp8conf regional, with its blocks repeated,
+    # traced whole and replayed as a CUDA graph (the host's share), beside full and torch.compile at
+    # 32 blocks, then regional, full and torch.compile at 8 (benchmarks/profile_steady.py: step
+    # time, kernel time, launches, allocations, kernels by kind).
+    python3 benchmarks/profile_steady.py --blocks 32 --recipe tensorwise --paths "fp8conf regional" \
+        "fp8conf regional, whole trace" "fp8conf regional, CUDA graphs" "fp8conf full" "torch.compile" 2>&1 \
+        | tee "$OUT/steady-32.log" | grep -E "^\||^ "
     python3 benchmarks/profile_steady.py --blocks 8 --recipe tensorwise \
         --paths "fp8conf regional" "fp8conf full" "torch.compile" 2>&1 | tee "$OUT/steady-8.log" | grep -E "^\||^ "
 }
