@@ -18,8 +18,12 @@ overlaps the cutting of the graph, and stopped when it ends; they share the pare
 cache directory.
 
 :func:`unit_compiler` picks this process alone unless helpers are asked for
-(``compile_joint(..., workers=N)``); what they save and cost on the Llama benchmark model is
-measured in benchmarks/RESULTS.md ("Cold start versus depth"). The bytes a helper returns come
+(``compile_joint(..., workers=N)``): on the machines measured, helpers have not shortened a first
+step. On an H200 (6 blocks of the Llama benchmark model, a fresh process and an empty Inductor
+cache each, one sample) 32.2 s in one process against 29.6 to 34.7 s with two to four helpers;
+on a 2-core CPU (32 blocks, dim 64, two samples each) 31.7 / 32.6 s against 37.0 / 39.2 s with one
+helper, whose import of torch and Inductor competes with the cut for the two cores (the history
+of benchmarks/RESULTS.md keeps the tables). The bytes a helper returns come
 from this process's own helpers, over their pipes, compiled from graphs it sent them: loading
 them deserialises nothing that came from outside the process tree.
 """
