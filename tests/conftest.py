@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from conformance import plugin
+from conformance.plugin import worker_end
 from fp8conf.log import library_notices_quieted
 
 # TorchAO is imported here, before any test: pytester's in-process runs restore sys.modules when
@@ -39,6 +40,15 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # the plugin does all of it
     plugin.register_profiles()
     plugin.load_profile(config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # An xdist worker of these tests ends holding a large heap: frozen, the interpreter's shutdown
+    # does not walk it (conformance/plugin/worker_end.py says why). A run with --fp8-backend: the
+    # plugin does it.
+    if not config.getoption("fp8_backend"):
+        worker_end.freeze_heap(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

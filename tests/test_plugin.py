@@ -465,3 +465,36 @@ def test_profile_helpers_for_a_project_without_a_backend(suite, monkeypatch):
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-s", "test_probe.py")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*PROFILE fp8conf-ci 25 True*"])
+
+
+#: Writes, at each xdist worker's exit, how many objects the worker had frozen (gc.freeze) by then.
+FREEZE_PROBE_CONFTEST = """
+import atexit
+import gc
+import os
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        path = os.path.join(os.environ["FREEZE_PROBE_DIR"], config.workerinput["workerid"])
+        atexit.register(lambda: open(path, "w").write(str(gc.get_freeze_count())))
+"""
+
+
+@pytest.mark.parametrize("backend", [True, False], ids=["suite-run", "no-backend"])
+def test_xdist_workers_of_a_suite_run_and_only_those_freeze_their_heap_before_exiting(suite, monkeypatch, backend):
+    # The shutdown of a worker holding a large heap outlasted xdist's 10 s exit wait: a worker of a
+    # run with --fp8-backend freezes its heap once its reports are sent (worker_end.py); a run
+    # without one is left as it is.
+    probes = suite.mkdir("probes")
+    monkeypatch.setenv("FREEZE_PROBE_DIR", str(probes))
+    suite.makeconftest(FREEZE_PROBE_CONFTEST)
+    suite.makepyfile(test_reported=REPORTED_TESTS)
+    args = [FAKE, "test_reported.py"] if backend else ["test_reported.py"]
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", *args)
+    assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), result.stdout.str()
+    frozen = {path.name: int(path.read_text()) for path in probes.iterdir()}
+    assert sorted(frozen) == ["gw0", "gw1"], f"each worker's exit must be seen: {frozen}"
+    if backend:
+        assert all(count > 0 for count in frozen.values()), f"a suite run's workers froze nothing: {frozen}"
+    else:
+        assert all(count == 0 for count in frozen.values()), f"a run without --fp8-backend froze a heap: {frozen}"

@@ -22,7 +22,7 @@ import pytest
 from conformance.judge import expectations as expectations_file
 from conformance.run import watchdog
 from conformance.api import PROPERTIES, SPEC_VERSION, Backend
-from conformance.plugin import crashes, ending, instrumentation, probes, progress, quiet, render, usage
+from conformance.plugin import crashes, ending, instrumentation, probes, progress, quiet, render, usage, worker_end
 from conformance.run import gating
 from conformance.api.types import FLOAT8_RECIPES
 from conformance.plugin import report as report_model
@@ -289,6 +289,7 @@ class ConformanceRun:
         self.crash_notes.close()
         self.tracker.close()
         self.probes.close()
+        worker_end.freeze_heap(self.config)  # last: the worker's reports are sent
 
     # -- the report ------------------------------------------------------------------------
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
