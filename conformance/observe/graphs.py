@@ -220,7 +220,11 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             new = graph.output(torch.fx.map_arg(old.args[0], copied_nodes.__getitem__))
         else:
             new = _node_copy(graph, old, copied_nodes)
-        new.meta = _own_containers(old.meta)
+        # Into the new node's own (empty) meta dict: assigning a node attribute goes through
+        # Node.__setattr__, which re-files the node in the graph's lookup table each time.
+        meta = new.meta
+        for key, item in old.meta.items():
+            meta[key] = _own_containers(item) if isinstance(item, (dict, list)) else item
         copied_nodes[old] = new
     copied = _deferred_graph_module(gm, graph)
     copied.meta = _own_containers(gm.meta)
