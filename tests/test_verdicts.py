@@ -378,3 +378,19 @@ def test_a_compiled_property_under_xdist_is_not_broken_by_the_crash_notes(pytest
         "--fp8-backend=reference", "--fp8-property", "E8M0-004", "-n", "2", "-p", "no:cacheprovider"
     )
     result.assert_outcomes(passed=1)
+
+
+def test_a_crash_note_longer_than_its_mapping_is_read_back_whole(tmp_path):
+    # The note of a worker (conformance/plugin/crashes.py) lives in a memory-mapped file of
+    # 64 KiB to begin with: a longer one (a replay command of many options) grows the file.
+    from conformance.plugin.crashes import _MappedNote
+
+    path = tmp_path / "gw0.json"
+    note = _MappedNote(path)
+    assert _MappedNote.read(path) is None, "a note never written must read as none"
+    short, long = {"test": "t", "method": "trace_joint"}, {"test": "t", "command": "x" * 100_000, "method": None}
+    for written in (short, long, short):
+        note.write(json.dumps(written).encode())
+        assert _MappedNote.read(path) == written
+    note.close()
+    assert _MappedNote.read(path) == short
