@@ -26,7 +26,9 @@ variable gives, is a usage error, not a run that checks nothing):
   ``--fp8-shrink-seconds``, counts the examples Hypothesis ran and adds to every failure the
   command that replays it (:mod:`~conformance.plugin.instrumentation`,
   :mod:`conformance.report.replay`); a crashed xdist worker's report names the backend method it was
-  in (:mod:`~conformance.plugin.crashes`);
+  in (:mod:`~conformance.plugin.crashes`); an xdist worker freezes its heap once its reports
+  are sent, so that its exit is not slowed by the interpreter's last collections
+  (:mod:`~conformance.plugin.worker_end`);
 * prints a line per test as it finishes (:mod:`~conformance.plugin.progress`) and keeps
   torch's and torchao's chatter out of captured logs (:mod:`~conformance.plugin.quiet`);
 * prints a per-property summary, failures and root causes first, and, with ``--fp8-report=PATH``, writes it as JSON at PATH and
