@@ -111,6 +111,7 @@ def test_a_trainers_own_op_is_compute_once_registered_and_the_suite_holds_it_to_
     # The registration is process-wide: made in copies of fp8conf's tables, dropped after the test.
     monkeypatch.setattr(roles, "_OPERANDS", dict(roles._OPERANDS))
     monkeypatch.setattr(roles, "_REGISTERED", dict(roles._REGISTERED))
+    monkeypatch.setattr(roles, "_ENTRY_OF_TARGET", {})  # what it learns of the test's op goes with them
     from conformance.observe.graphs import Fp8Ops, declared_on_high_precision, is_fp8_compute, undeclared_low_precision_compute
 
     op = _trainer_scaled_addmm()

@@ -75,6 +75,10 @@ _OPERANDS = {
 
 #: The ops :func:`register_compute_op` declared, as their overloads.
 _REGISTERED: dict[str, object] = {}
+#: ``_OPERANDS``' entry (or None) of each call target seen: ``str(target)`` of an op is a
+#: formatting call, and the passes ask it of every node, several times over. Emptied whenever
+#: :func:`register_compute_op` declares an op.
+_ENTRY_OF_TARGET: dict[object, tuple | None] = {}
 
 
 def register_compute_op(op, *, operands: tuple[int, int] = (0, 1), scales=((2, "scale_a"), (3, "scale_b"))) -> None:
@@ -97,6 +101,7 @@ def register_compute_op(op, *, operands: tuple[int, int] = (0, 1), scales=((2, "
     for overload in overloads:
         _OPERANDS[str(overload)] = (operands, scales)
         _REGISTERED[str(overload)] = overload
+    _ENTRY_OF_TARGET.clear()
 
 
 def registered_compute_ops() -> tuple[tuple[object, tuple[int, int], tuple[int, ...]], ...]:
@@ -133,9 +138,20 @@ def is_low_precision_dtype(dtype) -> bool:
     return dtype in FP8_DTYPES or dtype in FP4_DTYPES
 
 
+def _entry(target):
+    """``_OPERANDS``' entry of a call target, None for any other op."""
+    try:
+        return _ENTRY_OF_TARGET[target]
+    except KeyError:
+        entry = _ENTRY_OF_TARGET[target] = _OPERANDS.get(str(target))
+        return entry
+    except TypeError:  # a target that cannot be a key: asked by its name each time
+        return _OPERANDS.get(str(target))
+
+
 def is_scaled_mm(node: torch.fx.Node) -> bool:
     """A call of one of the scaled matmuls, whatever its operands."""
-    return node.op == "call_function" and str(node.target) in _OPERANDS
+    return node.op == "call_function" and _entry(node.target) is not None
 
 
 def operand_positions(target: str) -> tuple[int, int] | None:
@@ -150,7 +166,7 @@ def matrix_operands(node: torch.fx.Node) -> tuple:
     ``()`` for any other node or a call too short to have them."""
     if not is_scaled_mm(node):
         return ()
-    first, second = _OPERANDS[str(node.target)][0]
+    first, second = _entry(node.target)[0]
     if len(node.args) <= second:
         return ()
     return node.args[first], node.args[second]
@@ -162,7 +178,7 @@ def scale_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
     if not is_scaled_mm(node):
         return []
     values = []
-    for position, name in _OPERANDS[str(node.target)][1]:
+    for position, name in _entry(node.target)[1]:
         values.extend(_as_list(_argument(node, position, name)))
     return [v for v in values if isinstance(v, torch.fx.Node)]
 
