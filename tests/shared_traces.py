@@ -97,9 +97,11 @@ class _Cache:
     def __init__(self, trace):
         self.trace = trace  # conformance.run.harness's own, uncached
         self.cases: collections.OrderedDict = collections.OrderedDict()
-        #: Sessions started (:meth:`new_session`), and traces taken from an earlier one.
+        #: Sessions started (:meth:`new_session`), traces taken from an earlier one, and traces
+        #: made (each evicted case traced again counts again).
         self.session = 0
         self.hits = 0
+        self.traced = 0
 
     def new_session(self) -> None:
         self.session += 1
@@ -113,6 +115,7 @@ class _Cache:
             self.hits += shared.session != self.session
             return shared.case
         case = self.trace(backend, spec, device)
+        self.traced += 1
         self.cases[key] = _Shared(case, _parameters(case.model), self.session)
         while len(self.cases) > _MAX_CASES:
             self.cases.popitem(last=False)

@@ -282,14 +282,15 @@ def _session(run: Run, directory: Path) -> int:
 
     traces = shared_traces.install()
     traces.new_session()
-    hits = traces.hits
+    hits, traced = traces.hits, traces.traced
     profile = settings.get_current_profile_name()
     if run.examples is not None:
         _register_brief_profile(run.examples)
     try:
         with _output_to(run.output(directory)):
             code = int(pytest.main(run.pytest_args(directory)))
-            print(f"shared traces: {traces.hits - hits} traced graph(s) taken from earlier sessions of this process")
+            print(f"shared traces: {traces.hits - hits} traced graph(s) taken from earlier sessions of this process, "
+                  f"{traces.traced - traced} traced in this one")
             for line in shared_traces.check_models_kept(traces):
                 print(line)
             return code
