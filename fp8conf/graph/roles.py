@@ -138,15 +138,16 @@ def is_low_precision_dtype(dtype) -> bool:
     return dtype in FP8_DTYPES or dtype in FP4_DTYPES
 
 
+_UNSEEN = object()
+
+
 def _entry(target):
-    """``_OPERANDS``' entry of a call target, None for any other op."""
-    try:
-        return _ENTRY_OF_TARGET[target]
-    except KeyError:
+    """``_OPERANDS``' entry of a call target, None for any other op. (A graph's call targets are
+    hashable: torch.fx files every node under its target in the graph's lookup table.)"""
+    entry = _ENTRY_OF_TARGET.get(target, _UNSEEN)
+    if entry is _UNSEEN:
         entry = _ENTRY_OF_TARGET[target] = _OPERANDS.get(str(target))
-        return entry
-    except TypeError:  # a target that cannot be a key: asked by its name each time
-        return _OPERANDS.get(str(target))
+    return entry
 
 
 def is_scaled_mm(node: torch.fx.Node) -> bool:
