@@ -7,7 +7,7 @@ folder the controller names, of the test it runs and the adapter method in progr
 note to xdist's report of the crash, which then names the method and carries a reproducer.
 
 The method changes at every adapter call and return, hundreds of thousands of times in a run, so
-the note is not a file written each time (that was a file opened and written per call, a quarter
+the note is not a file written each time (that was a file opened and written per call, about half
 of a worker's time in the main job, with the disk's write-back on top): it is kept in a
 memory-mapped file (:class:`_MappedNote`), rewritten in memory at each change. The mapping is
 the file's page cache, so what was last written there is the file's content even when the
