@@ -1,11 +1,26 @@
+import os
 import sys
 from pathlib import Path
 
-import pytest
+# Two Inductor settings for fp8conf's own test runs, made before torch is imported here and seen
+# by every process a test starts (they inherit this environment); a value of your own is kept.
+# Neither changes which kernels Inductor generates nor what they compute; each saves C++ compiler
+# time that a test run, 500 kernel builds in some 30 processes, paid over and over:
+# * TORCHINDUCTOR_VEC_ISA_OK=1: the CPU's vector instruction set is the one the CPU reports, not
+#   proven again in every process by building and loading a test library per instruction set
+#   (1.2 s of CPU a process, 8 s with an empty Inductor cache). Where the C++ compiler could not
+#   build an instruction set the CPU has, Inductor would have left it out; here its kernels fail
+#   to build, and the failure says which flags: set TORCHINDUCTOR_VEC_ISA_OK=0 there.
+# * AOT_INDUCTOR_ENABLE_LINE_TABLES=0: kernels are built without line tables for profilers (-g1),
+#   a seventh of each kernel's build.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+os.environ.setdefault("AOT_INDUCTOR_ENABLE_LINE_TABLES", "0")
 
-from conformance import plugin
-from conformance.plugin import worker_end
-from fp8conf.log import library_notices_quieted
+import pytest  # noqa: E402
+
+from conformance import plugin  # noqa: E402
+from conformance.plugin import worker_end  # noqa: E402
+from fp8conf.log import library_notices_quieted  # noqa: E402
 
 # TorchAO is imported here, before any test: pytester's in-process runs restore sys.modules when
 # they end, so a TorchAO first imported inside one would be dropped while its ops stay registered

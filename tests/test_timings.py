@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,16 @@ def test_the_benchmark_tabulates_runs_and_the_change_per_area(tmp_path):
     path.write_text("not json\n")
     with pytest.raises(SystemExit, match="runs.jsonl:1: not a JSON line"):
         script.load(path)
+
+
+def test_the_inductor_settings_of_a_test_run_reach_inductor():
+    # tests/conftest.py sets them before torch is imported; an import of Inductor above it would
+    # leave them unread, and every process of the run would build the instruction-set probes and
+    # the kernels' line tables again (a value set by hand is kept, and must be read as well).
+    from torch._inductor import config
+
+    assert {"TORCHINDUCTOR_VEC_ISA_OK", "AOT_INDUCTOR_ENABLE_LINE_TABLES"} <= set(os.environ)
+    vec_isa_ok = {"1": True, "0": False}.get(os.environ["TORCHINDUCTOR_VEC_ISA_OK"])
+    assert config.cpp.vec_isa_ok is vec_isa_ok, (config.cpp.vec_isa_ok, os.environ["TORCHINDUCTOR_VEC_ISA_OK"])
+    line_tables = os.environ["AOT_INDUCTOR_ENABLE_LINE_TABLES"] == "1"
+    assert config.aot_inductor.enable_line_tables is line_tables, (config.aot_inductor.enable_line_tables, line_tables)
